@@ -1,0 +1,301 @@
+"""Checkpoint readers and writers. Every format is read into one dict {Google TF1 name: float32 array}.
+
+Google's names (`bert/encoder/layer_3/attention/self/query/kernel`, kernels [in, out]) are the lingua
+franca: a Google release is read as is, Hugging Face safetensors are renamed (Linear weights transposed),
+a keras-hub preset and bert_mgpu's own checkpoints are read back from their variables. One function,
+`assign_encoder`, then puts that dict into a keras-hub BertBackbone and fails listing every missing,
+unexpected or mis-shaped tensor, so a wrong checkpoint can never half-load.
+
+Pickle is never read: a `pytorch_model.bin` is refused with the conversion to run instead.
+"""
+
+import dataclasses
+import glob
+import json
+import os
+import re
+
+import numpy as np
+
+from bert_mgpu.config import BertConfig
+from bert_mgpu.errors import UserError
+
+RUN_FILE = "bert_mgpu.json"  # marks a bert_mgpu output directory (config, labels, tokenizer settings)
+
+# keras-hub BertBackbone variable path -> Google TF1 name.
+_KERAS_TO_GOOGLE = [
+    (r"token_embedding/embeddings", r"bert/embeddings/word_embeddings"),
+    (r"position_embedding/embeddings", r"bert/embeddings/position_embeddings"),
+    (r"segment_embedding/embeddings", r"bert/embeddings/token_type_embeddings"),
+    (r"embeddings_layer_norm/(gamma|beta)", r"bert/embeddings/LayerNorm/\1"),
+    (r"transformer_layer_(\d+)/self_attention_layer/(query|key|value)/(kernel|bias)",
+     r"bert/encoder/layer_\1/attention/self/\2/\3"),
+    (r"transformer_layer_(\d+)/self_attention_layer/attention_output/(kernel|bias)",
+     r"bert/encoder/layer_\1/attention/output/dense/\2"),
+    (r"transformer_layer_(\d+)/self_attention_layer_norm/(gamma|beta)",
+     r"bert/encoder/layer_\1/attention/output/LayerNorm/\2"),
+    (r"transformer_layer_(\d+)/feedforward_intermediate_dense/(kernel|bias)",
+     r"bert/encoder/layer_\1/intermediate/dense/\2"),
+    (r"transformer_layer_(\d+)/feedforward_output_dense/(kernel|bias)", r"bert/encoder/layer_\1/output/dense/\2"),
+    (r"transformer_layer_(\d+)/feedforward_layer_norm/(gamma|beta)", r"bert/encoder/layer_\1/output/LayerNorm/\2"),
+    (r"pooled_dense/(kernel|bias)", r"bert/pooler/dense/\1"),
+]
+# Tensors a classifier does not use: pretraining heads and other tasks' heads.
+_HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias")
+
+
+def google_name(keras_path):
+    for pattern, repl in _KERAS_TO_GOOGLE:
+        if re.fullmatch(pattern, keras_path):
+            return re.sub(pattern, repl, keras_path)
+    raise KeyError(f"no Google name for backbone variable {keras_path}")
+
+
+def google_shape(keras_path, shape):
+    """Keras' multi-head attention keeps [hidden, heads, head_dim] kernels; Google keeps [hidden, hidden]."""
+    shape = tuple(shape)
+    if re.search(r"/(query|key|value)/kernel$", keras_path):
+        return (shape[0], shape[1] * shape[2])
+    if re.search(r"/(query|key|value)/bias$", keras_path):
+        return (shape[0] * shape[1],)
+    if keras_path.endswith("attention_output/kernel"):
+        return (shape[0] * shape[1], shape[2])
+    return shape
+
+
+def encoder_weights(backbone):
+    """The backbone's weights as {Google name: float32 array}."""
+    return {google_name(v.path): np.asarray(v.numpy(), np.float32).reshape(google_shape(v.path, v.shape))
+            for v in backbone.weights}
+
+
+def assign_encoder(backbone, weights, source):
+    """Put {Google name: array} into the backbone; UserError listing every mismatch. Returns unused heads."""
+    missing, misshaped, used = [], [], set()
+    for var in backbone.weights:
+        name = google_name(var.path)
+        want = google_shape(var.path, var.shape)
+        if name not in weights:
+            missing.append(name)
+        elif tuple(weights[name].shape) != want:
+            misshaped.append(f"{name} is {list(weights[name].shape)}, model wants {list(want)}")
+        else:
+            used.add(name)
+    heads = sorted(n for n in weights if n not in used and n.startswith(_HEAD_PREFIXES))
+    unexpected = sorted(n for n in weights if n not in used and n not in heads)
+    problems = []
+    for label, names in (("mis-shaped", misshaped), ("missing", missing), ("unexpected", unexpected)):
+        if names:
+            shown = "; ".join(names[:6]) + (f"; ... ({len(names)} in all)" if len(names) > 6 else "")
+            problems.append(f"{label}: {shown}")
+    if problems:
+        raise UserError(f"{source}: checkpoint does not match the model config: " + " | ".join(problems))
+    for var in backbone.weights:
+        var.assign(weights[google_name(var.path)].reshape(tuple(var.shape)))
+    return heads
+
+
+# ---------------------------------------------------------------- Hugging Face (safetensors only)
+
+def hf_to_google_name(name):
+    """`bert.encoder.layer.0.attention.self.query.weight` -> (`bert/encoder/layer_0/.../kernel`, transpose?)."""
+    if name.endswith("position_ids"):
+        return None, False
+    heads = {
+        "cls.predictions.bias": ("cls/predictions/output_bias", False),
+        "cls.seq_relationship.weight": ("cls/seq_relationship/output_weights", False),
+        "cls.seq_relationship.bias": ("cls/seq_relationship/output_bias", False),
+        "cls.predictions.decoder.weight": (None, False),  # tied to the word embeddings
+        "cls.predictions.decoder.bias": (None, False),
+    }
+    if name in heads:
+        return heads[name]
+    n = name[len("bert."):] if name.startswith("bert.") else name
+    n = re.sub(r"layer\.(\d+)\.", r"layer_\1.", n)
+    parts = n.split(".")
+    leaf, scope = parts[-1], parts[:-1]
+    transpose = False
+    if scope and scope[-1] == "LayerNorm":
+        leaf = {"weight": "gamma", "bias": "beta"}.get(leaf, leaf)
+    elif scope and scope[-1].endswith("_embeddings") and leaf == "weight":
+        leaf = None
+    elif leaf == "weight":
+        leaf, transpose = "kernel", True
+    parts = scope + ([leaf] if leaf else [])
+    prefix = "" if parts[0] in ("cls", "classifier") else "bert/"
+    return prefix + "/".join(parts), transpose
+
+
+def read_safetensors(path):
+    """Hugging Face safetensors -> {Google name: float32 array}, without torch and without pickle."""
+    from safetensors import SafetensorError
+    from safetensors.tensorflow import load_file
+
+    try:
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise UserError(f"{path}: not a readable safetensors file ({e})") from None
+    out = {}
+    for hf_name, tensor in tensors.items():
+        name, transpose = hf_to_google_name(hf_name)
+        if name is None:
+            continue
+        value = np.asarray(tensor.numpy(), np.float32)
+        out[name] = value.T if transpose else value
+    return out
+
+
+# ---------------------------------------------------------------- Google TF1 checkpoints
+
+def read_tf_checkpoint(prefix, strip_slots=True):
+    """A TF checkpoint's variables as {name: float32 array} (Adam slots and step counters dropped)."""
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except (tf.errors.OpError, ValueError) as e:
+        raise UserError(f"{prefix}: not a readable TensorFlow checkpoint ({str(e).splitlines()[0]})") from None
+    out = {}
+    for name in reader.get_variable_to_shape_map():
+        if strip_slots and (name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
+                            or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name):
+            continue
+        value = reader.get_tensor(name)
+        if np.issubdtype(np.asarray(value).dtype, np.floating):
+            out[name] = np.asarray(value, np.float32)
+    return out
+
+
+def write_google_checkpoint(weights, prefix):
+    """Write {Google name: array} as a TF1 `bert_model.ckpt` (what google-research/bert reads)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds, variables = {}, []
+        for name, value in weights.items():
+            ph = tf.compat.v1.placeholder(tf.float32, value.shape)
+            variables.append(tf.compat.v1.Variable(ph, name=name))
+            feeds[ph] = value
+        saver = tf.compat.v1.train.Saver(variables)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer(), feeds)
+            saver.save(sess, prefix, write_meta_graph=False)
+    return prefix
+
+
+# ---------------------------------------------------------------- format detection
+
+@dataclasses.dataclass
+class Pretrained:
+    """What --init_checkpoint points to, read into one shape."""
+
+    kind: str  # "google", "huggingface", "keras_hub" or "bert_mgpu"
+    path: str
+    config: BertConfig
+    vocab_file: str
+    weights: dict  # Google name -> float32 array (encoder and any heads)
+    do_lower_case: bool = None  # None where the checkpoint does not say
+    run: dict = None  # bert_mgpu's own run metadata (labels, max_seq_length, ...)
+    ckpt_prefix: str = None  # bert_mgpu checkpoint prefix, to restore head and optimizer
+
+
+def _need(path, what):
+    if not os.path.exists(path):
+        raise UserError(f"{path}: {what} not found")
+    return path
+
+
+def _find_tf_prefix(path):
+    """A checkpoint prefix for `path` (a prefix itself, or a directory holding one), else None."""
+    import tensorflow as tf
+
+    if os.path.exists(path + ".index"):
+        return path
+    if os.path.isdir(path):
+        latest = tf.train.latest_checkpoint(path)
+        if latest:
+            return latest
+        found = sorted(glob.glob(os.path.join(path, "*.ckpt.index")))
+        if found:
+            return found[0][: -len(".index")]
+    return None
+
+
+def load_pretrained(path, bert_config_file=None, vocab_file=None):
+    """Detect the checkpoint format from what is on disk and read it. UserError when nothing fits."""
+    if not path:
+        raise UserError("--init_checkpoint is required (a Google release, a Hugging Face or keras-hub "
+                        "directory, or a bert_mgpu output directory)")
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):
+        raise UserError(f"{path}: checkpoint not found")
+
+    run_file = os.path.join(directory, RUN_FILE)
+    if os.path.exists(run_file):
+        with open(run_file, encoding="utf-8") as f:
+            run = json.load(f)
+        prefix = _find_tf_prefix(path)
+        if prefix is None:
+            raise UserError(f"{path}: bert_mgpu run directory holds no checkpoint yet")
+        config = BertConfig.from_dict(run["bert_config"], source=run_file)
+        weights = read_tf_checkpoint(prefix)
+        encoder = {k.split("/", 1)[1].replace(".S", "/"): v for k, v in weights.items()
+                   if k.startswith("encoder/")}
+        encoder = {k[: -len("/.ATTRIBUTES/VARIABLE_VALUE")]: v for k, v in encoder.items()}
+        return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
+                          encoder, run.get("do_lower_case"), run, prefix)
+
+    hf_config = os.path.join(directory, "config.json")
+    if os.path.isdir(path) and os.path.exists(hf_config):
+        with open(hf_config, encoding="utf-8") as f:
+            cfg = json.load(f)
+        if "registered_name" in cfg or str(cfg.get("module", "")).startswith("keras_hub"):
+            return _load_keras_hub(path)
+        safetensors = os.path.join(path, "model.safetensors")
+        if not os.path.exists(safetensors):
+            if glob.glob(os.path.join(path, "*.bin")) or glob.glob(os.path.join(path, "*.pt")):
+                raise UserError(
+                    f"{path}: only pickle weights (pytorch_model.bin) found; bert_mgpu never unpickles. "
+                    "Convert them once with transformers: model.save_pretrained(dir, safe_serialization=True)"
+                )
+            raise UserError(f"{path}: config.json found but no model.safetensors")
+        config = BertConfig.from_json_file(bert_config_file or hf_config)
+        lower = None
+        tok_cfg = os.path.join(path, "tokenizer_config.json")
+        if os.path.exists(tok_cfg):
+            with open(tok_cfg, encoding="utf-8") as f:
+                lower = json.load(f).get("do_lower_case")
+        vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
+        return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower)
+
+    prefix = _find_tf_prefix(path)
+    if prefix is not None:
+        config = BertConfig.from_json_file(
+            bert_config_file or _need(os.path.join(directory, "bert_config.json"), "bert_config.json"))
+        vocab = vocab_file or _need(os.path.join(directory, "vocab.txt"), "vocab.txt")
+        return Pretrained("google", prefix, config, vocab, read_tf_checkpoint(prefix))
+    raise UserError(f"{path}: not a Google checkpoint, a Hugging Face or keras-hub directory, "
+                    "or a bert_mgpu output directory")
+
+
+def _load_keras_hub(path):
+    import keras_hub
+
+    try:
+        backbone = keras_hub.models.BertBackbone.from_preset(path)
+    except Exception as e:  # keras-hub raises many types for a bad preset
+        raise UserError(f"{path}: not a loadable keras-hub BERT preset ({e})") from None
+    c = backbone.get_config()
+    config = BertConfig(
+        vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], num_hidden_layers=c["num_layers"],
+        num_attention_heads=c["num_heads"], intermediate_size=c["intermediate_dim"],
+        hidden_dropout_prob=c["dropout"], attention_probs_dropout_prob=c["dropout"],
+        max_position_embeddings=c["max_sequence_length"], type_vocab_size=c["num_segments"])
+    vocab = _need(os.path.join(path, "assets", "tokenizer", "vocabulary.txt"), "keras-hub vocabulary")
+    lower = None
+    tok = os.path.join(path, "tokenizer.json")
+    if os.path.exists(tok):
+        with open(tok, encoding="utf-8") as f:
+            lower = json.load(f).get("config", {}).get("lowercase")
+    return Pretrained("keras_hub", path, config, vocab, encoder_weights(backbone), lower)

@@ -1,0 +1,74 @@
+"""BertConfig: google-research/bert's bert_config.json (Hugging Face's config.json uses the same keys)."""
+
+import dataclasses
+import json
+
+from bert_mgpu.errors import UserError
+
+_ACTIVATIONS = ("gelu",)  # what keras-hub's BertBackbone implements (erf GELU)
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    @classmethod
+    def from_dict(cls, d, source="config"):
+        if d.get("model_type", "bert") != "bert":
+            raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in d]
+        if missing:
+            raise UserError(f"{source}: missing {', '.join(missing)}; is this a BERT config?")
+        try:
+            values = {n: fields[n].type(d[n]) if fields[n].type in (int, float, str) else d[n]
+                      for n in fields if n in d}
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{source}: bad value ({e})") from None
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+    @classmethod
+    def from_json_file(cls, path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except OSError as e:
+            raise UserError(f"{path}: cannot read ({e.strerror})") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(d, dict):
+            raise UserError(f"{path}: not a JSON object")
+        return cls.from_dict(d, source=path)
+
+    def validate(self, source="config"):
+        if self.hidden_act not in _ACTIVATIONS:
+            raise UserError(f"{source}: hidden_act={self.hidden_act!r} is not supported (only gelu)")
+        if self.hidden_size % self.num_attention_heads:
+            raise UserError(
+                f"{source}: hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{source}: {name} must be positive")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_json_file(self, path):
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
+            f.write("\n")

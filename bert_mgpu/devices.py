@@ -1,0 +1,197 @@
+"""Device plan and tf.distribute strategy: the only module that knows about devices.
+
+`plan_devices` is a pure function (visible devices + flags -> towers and global batch), so every device
+decision is unit-tested without a GPU. `configure_devices` and `make_strategy` apply a plan to TensorFlow:
+one BERT tower per device (in-graph replication with `tf.distribute.MirroredStrategy`), variables mirrored
+on every tower, never all parked on GPU0 as in bert-ad.
+
+Example:
+    plan = plan_devices(n_gpus=0, towers_per_gpu=2, per_tower_batch=16, visible_gpus=[])
+    strategy = make_strategy(plan)          # 2 logical CPU towers, global batch 32
+"""
+
+import dataclasses
+import os
+import shutil
+import subprocess
+
+from bert_mgpu.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    """Which devices carry towers, how many towers each, and the resulting global batch."""
+
+    device_type: str  # "GPU" or "CPU"
+    physical_ids: tuple  # indices of the used physical devices among those TensorFlow sees
+    visible_names: tuple  # their names as CUDA_VISIBLE_DEVICES gives them (for the log)
+    towers_per_device: int
+    per_tower_batch: int
+
+    @property
+    def towers(self):
+        return max(1, len(self.physical_ids)) * self.towers_per_device
+
+    @property
+    def global_batch(self):
+        return self.per_tower_batch * self.towers
+
+    @property
+    def devices(self):
+        """Logical device names, one per tower, in tower order."""
+        kind = self.device_type.lower()
+        return tuple(f"/{kind}:{i}" for i in range(self.towers))
+
+    @property
+    def all_reduce(self):
+        """'nccl' between distinct physical GPUs; 'one_device' where towers share a device."""
+        if self.towers == 1:
+            return "none"
+        if self.device_type == "GPU" and self.towers_per_device == 1:
+            return "nccl"
+        return "one_device"
+
+    def describe(self):
+        lines = [
+            f"device plan: {self.towers} tower(s) on {self.device_type}, "
+            f"{self.towers_per_device} per device, all-reduce={self.all_reduce}, "
+            f"global batch = {self.per_tower_batch} x {self.towers} = {self.global_batch}"
+        ]
+        for t, dev in enumerate(self.devices):
+            if self.device_type == "GPU":
+                phys = t // self.towers_per_device
+                where = f"CUDA device {self.visible_names[phys]}"
+            else:
+                where = "host CPU"
+            lines.append(f"  tower {t}: {dev} ({where})")
+        return "\n".join(lines)
+
+
+def visible_gpu_names(num_visible, cuda_visible_devices):
+    """Names of the GPUs TensorFlow sees, in its order (which is CUDA_VISIBLE_DEVICES order)."""
+    if cuda_visible_devices is None:
+        return tuple(str(i) for i in range(num_visible))
+    listed = tuple(x.strip() for x in cuda_visible_devices.split(",") if x.strip())
+    if num_visible and len(listed) > num_visible:
+        raise UserError(
+            f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} lists {len(listed)} devices but only "
+            f"{num_visible} GPU(s) exist; fix the list"
+        )
+    return listed[:num_visible] if num_visible else ()
+
+
+def plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
+    """Pure: (flags, visible GPU names in order) -> DevicePlan, or UserError saying what is wrong.
+
+    n_gpus=0 means the CPU; towers_per_gpu=K then makes K logical CPU towers.
+    """
+    for name, value, low in (("n_gpus", n_gpus, 0), ("towers_per_gpu", towers_per_gpu, 1),
+                             ("train_batch_size", per_tower_batch, 1)):
+        if not isinstance(value, int) or value < low:
+            raise UserError(f"--{name}={value} is invalid; it must be an integer >= {low}")
+    visible_gpus = tuple(visible_gpus)
+    if n_gpus > len(visible_gpus):
+        seen = ",".join(visible_gpus) if visible_gpus else "none"
+        raise UserError(
+            f"--n_gpus={n_gpus} but only {len(visible_gpus)} GPU(s) are visible (CUDA devices: {seen}); "
+            "use --n_gpus=0 for the CPU"
+        )
+    if n_gpus == 0:
+        return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, per_tower_batch)
+    return DevicePlan("GPU", tuple(range(n_gpus)), visible_gpus[:n_gpus], towers_per_gpu, per_tower_batch)
+
+
+def gpu_memory_mb(cuda_name):
+    """Total memory of one CUDA device from nvidia-smi, or None when it cannot be read."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", cuda_name],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+        return int(out.split()[0])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def discover_visible_gpus():
+    """GPU names as CUDA_VISIBLE_DEVICES gives them, for the GPUs TensorFlow can use."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return visible_gpu_names(len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def configure_devices(plan, memory_per_tower_mb=None):
+    """Make TensorFlow expose exactly the plan's towers as logical devices (before any op runs).
+
+    Several towers per device are logical devices split from one physical device, as bert-ad's
+    "several sub-graphs on one card". In a process that already ran TensorFlow ops (a notebook), the
+    existing logical devices are reused when there are enough of them.
+    """
+    import tensorflow as tf
+
+    try:
+        _apply_plan(tf, plan, memory_per_tower_mb)
+    except RuntimeError:  # the runtime is already initialized: check what it has
+        have = len(tf.config.list_logical_devices(plan.device_type))
+        if have < plan.towers:
+            raise UserError(
+                f"TensorFlow already started with {have} logical {plan.device_type} device(s) but the "
+                f"plan needs {plan.towers}; call bert_mgpu.configure_devices before any TensorFlow op "
+                "(restart the notebook kernel)"
+            ) from None
+
+
+def _apply_plan(tf, plan, memory_per_tower_mb):
+    physical = tf.config.list_physical_devices(plan.device_type)
+    if plan.device_type == "CPU":
+        current = tf.config.get_logical_device_configuration(physical[0]) or [None]
+        if plan.towers > len(current):
+            tf.config.set_logical_device_configuration(
+                physical[0], [tf.config.LogicalDeviceConfiguration()] * plan.towers
+            )
+        return
+    used = [physical[i] for i in plan.physical_ids]
+    tf.config.set_visible_devices(used, "GPU")
+    for dev, name in zip(used, plan.visible_names):
+        if plan.towers_per_device == 1:
+            tf.config.experimental.set_memory_growth(dev, True)
+            continue
+        per_tower = memory_per_tower_mb
+        if per_tower is None:
+            total = gpu_memory_mb(name)
+            if total is None:
+                raise UserError(
+                    f"cannot read the memory of CUDA device {name}; pass --gpu_memory_per_tower_mb "
+                    "to split it into towers"
+                )
+            per_tower = int(total * 0.92 / plan.towers_per_device)
+        tf.config.set_logical_device_configuration(
+            dev, [tf.config.LogicalDeviceConfiguration(memory_limit=per_tower)] * plan.towers_per_device
+        )
+
+
+def make_strategy(plan):
+    """MirroredStrategy over the plan's towers with the all-reduce that suits them."""
+    import tensorflow as tf
+
+    cross = {
+        "nccl": lambda: tf.distribute.NcclAllReduce(),
+        "one_device": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
+        "none": lambda: None,
+    }[plan.all_reduce]()
+    return tf.distribute.MirroredStrategy(devices=list(plan.devices), cross_device_ops=cross)
+
+
+def multi_worker_strategy():
+    """Across machines: TensorFlow's MultiWorkerMirroredStrategy, cluster taken from TF_CONFIG."""
+    import tensorflow as tf
+
+    if "TF_CONFIG" not in os.environ:
+        raise UserError("--multi_worker needs the TF_CONFIG environment variable (cluster and task)")
+    comm = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
