@@ -291,7 +291,8 @@ def _load_keras_hub(path):
         vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], num_hidden_layers=c["num_layers"],
         num_attention_heads=c["num_heads"], intermediate_size=c["intermediate_dim"],
         hidden_dropout_prob=c["dropout"], attention_probs_dropout_prob=c["dropout"],
-        max_position_embeddings=c["max_sequence_length"], type_vocab_size=c["num_segments"])
+        max_position_embeddings=c["max_sequence_length"], type_vocab_size=c["num_segments"],
+        hidden_act="gelu_new")  # keras-hub's BERT is built with tanh-GELU
     vocab = _need(os.path.join(path, "assets", "tokenizer", "vocabulary.txt"), "keras-hub vocabulary")
     lower = None
     tok = os.path.join(path, "tokenizer.json")

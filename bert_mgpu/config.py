@@ -5,7 +5,8 @@ import json
 
 from bert_mgpu.errors import UserError
 
-_ACTIVATIONS = ("gelu",)  # what keras-hub's BertBackbone implements (erf GELU)
+# Hugging Face's names: "gelu" = exact erf GELU, "gelu_new"/"gelu_pytorch_tanh" = tanh approximation.
+_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,8 @@ class BertConfig:
 
     def validate(self, source="config"):
         if self.hidden_act not in _ACTIVATIONS:
-            raise UserError(f"{source}: hidden_act={self.hidden_act!r} is not supported (only gelu)")
+            raise UserError(f"{source}: hidden_act={self.hidden_act!r} is not supported "
+                            f"(one of {', '.join(_ACTIVATIONS)})")
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
                 f"{source}: hidden_size={self.hidden_size} is not divisible by "

@@ -1,0 +1,87 @@
+"""tf.data input: examples -> tokenized, truncated, length-bucketed batches padded to their longest member.
+
+Tokenization runs inside tf.data in parallel (ragged tensors, no Python per example). Pairs are truncated
+as google-bert's `_truncate_seq_pair` (always shorten the longer segment), which is what tf-text's
+RoundRobinTrimmer computes. Batches group similar lengths and are padded only to their own longest
+example, not to max_seq_length. Every element carries its input position (`index`) so evaluation and
+prediction can put outputs back in input order whatever the bucketing, batch and tower count.
+"""
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from bert_mgpu.errors import UserError
+
+_BOUNDARIES = (16, 24, 32, 48, 64, 96, 128, 192, 256, 384)
+
+
+def examples_to_arrays(examples, label_list, source="data"):
+    """Python examples -> dict of numpy arrays; UserError for an empty set or an unknown label."""
+    if not examples:
+        raise UserError(f"{source}: no examples")
+    label_ids = {label: i for i, label in enumerate(label_list or [])}
+    labels = []
+    for e in examples:
+        if e.label is None:
+            labels.append(-1)
+        elif e.label in label_ids:
+            labels.append(label_ids[e.label])
+        else:
+            raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not one of "
+                            f"{', '.join(label_list)}")
+    return {
+        "text_a": np.array([e.text_a for e in examples], dtype=object),
+        "text_b": np.array([e.text_b or "" for e in examples], dtype=object),
+        "label": np.array(labels, np.int32),
+        "index": np.arange(len(examples), dtype=np.int32),
+    }
+
+
+def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
+    """String tensors [batch] -> (token_ids, segment_ids) ragged [batch, (len)]: [CLS] a [SEP] (b [SEP])."""
+    segments = [tokenizer(text_a)]
+    if pairs:
+        segments.append(tokenizer(text_b))
+    budget = max_seq_length - 1 - len(segments)
+    segments = tf_text.RoundRobinTrimmer(max_seq_length=budget).trim(segments)
+    return tf_text.combine_segments(segments, tokenizer.cls_id, tokenizer.sep_id)
+
+
+def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
+                 source="data"):
+    """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
+
+    training=True shuffles, repeats forever and drops partial batches (every step has the full global
+    batch); training=False keeps every example once, in buckets, with `index` to restore input order.
+    """
+    arrays = examples_to_arrays(examples, label_list, source)
+    pairs = any(e.text_b is not None for e in examples)
+    ds = tf.data.Dataset.from_tensor_slices(arrays)
+    if training:
+        ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
+
+    def tokenize(batch):
+        ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs)
+        return {"token_ids": ids, "segment_ids": segs, "label": batch["label"], "index": batch["index"]}
+
+    ds = ds.batch(256).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+    ds = ds.unbatch()
+    boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
+    ds = ds.bucket_by_sequence_length(
+        element_length_func=lambda x: tf.shape(x["token_ids"])[0],
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
+        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": [], "index": []},
+        padding_values={"token_ids": tokenizer.pad_id, "segment_ids": 0, "label": 0, "index": 0},
+        drop_remainder=training,
+    )
+
+    def to_model_inputs(batch):
+        ids = batch["token_ids"]
+        features = {"token_ids": ids, "segment_ids": batch["segment_ids"],
+                    "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
+        return features, batch["label"], batch["index"]
+
+    return ds.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+

@@ -1,0 +1,213 @@
+"""Tasks: files on disk -> lists of `Example`s and a label list, as google-research/bert's processors.
+
+`get_task(name, ...)` gives the GLUE processors google-bert ships (cola, mrpc, mnli, xnli) plus sst-2, a
+generic `tsv`/`csv` task whose columns are named by flags, and `tfds` for a dataset already prepared in a
+local TFDS data_dir (nothing is downloaded). Bad rows raise UserError naming the file and line.
+"""
+
+import csv
+import dataclasses
+import os
+
+from bert_mgpu.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    guid: str
+    text_a: str
+    text_b: str = None
+    label: str = None  # None for unlabelled test examples
+
+
+def read_rows(path, delimiter="\t", quotechar=None):
+    """Rows of a TSV/CSV file, each with its 1-based line number; UserError for unreadable input."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: file not found")
+    rows = []
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f, delimiter=delimiter, quotechar=quotechar, strict=True)
+            while True:
+                line = reader.line_num + 1
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    break
+                except csv.Error as e:
+                    raise UserError(f"{path}:{line}: malformed row ({e})") from None
+                if row:
+                    rows.append((line, row))
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    return rows
+
+
+def _cell(path, line, row, index):
+    if index >= len(row) or -index > len(row):
+        raise UserError(f"{path}:{line}: expected at least {index + 1 if index >= 0 else -index} "
+                        f"columns, found {len(row)}")
+    return row[index]
+
+
+class ColumnTask:
+    """Reads `{split}.tsv` files by column position, the shape of every google-bert processor."""
+
+    delimiter, quotechar = "\t", None
+
+    def __init__(self, name, text_a, text_b=None, label=None, labels=None, skip_header=True,
+                 files=None, test_label=None, test_text_a=None, test_text_b=None, row_filter=None):
+        self.name, self.text_a, self.text_b, self.label = name, text_a, text_b, label
+        self._labels, self.skip_header = labels, skip_header
+        self.files = files or {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
+        self.test_text_a = text_a if test_text_a is None else test_text_a
+        self.test_text_b = text_b if test_text_b is None else test_text_b
+        self.test_label, self.row_filter = test_label, row_filter
+
+    def get_labels(self, data_dir=None):
+        if self._labels is None:
+            self._labels = labels_from(self.get_examples(data_dir, "train"))
+        return list(self._labels)
+
+    def get_examples(self, data_dir, split):
+        path = os.path.join(data_dir, self.files[split])
+        rows = read_rows(path, self.delimiter, self.quotechar)
+        if self.skip_header is True or (split == "test" and self.skip_header == "test"):
+            rows = rows[1:]
+        test = split == "test"
+        ia, ib = (self.test_text_a, self.test_text_b) if test else (self.text_a, self.text_b)
+        il = self.test_label if test else self.label
+        out = []
+        for line, row in rows:
+            if self.row_filter and not self.row_filter(row):
+                continue
+            text_a = _cell(path, line, row, ia)
+            text_b = _cell(path, line, row, ib) if ib is not None else None
+            label = _cell(path, line, row, il) if il is not None else None
+            if isinstance(self._labels, (list, tuple)) and label is not None and label not in self._labels:
+                raise UserError(f"{path}:{line}: label {label!r} is not one of {', '.join(self._labels)}")
+            out.append(Example(f"{split}-{len(out)}", text_a, text_b, label))
+        return out
+
+
+class NamedColumnTask(ColumnTask):
+    """Generic TSV/CSV with a header row: text, optional second text and label columns named by flags."""
+
+    def __init__(self, kind, text_column, label_column, text_b_column=None, labels=None):
+        ext = "csv" if kind == "csv" else "tsv"
+        super().__init__(kind, None, labels=labels, files={s: f"{s}.{ext}" for s in ("train", "dev", "test")})
+        self.columns = (text_column, text_b_column, label_column)
+        if kind == "csv":
+            self.delimiter, self.quotechar = ",", '"'
+
+    def get_examples(self, data_dir, split):
+        path = os.path.join(data_dir, self.files[split])
+        rows = read_rows(path, self.delimiter, self.quotechar)
+        if not rows:
+            raise UserError(f"{path}: empty file (a header row is expected)")
+        header = rows[0][1]
+        index = {}
+        for role, name in zip(("text", "text_b", "label"), self.columns):
+            if name is None or (role == "label" and split == "test" and name not in header):
+                index[role] = None
+            elif name in header:
+                index[role] = header.index(name)
+            else:
+                raise UserError(f"{path}:{rows[0][0]}: no column {name!r} in header {header}")
+        self.text_a, self.text_b, self.label = index["text"], index["text_b"], index["label"]
+        self.test_text_a, self.test_text_b, self.test_label = self.text_a, self.text_b, self.label
+        return super().get_examples(data_dir, split)
+
+
+class TfdsTask:
+    """A TFDS dataset already prepared in a local data_dir; `download=False`, so nothing is fetched."""
+
+    def __init__(self, name, data_dir, text_column, label_column, text_b_column=None,
+                 splits=("train", "validation", "test")):
+        self.name, self.data_dir = name, data_dir
+        self.columns = (text_column, text_b_column, label_column)
+        self.splits = dict(zip(("train", "dev", "test"), splits))
+
+    def _builder(self):
+        import tensorflow_datasets as tfds
+
+        try:
+            builder = tfds.builder(self.name, data_dir=self.data_dir)
+        except Exception as e:  # tfds raises several types for an unknown name
+            raise UserError(f"tfds dataset {self.name!r}: {str(e).splitlines()[0]}") from None
+        if not builder.is_prepared():
+            raise UserError(f"tfds dataset {self.name!r} is not prepared in {self.data_dir}; "
+                            "bert_mgpu never downloads: prepare it with `tfds build` first")
+        return builder
+
+    def get_labels(self, data_dir=None):
+        feature = self._builder().info.features[self.columns[2]]
+        return list(feature.names)
+
+    def get_examples(self, data_dir, split):
+        import tensorflow_datasets as tfds
+
+        builder, labels = self._builder(), self.get_labels()
+        text, text_b, label = self.columns
+        out = []
+        for i, row in enumerate(tfds.as_numpy(builder.as_dataset(split=self.splits[split]))):
+            lab = int(row[label]) if label in row else -1
+            out.append(Example(
+                f"{split}-{i}", row[text].decode("utf-8"),
+                row[text_b].decode("utf-8") if text_b else None,
+                labels[lab] if 0 <= lab < len(labels) else None))
+        return out
+
+
+def labels_from(examples):
+    """The sorted set of labels in the training examples."""
+    return sorted({e.label for e in examples if e.label is not None})
+
+
+def get_task(name, text_column="text", label_column="label", text_b_column=None, labels=None,
+             tfds_name=None, tfds_data_dir=None, xnli_language="zh"):
+    """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2) or tsv / csv / tfds."""
+    name = name.lower()
+    if name == "cola":
+        return ColumnTask("cola", 3, label=1, labels=["0", "1"], skip_header="test", test_text_a=1)
+    if name == "mrpc":
+        return ColumnTask("mrpc", 3, 4, label=0, labels=["0", "1"])
+    if name == "mnli":
+        return ColumnTask("mnli", 8, 9, label=-1, labels=["contradiction", "entailment", "neutral"],
+                          files={"train": "train.tsv", "dev": "dev_matched.tsv", "test": "test_matched.tsv"})
+    if name in ("sst-2", "sst2", "sst"):
+        return ColumnTask("sst-2", 0, label=1, labels=["0", "1"], test_text_a=1)
+    if name == "xnli":
+        return XnliTask(xnli_language)
+    if name in ("tsv", "csv"):
+        return NamedColumnTask(name, text_column, label_column, text_b_column, labels)
+    if name == "tfds":
+        if not tfds_name:
+            raise UserError("--task_name=tfds needs --tfds_name")
+        return TfdsTask(tfds_name, tfds_data_dir, text_column, label_column, text_b_column)
+    raise UserError(f"--task_name={name} is unknown; use cola, mrpc, mnli, xnli, sst-2, tsv, csv or tfds")
+
+
+class XnliTask:
+    """google-bert's XnliProcessor: MultiNLI machine-translated train, XNLI dev/test filtered by language."""
+
+    LABELS = ["contradiction", "entailment", "neutral"]
+
+    def __init__(self, language):
+        self.name = "xnli"
+        self._train = ColumnTask("xnli", 0, 1, label=2, labels=self.LABELS + ["contradictory"],
+                                 files={"train": f"multinli/multinli.train.{language}.tsv"})
+        self._eval = ColumnTask("xnli", 6, 7, label=1, labels=self.LABELS, test_label=1,
+                                files={"dev": "xnli.dev.tsv", "test": "xnli.test.tsv"},
+                                row_filter=lambda row: row[0] == language)
+
+    def get_labels(self, data_dir=None):
+        return list(self.LABELS)
+
+    def get_examples(self, data_dir, split):
+        if split != "train":
+            return self._eval.get_examples(data_dir, split)
+        return [dataclasses.replace(e, label="contradiction" if e.label == "contradictory" else e.label)
+                for e in self._train.get_examples(data_dir, split)]
