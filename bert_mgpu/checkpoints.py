@@ -300,3 +300,16 @@ def _load_keras_hub(path):
         with open(tok, encoding="utf-8") as f:
             lower = json.load(f).get("config", {}).get("lowercase")
     return Pretrained("keras_hub", path, config, vocab, encoder_weights(backbone), lower)
+
+
+def training_checkpoint(model, optimizer=None, step=None):
+    """bert_mgpu's checkpoint: encoder under Google names (readable by `load_pretrained`), head, state."""
+    import tensorflow as tf
+
+    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights},
+               "head": {"kernel": model.head.kernel, "bias": model.head.bias}}
+    if optimizer is not None:
+        objects["optimizer"] = optimizer
+    if step is not None:
+        objects["step"] = step
+    return tf.train.Checkpoint(**objects)

@@ -195,3 +195,27 @@ def multi_worker_strategy():
         implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
     )
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+
+
+class Towers:
+    """A device plan applied: the strategy to build models under and the global batch.
+
+    Example:
+        towers = Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)   # 2 CPU towers, batch 32
+        towers = Towers(n_gpus=4, train_batch_size=32)                     # 4 GPUs, NCCL, batch 128
+    """
+
+    def __init__(self, n_gpus=0, towers_per_gpu=1, train_batch_size=32, gpu_memory_per_tower_mb=None,
+                 multi_worker=False):
+        visible = discover_visible_gpus() if n_gpus else ()
+        self.plan = plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible)
+        configure_devices(self.plan, gpu_memory_per_tower_mb)
+        self.strategy = multi_worker_strategy() if multi_worker else make_strategy(self.plan)
+
+    @property
+    def count(self):
+        """Towers in the whole job (across workers under --multi_worker)."""
+        return self.strategy.num_replicas_in_sync
+
+    def batch(self, per_tower):
+        return per_tower * self.count

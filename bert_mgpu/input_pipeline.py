@@ -63,10 +63,15 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
 
     def tokenize(batch):
         ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs)
-        return {"token_ids": ids, "segment_ids": segs, "label": batch["label"], "index": batch["index"]}
+        return {"token_ids": ids.to_tensor(), "segment_ids": segs.to_tensor(), "length": ids.row_lengths(),
+                "label": batch["label"], "index": batch["index"]}
+
+    def unpad(x):  # one example, back to its own length
+        n = x.pop("length")
+        return dict(x, token_ids=x["token_ids"][:n], segment_ids=x["segment_ids"][:n])
 
     ds = ds.batch(256).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
-    ds = ds.unbatch()
+    ds = ds.unbatch().map(unpad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
     boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],

@@ -1,0 +1,168 @@
+"""The notebook API: fine-tune, evaluate and predict with one BERT tower per device.
+
+Example:
+    import bert_mgpu
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+    clf = bert_mgpu.BertClassifier.from_pretrained("model_dir", labels=["fresh", "rotten"], towers=towers)
+    clf.fit(train_examples, output_dir="out", epochs=1, learning_rate=5e-5)
+    print(clf.evaluate(dev_examples))            # {'eval_accuracy': ..., 'eval_loss': ..., ...}
+    probabilities = clf.predict(test_examples)   # [N, num_labels], in input order
+
+`run_classifier_mgpu.py` is a thin absl-flags wrapper over this class.
+"""
+
+import json
+import logging
+import os
+import shutil
+
+import numpy as np
+import tensorflow as tf
+
+from bert_mgpu import checkpoints, metrics, optimization
+from bert_mgpu.devices import Towers
+from bert_mgpu.errors import UserError
+from bert_mgpu.input_pipeline import make_dataset
+from bert_mgpu.modeling import build_classifier
+from bert_mgpu.precision import resolve_precision
+from bert_mgpu.tokenization import FullTokenizer
+from bert_mgpu.training import Trainer
+
+log = logging.getLogger("bert_mgpu")
+
+
+class BertClassifier:
+    def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None):
+        self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
+        self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
+        self.global_step = 0
+        self._predictor = Trainer(towers.strategy, model)
+
+    @classmethod
+    def from_pretrained(cls, init_checkpoint, labels=None, towers=None, precision="auto", max_seq_length=128,
+                        do_lower_case=None, bert_config_file=None, vocab_file=None, task=None):
+        """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh."""
+        towers = towers or Towers()
+        pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
+        run = pre.run or {}
+        labels = list(labels or run.get("labels") or [])
+        if not labels:
+            raise UserError("no labels: give the task's labels (from its training data or --labels)")
+        if do_lower_case is None:
+            do_lower_case = True if pre.do_lower_case is None else bool(pre.do_lower_case)
+        elif pre.do_lower_case is not None and bool(pre.do_lower_case) != bool(do_lower_case):
+            log.warning("--do_lower_case=%s but %s was trained with do_lower_case=%s",
+                        do_lower_case, init_checkpoint, pre.do_lower_case)
+        config = pre.config
+        if max_seq_length > config.max_position_embeddings:
+            raise UserError(f"--max_seq_length={max_seq_length} is over the model's position table "
+                            f"(max_position_embeddings={config.max_position_embeddings})")
+        tokenizer = FullTokenizer(pre.vocab_file, do_lower_case)
+        if tokenizer.vocab_size > config.vocab_size:
+            raise UserError(f"{pre.vocab_file}: {tokenizer.vocab_size} tokens but the model config has "
+                            f"vocab_size={config.vocab_size}; vocabulary and checkpoint do not match")
+
+        policy, why = resolve_precision(precision, towers.plan)
+        log.info("precision: %s (%s)", policy, why)
+        with towers.strategy.scope():
+            model = build_classifier(config, len(labels), policy)
+        unused = checkpoints.assign_encoder(model.backbone, pre.weights, init_checkpoint)
+        log.info("loaded %s checkpoint %s (%d encoder tensors)", pre.kind, init_checkpoint,
+                 len(model.backbone.weights))
+        if unused:
+            log.info("not used by a classifier: %s", ", ".join(unused))
+        if pre.kind == "bert_mgpu" and run.get("labels") == labels:
+            checkpoints.training_checkpoint(model).read(pre.ckpt_prefix).expect_partial()
+            log.info("classifier head restored from %s", pre.ckpt_prefix)
+        else:
+            log.info("classifier head (%d labels) is freshly initialized", len(labels))
+        clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task)
+        clf.global_step = int(run.get("global_step", 0)) if pre.kind == "bert_mgpu" else 0
+        return clf
+
+    # ------------------------------------------------------------------ training
+    def fit(self, examples, output_dir, epochs=3.0, learning_rate=5e-5, warmup_proportion=0.1,
+            save_checkpoints_steps=1000, seed=12345, use_xla=False, verbose=True):
+        """Fine-tune; rerunning with the same output_dir resumes from its latest checkpoint."""
+        global_batch = self.towers.batch(self.towers.plan.per_tower_batch)
+        num_steps = int(len(examples) / global_batch * epochs)
+        if num_steps < 1:
+            raise UserError(f"{len(examples)} training examples make no step at global batch {global_batch} "
+                            f"x {epochs} epochs")
+        warmup = int(num_steps * warmup_proportion)
+        strategy = self.towers.strategy
+        with strategy.scope():
+            optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
+                                                      float16=self.policy == "mixed_float16")
+            optimizer.build(self.model.trainable_variables)
+        trainer = Trainer(strategy, self.model, optimizer, use_xla)
+        ckpt = checkpoints.training_checkpoint(self.model, optimizer, trainer.step)
+        os.makedirs(output_dir, exist_ok=True)
+        manager = tf.train.CheckpointManager(ckpt, output_dir, max_to_keep=3)
+        if manager.latest_checkpoint:
+            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+            log.info("resuming from %s at step %d", manager.latest_checkpoint, int(trainer.step.numpy()))
+        start = int(trainer.step.numpy())
+        self._write_run(output_dir, start)
+        log.info("training: %d examples, %d steps of %d (%d towers x %d), warmup %d, from step %d",
+                 len(examples), num_steps, global_batch, self.towers.count, self.towers.plan.per_tower_batch,
+                 warmup, start)
+        if start >= num_steps:
+            self.global_step = start
+            return
+        # A resumed run reshuffles with another seed, so it does not replay the epoch it was in.
+        dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, global_batch,
+                               training=True, seed=seed + start, source="train")
+        writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
+
+        def save():
+            step = int(trainer.step.numpy())
+            manager.save(checkpoint_number=step)
+            self._write_run(output_dir, step)
+
+        trainer.fit(dataset, num_steps, global_batch, on_save=save, save_every=save_checkpoints_steps,
+                    writer=writer, verbose=verbose)
+        writer.flush()
+        self.global_step = int(trainer.step.numpy())
+        if trainer.skipped_steps:
+            log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
+        log.info("trained to step %d; checkpoint %s", self.global_step, manager.latest_checkpoint)
+
+    def _write_run(self, output_dir, step):
+        """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
+        from bert_mgpu.outputs import write_atomic
+
+        run = {"bert_config": self.config.to_dict(), "labels": self.labels, "do_lower_case":
+               self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length, "task": self.task,
+               "global_step": step}
+        write_atomic(os.path.join(output_dir, checkpoints.RUN_FILE), json.dumps(run, indent=2) + "\n")
+        write_atomic(os.path.join(output_dir, "bert_config.json"), json.dumps(self.config.to_dict(), indent=2))
+        vocab = os.path.join(output_dir, "vocab.txt")
+        if os.path.abspath(self.tokenizer.vocab_file) != os.path.abspath(vocab):
+            shutil.copyfile(self.tokenizer.vocab_file, vocab)
+
+    # ------------------------------------------------------------------ inference
+    def _logits(self, examples, batch_size, source):
+        dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length,
+                               self.towers.batch(batch_size), training=False, source=source)
+        return self._predictor.predict_logits(dataset)
+
+    def predict(self, examples, batch_size=8):
+        """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower)."""
+        logits, _ = self._logits(examples, batch_size, "predict")
+        return tf.nn.softmax(logits).numpy()
+
+    def evaluate(self, examples, batch_size=8):
+        """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA)."""
+        if any(e.label is None for e in examples):
+            raise UserError("evaluation examples need labels")
+        logits, labels = self._logits(examples, batch_size, "eval")
+        losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        predicted = np.argmax(logits, axis=1)
+        loss = float(np.mean(losses))
+        results = {"eval_accuracy": metrics.accuracy(labels, predicted), "eval_loss": loss, "loss": loss,
+                   "global_step": self.global_step, "eval_examples": len(examples)}
+        if self.task in metrics.TASK_METRICS:
+            name, fn = metrics.TASK_METRICS[self.task]
+            results[name] = fn(labels, predicted)
+        return results

@@ -1,0 +1,128 @@
+"""google-research/bert's run_classifier.py on every GPU: the same flags, plus --n_gpus and friends.
+
+    python run_classifier_mgpu.py --task_name=mrpc --data_dir=glue/MRPC --init_checkpoint=uncased_L-12_H-768_A-12 \
+        --output_dir=out --do_train=true --do_eval=true --do_predict=true --n_gpus=4
+
+A thin wrapper over `bert_mgpu.BertClassifier`; a user mistake ends in one line and exit status 1.
+"""
+
+import logging
+import os
+import sys
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+# google-research/bert's flags
+flags.DEFINE_string("data_dir", None, "Directory with the task's train/dev/test files.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json (default: beside the checkpoint).")
+flags.DEFINE_string("task_name", None, "cola, mrpc, mnli, xnli, sst-2, tsv, csv or tfds.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt (default: beside the checkpoint).")
+flags.DEFINE_string("output_dir", None, "Checkpoints, logs and results go here; rerun to resume.")
+flags.DEFINE_string("init_checkpoint", None, "Google bert_model.ckpt, Hugging Face or keras-hub directory, "
+                    "or a bert_mgpu output directory (default for eval/predict: --output_dir).")
+flags.DEFINE_bool("do_lower_case", None, "Lower-case and strip accents (default: what the checkpoint says, "
+                  "else true, as google-bert).")
+flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (batches are padded only to "
+                     "their longest example).")
+flags.DEFINE_bool("do_train", False, "Fine-tune.")
+flags.DEFINE_bool("do_eval", False, "Evaluate on dev; writes eval_results.txt.")
+flags.DEFINE_bool("do_predict", False, "Predict test; writes test_results.tsv, predict.txt, predictions.tsv.")
+flags.DEFINE_integer("train_batch_size", 32, "Per tower; the global batch is this x towers.")
+flags.DEFINE_integer("eval_batch_size", 8, "Per tower.")
+flags.DEFINE_integer("predict_batch_size", 8, "Per tower.")
+flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
+flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
+flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")
+flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
+flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
+flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
+# bert_mgpu's flags
+flags.DEFINE_integer("n_gpus", 0, "GPUs to use, in CUDA_VISIBLE_DEVICES order; 0 = the CPU.")
+flags.DEFINE_integer("towers_per_gpu", 1, "Towers (model replicas) per GPU, or logical CPU towers with "
+                     "--n_gpus=0.")
+flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
+                     "(default: 92% of the GPU divided by the towers).")
+flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")
+flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
+                  "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else float32.")
+flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
+flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
+flags.DEFINE_list("labels", None, "Label set, comma-separated (default: the labels of the training data).")
+flags.DEFINE_string("text_column", "text", "tsv/csv/tfds: column of the (first) text.")
+flags.DEFINE_string("text_b_column", None, "tsv/csv/tfds: column of the second text of a pair.")
+flags.DEFINE_string("label_column", "label", "tsv/csv/tfds: column of the label.")
+flags.DEFINE_string("tfds_name", None, "tfds: dataset name, prepared in --tfds_data_dir (never downloaded).")
+flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
+flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
+flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
+
+
+def run():
+    import bert_mgpu
+    from bert_mgpu import devices, outputs, precision
+
+    if FLAGS.use_tpu:
+        raise bert_mgpu.UserError("--use_tpu is not supported; use --n_gpus")
+    if FLAGS.dry_run:
+        plan = devices.plan_devices(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
+                                    devices.discover_visible_gpus() if FLAGS.n_gpus else ())
+        policy, why = precision.resolve_precision(FLAGS.precision, plan)
+        print(plan.describe())
+        print(f"precision: {policy} ({why})")
+        return
+    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
+        raise bert_mgpu.UserError("at least one of --do_train, --do_eval or --do_predict must be true")
+    for name in ("task_name", "data_dir", "output_dir"):
+        if not getattr(FLAGS, name):
+            raise bert_mgpu.UserError(f"--{name} is required")
+    if os.path.isfile(FLAGS.output_dir):
+        raise bert_mgpu.UserError(f"--output_dir={FLAGS.output_dir} is a file")
+    task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
+                              FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language)
+    train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
+    dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval else None
+    test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
+    labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir) if FLAGS.do_train else None)
+
+    import keras
+
+    keras.utils.set_random_seed(FLAGS.seed)
+    towers = bert_mgpu.Towers(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
+                              FLAGS.gpu_memory_per_tower_mb, FLAGS.multi_worker)
+    logging.info("%s", towers.plan.describe())
+    init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
+    clf = bert_mgpu.BertClassifier.from_pretrained(
+        init, labels, towers, FLAGS.precision, FLAGS.max_seq_length, FLAGS.do_lower_case,
+        FLAGS.bert_config_file, FLAGS.vocab_file, task=task.name)
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    if FLAGS.do_train:
+        clf.fit(train, FLAGS.output_dir, FLAGS.num_train_epochs, FLAGS.learning_rate, FLAGS.warmup_proportion,
+                FLAGS.save_checkpoints_steps, FLAGS.seed, FLAGS.use_xla)
+    if FLAGS.do_eval:
+        results = clf.evaluate(dev, FLAGS.eval_batch_size)
+        path = outputs.write_eval_results(FLAGS.output_dir, results)
+        for key in sorted(results):
+            logging.info("  %s = %s", key, results[key])
+        print(f"eval: accuracy {results['eval_accuracy']:.4f} on {len(dev)} examples -> {path}")
+    if FLAGS.do_predict:
+        probabilities = clf.predict(test, FLAGS.predict_batch_size)
+        paths = outputs.write_predictions(FLAGS.output_dir, probabilities, clf.labels, [e.guid for e in test])
+        print(f"predict: {len(test)} examples -> {', '.join(paths)}")
+
+
+def main(argv):
+    if len(argv) > 1:
+        sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
+    from bert_mgpu.errors import UserError
+
+    logging.getLogger("bert_mgpu").setLevel(logging.INFO)
+    try:
+        run()
+    except UserError as e:
+        print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main)
