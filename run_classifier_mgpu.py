@@ -126,3 +126,7 @@ def main(argv):
 
 if __name__ == "__main__":
     app.run(main)
+
+
+def _console():
+    app.run(main)

@@ -77,10 +77,10 @@ def assign_encoder(backbone, weights, source):
         want = google_shape(var.path, var.shape)
         if name not in weights:
             missing.append(name)
-        elif tuple(weights[name].shape) != want:
-            misshaped.append(f"{name} is {list(weights[name].shape)}, model wants {list(want)}")
         else:
             used.add(name)
+            if tuple(weights[name].shape) != want:
+                misshaped.append(f"{name} is {list(weights[name].shape)}, model wants {list(want)}")
     heads = sorted(n for n in weights if n not in used and n.startswith(_HEAD_PREFIXES))
     unexpected = sorted(n for n in weights if n not in used and n not in heads)
     problems = []

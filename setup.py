@@ -1,0 +1,29 @@
+"""bert_mgpu: google-research/bert fine-tuning and pretraining on every GPU of a machine (TF2 + Keras 3)."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="bert_mgpu",
+    version="0.1.0",
+    description="Multi-tower (in-graph replicated) BERT training with tf.distribute and keras-hub",
+    packages=find_packages(include=["bert_mgpu", "bert_mgpu.*"]),
+    py_modules=["run_classifier_mgpu"],
+    python_requires=">=3.10",
+    install_requires=[
+        "tensorflow>=2.21,<2.22",
+        "tensorflow-text>=2.21,<2.22",
+        "tensorboard>=2.21,<2.22",
+        "keras>=3.15,<3.16",  # the Keras optimizer internals training relies on are tested against 3.15
+        "keras-hub>=0.32,<0.33",
+        "keras-nlp>=0.32,<0.33",
+        "tensorflow-datasets>=4.9",
+        "numpy>=1.26",
+        "absl-py>=2.1",
+        "safetensors>=0.4",
+    ],
+    extras_require={
+        # transformers (PyTorch) is the reference the parity tests compare against; never imported by the library.
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=5,<6"],
+    },
+    entry_points={"console_scripts": ["run_classifier_mgpu=run_classifier_mgpu:_console"]},
+)

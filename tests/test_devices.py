@@ -1,0 +1,71 @@
+import pytest
+import tensorflow as tf
+
+from bert_mgpu import devices
+from bert_mgpu.errors import UserError
+
+
+def test_plan_follows_cuda_visible_devices_order():
+    visible = devices.visible_gpu_names(6, "1,2,3,4,5,6")
+    assert visible == ("1", "2", "3", "4", "5", "6")
+    plan = devices.plan_devices(3, 1, 32, visible)
+    assert plan.device_type == "GPU"
+    assert plan.devices == ("/gpu:0", "/gpu:1", "/gpu:2")
+    assert plan.visible_names == ("1", "2", "3")
+    assert (plan.towers, plan.global_batch, plan.all_reduce) == (3, 96, "nccl")
+    assert "tower 2: /gpu:2 (CUDA device 3)" in plan.describe()
+
+
+def test_towers_per_gpu_multiplies_towers_and_batch():
+    plan = devices.plan_devices(2, 3, 8, ("5", "7"))
+    assert (plan.towers, plan.global_batch, plan.all_reduce) == (6, 48, "one_device")
+    assert plan.devices == tuple(f"/gpu:{i}" for i in range(6))
+    assert "tower 4: /gpu:4 (CUDA device 7)" in plan.describe()
+
+
+def test_cpu_plan_makes_logical_towers():
+    plan = devices.plan_devices(0, 4, 16, ())
+    assert (plan.device_type, plan.towers, plan.global_batch) == ("CPU", 4, 64)
+    assert plan.devices == ("/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3")
+    assert devices.plan_devices(0, 1, 16, ()).all_reduce == "none"
+
+
+@pytest.mark.parametrize("n_gpus, visible, message", [
+    (2, (), "--n_gpus=2 but only 0 GPU(s) are visible (CUDA devices: none)"),
+    (4, ("1", "3"), "--n_gpus=4 but only 2 GPU(s) are visible (CUDA devices: 1,3)"),
+    (-1, ("0",), "--n_gpus=-1 is invalid"),
+])
+def test_bad_gpu_counts_are_one_clear_error(n_gpus, visible, message):
+    with pytest.raises(UserError) as e:
+        devices.plan_devices(n_gpus, 1, 32, visible)
+    assert message in str(e.value)
+
+
+def test_bad_towers_and_batch():
+    with pytest.raises(UserError, match="--towers_per_gpu=0 is invalid"):
+        devices.plan_devices(0, 0, 32, ())
+    with pytest.raises(UserError, match="--train_batch_size=0 is invalid"):
+        devices.plan_devices(0, 1, 0, ())
+
+
+def test_visible_names_empty_and_unset():
+    assert devices.visible_gpu_names(0, "") == ()
+    assert devices.visible_gpu_names(0, None) == ()
+    assert devices.visible_gpu_names(2, None) == ("0", "1")
+    with pytest.raises(UserError, match="lists 3 devices but only 2 GPU"):
+        devices.visible_gpu_names(2, "0,1,7")
+
+
+def test_strategy_on_two_logical_cpus():
+    plan = devices.plan_devices(0, 2, 4, ())
+    devices.configure_devices(plan)  # runtime already started by conftest: reuses its 2 devices
+    strategy = devices.make_strategy(plan)
+    assert strategy.num_replicas_in_sync == 2
+    assert [d.split("/")[-1] for d in strategy.extended.worker_devices] == ["device:CPU:0", "device:CPU:1"]
+    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+
+
+def test_configure_refuses_more_towers_than_started_devices():
+    tf.constant(1.0)  # make sure the runtime has started
+    with pytest.raises(UserError, match="already started with 2 logical CPU device"):
+        devices.configure_devices(devices.plan_devices(0, 3, 4, ()))

@@ -1,0 +1,44 @@
+"""Tokenizer parity with transformers' BertTokenizer (itself a port of google-bert's FullTokenizer)."""
+
+import os
+
+import pytest
+
+from bert_mgpu.errors import UserError
+from bert_mgpu.tokenization import FullTokenizer, read_vocab
+
+TEXTS = [
+    "Hello, World! It's a test-case: (x+y)=z; $100 & 50% off... ~`^_|\\ @#",
+    "Café naïve résumé Ærøskøbing Straße ÉCOLE ÀÉÎÕÜ Ελληνικά Кириллица İstanbul",
+    "我爱北京天安门，天安门上太阳升。日本語のテキストと한국어",
+    "don't stop—believing… “quotes” «guillemets» ¿qué? ¡sí! ﬁ ligature Ⅻ ½",
+    "emoji 😀 tab\there\u00a0nbsp zero\u200bwidth ctrl\x07char\u2003em x\ufffdy \x00z",
+    "a" * 120 + " supercalifragilisticexpialidocious",
+    "   ",
+]
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_same_tokens_as_transformers(minilm_dir, lower):
+    from transformers import BertTokenizer
+
+    vocab = os.path.join(minilm_dir, "vocab.txt")
+    ref, ours = BertTokenizer(vocab, do_lower_case=lower), FullTokenizer(vocab, do_lower_case=lower)
+    for text in TEXTS:
+        assert ours.tokenize(text) == ref.tokenize(text), text
+    if lower:  # keras-hub alone would case-fold ß to ss; Google keeps ß
+        assert ours.tokenize("Straße") == ["st", "##raße"]
+
+
+def test_ids_and_specials(minilm_dir):
+    tok = FullTokenizer(os.path.join(minilm_dir, "vocab.txt"))
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
+    assert tok.vocab_size == 30522
+    assert tok.convert_tokens_to_ids(tok.tokenize("hello world")) == [7592, 2088]
+
+
+def test_vocab_without_bert_specials_is_refused(tmp_path):
+    p = tmp_path / "vocab.txt"
+    p.write_text("hello\nworld\n")
+    with pytest.raises(UserError, match=r"vocab.txt: vocabulary has no \[UNK\] token"):
+        read_vocab(str(p))
