@@ -1,0 +1,80 @@
+import os
+
+import numpy as np
+import pytest
+
+from bert_mgpu.errors import UserError
+from bert_mgpu.input_pipeline import make_dataset
+from bert_mgpu.tasks import Example
+from bert_mgpu.tokenization import FullTokenizer
+from conftest import write_vocab
+
+
+def truncate_seq_pair(tokens_a, tokens_b, max_length):
+    """google-research/bert's `_truncate_seq_pair`, the reference."""
+    tokens_a, tokens_b = list(tokens_a), list(tokens_b)
+    while len(tokens_a) + len(tokens_b) > max_length:
+        (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+    return tokens_a, tokens_b
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    path = os.path.join(str(tmp_path_factory.mktemp("v")), "vocab.txt")
+    write_vocab(path, ["w%d" % i for i in range(60)])
+    return FullTokenizer(path)
+
+
+def words(n, start=0):
+    return " ".join("w%d" % ((start + i) % 60) for i in range(n))
+
+
+def test_pair_truncation_equals_google(tok):
+    rng = np.random.default_rng(0)
+    examples = [Example(str(i), words(int(a), 0), words(int(b), 30), "x")
+                for i, (a, b) in enumerate(rng.integers(0, 40, size=(60, 2)))]
+    ds = make_dataset(examples, tok, ["x"], 24, 7, training=False)
+    rows = {}
+    for features, _, index in ds:
+        for ids, segs, i in zip(features["token_ids"].numpy(), features["segment_ids"].numpy(), index.numpy()):
+            rows[int(i)] = (ids, segs)
+    assert sorted(rows) == list(range(60))
+    for i, e in enumerate(examples):
+        a, b = truncate_seq_pair(tok.tokenize(e.text_a), tok.tokenize(e.text_b), 21)
+        want = tok.convert_tokens_to_ids(["[CLS]"] + a + ["[SEP]"] + b + ["[SEP]"])
+        ids, segs = rows[i]
+        n = len(want)
+        assert ids[:n].tolist() == want and not ids[n:].any()
+        assert segs[:n].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+
+
+def test_batches_padded_to_their_longest_not_max_seq_length(tok):
+    examples = [Example(str(i), words(3 + (i % 5)), None, "x") for i in range(40)]
+    widths = [f["token_ids"].shape[1] for f, _, _ in make_dataset(examples, tok, ["x"], 128, 8, training=False)]
+    assert max(widths) == 9 and sum(f for f in widths) < 128 * len(widths) / 10
+    for features, _, _ in make_dataset(examples, tok, ["x"], 128, 8, training=False):
+        mask = features["padding_mask"].numpy()
+        assert mask[:, -1].any()  # every batch has an example that fills it
+        assert (mask == (features["token_ids"].numpy() != 0)).all()
+
+
+def test_single_sentence_truncated_to_max_seq_length(tok):
+    (features, _, _), = make_dataset([Example("0", words(50))], tok, None, 16, 4, training=False)
+    ids = features["token_ids"].numpy()[0]
+    assert len(ids) == 16 and ids[0] == tok.cls_id and ids[-1] == tok.sep_id
+    assert ids[1:-1].tolist() == tok.convert_tokens_to_ids(tok.tokenize(words(14)))
+
+
+def test_training_batches_are_full_and_labels_mapped(tok):
+    examples = [Example(str(i), words(1 + i % 9), None, "ab"[i % 2]) for i in range(30)]
+    ds = make_dataset(examples, tok, ["a", "b"], 32, 8, training=True, seed=1)
+    seen = [(f["token_ids"].shape[0], label.numpy()) for f, label, _ in ds.take(12)]
+    assert all(n == 8 for n, _ in seen)
+    assert set(np.concatenate([lab for _, lab in seen]).tolist()) == {0, 1}
+
+
+def test_unknown_label_and_empty_set(tok):
+    with pytest.raises(UserError, match="example train-3 has label 'c', not one of a, b"):
+        make_dataset([Example("train-3", "w1", None, "c")], tok, ["a", "b"], 8, 2, True, source="train")
+    with pytest.raises(UserError, match="dev: no examples"):
+        make_dataset([], tok, ["a"], 8, 2, False, source="dev")

@@ -1,0 +1,85 @@
+"""The training step on towers: 2 towers on 2 logical CPUs equal 1 tower on the same global batch."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_mgpu import devices, modeling, optimization, training
+from conftest import tiny_config
+
+
+def batch(n=8, length=12, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(10, 38, size=(n, length)).astype(np.int32)
+    ids[:, 0] = 2
+    for i in range(n):
+        ids[i, rng.integers(4, length):] = 0
+    features = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": ids != 0}
+    return features, rng.integers(0, 2, n).astype(np.int32), np.arange(n, dtype=np.int32)
+
+
+def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None):
+    plan = devices.plan_devices(0, towers, 8 // towers, ())
+    strategy = devices.make_strategy(plan)
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2, policy)
+        opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16")
+        if initial_scale is not None:
+            opt = keras.optimizers.LossScaleOptimizer(opt.inner_optimizer, initial_scale=initial_scale)
+    trainer = training.Trainer(strategy, model, opt)
+    before = [v.numpy() for v in model.trainable_variables]
+    ds = tf.data.Dataset.from_tensors(data or batch()).repeat()
+    it = iter(strategy.experimental_distribute_dataset(ds))
+    results = [trainer.train_step(next(it)) for _ in range(steps)]
+    return trainer, before, [v.numpy() for v in model.trainable_variables], results
+
+
+def test_two_towers_equal_one_tower_on_the_same_global_batch():
+    _, before, one, [(loss1, seen1)] = one_step(1)
+    _, _, two, [(loss2, seen2)] = one_step(2)
+    assert list(seen1) == [8] and list(seen2) == [4, 4]  # split across towers, not duplicated
+    assert abs(loss1 - loss2) < 1e-6
+    moved = max(np.abs(a - b).max() for a, b in zip(before, one))
+    assert moved > 1e-5  # the step did change the weights
+    assert max(np.abs(a - b).max() for a, b in zip(one, two)) < 1e-6
+
+
+def test_three_steps_two_towers_still_equal_one():
+    _, _, one, _ = one_step(1, steps=3)
+    _, _, two, _ = one_step(2, steps=3)
+    assert max(np.abs(a - b).max() for a, b in zip(one, two)) < 1e-5
+
+
+def test_non_finite_gradients_skip_the_step_and_are_counted():
+    trainer, before, after, _ = one_step(2, steps=1, policy="mixed_float16", initial_scale=2.0**40)
+    assert trainer.skipped_steps == 1  # fp16 gradients overflow at scale 2**40: step skipped
+    assert trainer.loss_scale == 2.0**39  # and the scale halved
+    assert max(np.abs(a - b).max() for a, b in zip(before, after)) == 0.0  # nothing applied
+    assert int(trainer.optimizer.inner_optimizer.iterations.numpy()) == 0  # nor the schedule
+
+
+def test_mixed_float16_trains_with_finite_scale():
+    trainer, before, after, results = one_step(2, steps=2, policy="mixed_float16")
+    assert trainer.skipped_steps == 0 and trainer.loss_scale == 2.0**15
+    assert all(np.isfinite(loss) for loss, _ in results)
+    assert max(np.abs(a - b).max() for a, b in zip(before, after)) > 1e-5
+
+
+@pytest.mark.parametrize("n, per_batch", [(7, 4), (13, 8), (1, 4)])
+def test_prediction_returns_every_example_in_order(n, per_batch):
+    trainer, _, _, _ = one_step(2, steps=0)
+    features, labels, index = batch(16, seed=3)
+    ds = tf.data.Dataset.from_tensor_slices((features, labels, index)).take(n).batch(per_batch)
+    logits, got_labels = trainer.predict_logits(ds)
+    assert logits.shape == (n, 2)
+    np.testing.assert_array_equal(got_labels, labels[:n])
+    direct = trainer.model({k: v[:n] for k, v in features.items()}, training=False).numpy()
+    np.testing.assert_allclose(logits, direct, atol=1e-5)
+
+
+def test_warmup_then_linear_decay():
+    s = optimization.WarmupLinearDecay(1e-3, total_steps=100, warmup_steps=10)
+    got = [float(s(i)) for i in (0, 5, 10, 55, 100, 120)]
+    np.testing.assert_allclose(got, [0.0, 5e-4, 9e-4, 4.5e-4, 0.0, 0.0], atol=1e-9)
