@@ -10,7 +10,9 @@ import logging
 import os
 import sys
 
-from absl import app, flags
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up noise; set it to 0 to see it
+
+from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -81,9 +83,12 @@ def run():
     task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
                               FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language)
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
+    labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir) if FLAGS.do_train else None)
+    if labels and FLAGS.task_name in ("tsv", "csv"):  # now dev rows are checked against them, file:line
+        task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
+                                  labels)
     dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval else None
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
-    labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir) if FLAGS.do_train else None)
 
     import keras
 
@@ -117,6 +122,7 @@ def main(argv):
     from bert_mgpu.errors import UserError
 
     logging.getLogger("bert_mgpu").setLevel(logging.INFO)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
     try:
         run()
     except UserError as e:

@@ -63,6 +63,17 @@ def google_shape(keras_path, shape):
     return shape
 
 
+def fold_to_google_shape(name, value):
+    """A Keras-shaped attention tensor under its Google name -> Google's 2-D/1-D shape."""
+    if re.search(r"/attention/self/(query|key|value)/kernel$", name) and value.ndim == 3:
+        return value.reshape(value.shape[0], -1)
+    if re.search(r"/attention/self/(query|key|value)/bias$", name) and value.ndim == 2:
+        return value.reshape(-1)
+    if name.endswith("/attention/output/dense/kernel") and value.ndim == 3:
+        return value.reshape(-1, value.shape[2])
+    return value
+
+
 def encoder_weights(backbone):
     """The backbone's weights as {Google name: float32 array}."""
     return {google_name(v.path): np.asarray(v.numpy(), np.float32).reshape(google_shape(v.path, v.shape))
@@ -242,7 +253,8 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         weights = read_tf_checkpoint(prefix)
         encoder = {k.split("/", 1)[1].replace(".S", "/"): v for k, v in weights.items()
                    if k.startswith("encoder/")}
-        encoder = {k[: -len("/.ATTRIBUTES/VARIABLE_VALUE")]: v for k, v in encoder.items()}
+        encoder = {name: fold_to_google_shape(name, v) for name, v in
+                   ((k[: -len("/.ATTRIBUTES/VARIABLE_VALUE")], v) for k, v in encoder.items())}
         return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
                           encoder, run.get("do_lower_case"), run, prefix)
 

@@ -1,0 +1,154 @@
+"""run_classifier_mgpu.py end to end, as a user runs it: train, evaluate, predict, resume, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, sentiment_rows, tiny_config, write_google_release, write_tsv
+
+SCRIPT = os.path.join(ROOT, "run_classifier_mgpu.py")
+
+
+def run(*args, check=True):
+    proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    write_tsv(d / "train.tsv", sentiment_rows(640, seed=1))
+    write_tsv(d / "dev.tsv", sentiment_rows(50, seed=2))
+    write_tsv(d / "test.tsv", [("", text) for _, text in sentiment_rows(13, seed=3)])  # 13: not a batch multiple
+    return str(d)
+
+
+def common(data, release, out, *extra):
+    return ["--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={release}", f"--output_dir={out}",
+            "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8", "--eval_batch_size=4",
+            "--predict_batch_size=4", "--max_seq_length=32", "--precision=float32", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(data, google_release, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("out"))
+    args = common(data, google_release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=4",
+                  "--learning_rate=2e-3", "--warmup_proportion=0.1", "--save_checkpoints_steps=50")
+    return out, args, run(*args)
+
+
+def test_train_eval_predict_writes_every_output(trained):
+    out, _, proc = trained
+    results = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
+    assert int(results["global_step"]) == 160  # 640 examples / (8 x 2 towers) x 4 epochs
+    assert int(results["eval_examples"]) == 50
+    assert float(results["eval_accuracy"]) >= 0.9, results  # the toy task is learnt from random init
+    assert float(results["eval_loss"]) < 0.5
+    probs = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    assert probs.shape == (13, 2) and np.allclose(probs.sum(1), 1.0, atol=1e-6)
+    labels = open(os.path.join(out, "predict.txt")).read().split()
+    assert len(labels) == 13 and set(labels) <= {"neg", "pos"}
+    table = open(os.path.join(out, "predictions.tsv")).read().splitlines()
+    assert table[0] == "id\tlabel\tp_neg\tp_pos" and len(table) == 14
+    assert [row.split("\t")[1] for row in table[1:]] == labels
+    assert os.path.exists(os.path.join(out, "ckpt-160.index"))
+    assert any(f.startswith("events.out") for f in os.listdir(os.path.join(out, "train")))
+    assert "predict: 13 examples" in proc.stdout
+    run_info = json.load(open(os.path.join(out, "bert_mgpu.json")))
+    assert run_info["labels"] == ["neg", "pos"] and run_info["global_step"] == 160
+
+
+def test_rerun_resumes_and_predicts_the_same(trained):
+    out, args, _ = trained
+    before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    proc = run(*args)
+    assert "resuming from" in proc.stderr and "ckpt-160 at step 160" in proc.stderr
+    after = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    np.testing.assert_allclose(after, before, atol=1e-6)
+
+
+def test_predict_only_from_the_output_directory_on_one_tower(trained, data):
+    out, _, _ = trained
+    before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    pred_dir = os.path.join(out, "predict_only")
+    proc = run("--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={out}", f"--output_dir={pred_dir}",
+               "--do_predict", "--n_gpus=0", "--predict_batch_size=5", "--precision=float32", "--max_seq_length=32")
+    assert "classifier head restored" in proc.stderr
+    np.testing.assert_allclose(np.loadtxt(os.path.join(pred_dir, "test_results.tsv"), delimiter="\t"), before,
+                               atol=1e-5)
+
+
+def test_dry_run_prints_the_plan():
+    proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=3", "--train_batch_size=16")
+    assert "3 tower(s) on CPU" in proc.stdout and "global batch = 16 x 3 = 48" in proc.stdout
+    assert "precision: " in proc.stdout
+
+
+def bad_release(tmp_path, **overrides):
+    directory, _ = write_google_release(str(tmp_path / "rel"))
+    from bert_mgpu.config import BertConfig
+
+    cfg = BertConfig.from_json_file(os.path.join(directory, "bert_config.json"))
+    BertConfig(**{**cfg.to_dict(), **overrides}).to_json_file(os.path.join(directory, "bert_config.json"))
+    return directory
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing_file", r"train.tsv: file not found"),
+    ("malformed_row", r"train.tsv:3: expected at least 2 columns, found 1"),
+    ("unknown_label", r"dev.tsv:2: label 'maybe' is not one of neg, pos"),
+    ("empty_dataset", r"train.tsv: no examples"),
+    ("vocab_vs_config", r"vocab.txt: 38 tokens but the model config has vocab_size=20"),
+    ("checkpoint_vs_config", r"checkpoint does not match the model config: mis-shaped: "
+                             r"bert/embeddings/word_embeddings is \[38, 32\], model wants \[38, 64\]"),
+    ("too_many_gpus", r"--n_gpus=2 but only 0 GPU\(s\) are visible"),
+    ("negative_gpus", r"--n_gpus=-1 is invalid"),
+    ("seq_over_positions", r"--max_seq_length=100 is over the model's position table"),
+])
+def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, google_release):
+    import re
+
+    d, release, extra = tmp_path / "d", google_release, []
+    d.mkdir()
+    write_tsv(d / "train.tsv", sentiment_rows(20))
+    write_tsv(d / "dev.tsv", sentiment_rows(5))
+    if case == "missing_file":
+        os.remove(d / "train.tsv")
+    elif case == "malformed_row":
+        write_tsv(d / "train.tsv", [("pos", "fine"), ("only-one-column",)])
+    elif case == "unknown_label":
+        write_tsv(d / "dev.tsv", [("maybe", "hmm")])
+    elif case == "empty_dataset":
+        write_tsv(d / "train.tsv", [])
+        extra = ["--labels=neg,pos"]
+    elif case == "vocab_vs_config":
+        release = bad_release(tmp_path, vocab_size=20)
+    elif case == "checkpoint_vs_config":
+        release = bad_release(tmp_path, hidden_size=64)
+    elif case == "too_many_gpus":
+        extra = ["--n_gpus=2"]
+    elif case == "negative_gpus":
+        extra = ["--n_gpus=-1"]
+    elif case == "seq_over_positions":
+        extra = ["--max_seq_length=100"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("already here")
+    args = common(str(d), release, str(out), "--do_train", "--do_eval") + extra
+    proc = run(*args, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("run_classifier_mgpu.py: error:")]
+    assert len(ours) == 1 and re.search(expected, ours[0]), proc.stderr[-2000:]
+    assert (out / "keep.txt").read_text() == "already here"
+
+
+def test_tiny_config_sanity():
+    assert tiny_config(38).hidden_size == 32  # the fixtures above assume it

@@ -1,0 +1,74 @@
+import pytest
+
+from bert_mgpu.errors import UserError
+from bert_mgpu.tasks import get_task
+from conftest import write_tsv
+
+
+def test_mrpc_cola_sst2_read_the_glue_layouts(tmp_path):
+    d = tmp_path
+    write_tsv(d / "train.tsv", [("1", "a1", "b1", "The cat sat.", "A cat sat."), ("0", "a2", "b2", "X", "Y")],
+              header=("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"))
+    mrpc = get_task("mrpc").get_examples(str(d), "train")
+    assert [(e.text_a, e.text_b, e.label) for e in mrpc] == [("The cat sat.", "A cat sat.", "1"), ("X", "Y", "0")]
+    write_tsv(d / "dev.tsv", [("gj04", "1", "", "Our friends won't buy it."), ("gj04", "0", "*", "They drank.")],
+              header=None)
+    cola = get_task("cola").get_examples(str(d), "dev")
+    assert [(e.text_a, e.label) for e in cola] == [("Our friends won't buy it.", "1"), ("They drank.", "0")]
+    write_tsv(d / "test.tsv", [("0", "a sentence"), ("1", "another")], header=("index", "sentence"))
+    sst = get_task("sst-2").get_examples(str(d), "test")
+    assert [(e.guid, e.text_a, e.label) for e in sst] == [("test-0", "a sentence", None), ("test-1", "another", None)]
+
+
+def test_generic_tsv_by_column_names_and_labels_from_training_data(tmp_path):
+    write_tsv(tmp_path / "train.tsv", [("rotten", "meh", "m1"), ("fresh", "great", "m2"), ("fresh", "ok", "m3")],
+              header=("label", "text", "movie"))
+    task = get_task("tsv", text_column="text", label_column="label")
+    assert task.get_labels(str(tmp_path)) == ["fresh", "rotten"]
+    assert [e.text_a for e in task.get_examples(str(tmp_path), "train")] == ["meh", "great", "ok"]
+
+
+def test_csv_with_quotes_and_pairs(tmp_path):
+    (tmp_path / "dev.csv").write_text('q,p,y\n"a, b","c ""d""",yes\nx,y,no\n', encoding="utf-8")
+    task = get_task("csv", text_column="q", text_b_column="p", label_column="y", labels=["no", "yes"])
+    ex = task.get_examples(str(tmp_path), "dev")
+    assert [(e.text_a, e.text_b, e.label) for e in ex] == [("a, b", 'c "d"', "yes"), ("x", "y", "no")]
+
+
+def test_malformed_row_names_file_and_line(tmp_path):
+    write_tsv(tmp_path / "train.tsv", [("1", "a", "b", "s1", "s2"), ("0", "only-two")],
+              header=("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"))
+    with pytest.raises(UserError, match=r"train.tsv:3: expected at least 4 columns, found 2"):
+        get_task("mrpc").get_examples(str(tmp_path), "train")
+
+
+def test_label_outside_the_label_set(tmp_path):
+    write_tsv(tmp_path / "dev.tsv", [("pos", "fine"), ("meh", "hmm")])
+    with pytest.raises(UserError, match=r"dev.tsv:3: label 'meh' is not one of neg, pos"):
+        get_task("tsv", labels=["neg", "pos"]).get_examples(str(tmp_path), "dev")
+
+
+def test_missing_file_missing_column_unknown_task(tmp_path):
+    with pytest.raises(UserError, match=r"train.tsv: file not found"):
+        get_task("sst-2").get_examples(str(tmp_path), "train")
+    write_tsv(tmp_path / "train.tsv", [("1", "x")], header=("y", "sentence"))
+    with pytest.raises(UserError, match=r"train.tsv:1: no column 'text' in header"):
+        get_task("tsv").get_examples(str(tmp_path), "train")
+    with pytest.raises(UserError, match="--task_name=qqq is unknown"):
+        get_task("qqq")
+
+
+def test_xnli_filters_language_and_maps_contradictory(tmp_path):
+    (tmp_path / "multinli").mkdir()
+    write_tsv(tmp_path / "multinli" / "multinli.train.zh.tsv", [("前提", "假设", "contradictory")],
+              header=("premise", "hypo", "label"))
+    dev = [("zh", "neutral") + ("",) * 4 + ("句子一", "句子二"), ("de", "entailment") + ("",) * 4 + ("a", "b")]
+    write_tsv(tmp_path / "xnli.dev.tsv", dev, header=("language", "gold_label") + ("x",) * 4 + ("s1", "s2"))
+    task = get_task("xnli")
+    assert [e.label for e in task.get_examples(str(tmp_path), "train")] == ["contradiction"]
+    assert [(e.text_a, e.label) for e in task.get_examples(str(tmp_path), "dev")] == [("句子一", "neutral")]
+
+
+def test_tfds_never_downloads(tmp_path):
+    with pytest.raises(UserError, match="is not prepared in .*never downloads"):
+        get_task("tfds", tfds_name="imdb_reviews", tfds_data_dir=str(tmp_path)).get_examples(str(tmp_path), "train")
