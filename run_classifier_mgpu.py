@@ -56,6 +56,7 @@ flags.DEFINE_string("text_b_column", None, "tsv/csv/tfds: column of the second t
 flags.DEFINE_string("label_column", "label", "tsv/csv/tfds: column of the label.")
 flags.DEFINE_string("tfds_name", None, "tfds: dataset name, prepared in --tfds_data_dir (never downloaded).")
 flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
+flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
 flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
 
@@ -81,7 +82,8 @@ def run():
     if os.path.isfile(FLAGS.output_dir):
         raise bert_mgpu.UserError(f"--output_dir={FLAGS.output_dir} is a file")
     task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
-                              FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language)
+                              FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language,
+                              tuple(FLAGS.tfds_splits))
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir) if FLAGS.do_train else None)
     if labels and FLAGS.task_name in ("tsv", "csv"):  # now dev rows are checked against them, file:line

@@ -24,6 +24,7 @@ from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.modeling import build_classifier
+from bert_mgpu.outputs import write_atomic
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
@@ -130,8 +131,6 @@ class BertClassifier:
 
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
-        from bert_mgpu.outputs import write_atomic
-
         run = {"bert_config": self.config.to_dict(), "labels": self.labels, "do_lower_case":
                self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length, "task": self.task,
                "global_step": step}

@@ -134,34 +134,35 @@ class TfdsTask:
         self.columns = (text_column, text_b_column, label_column)
         self.splits = dict(zip(("train", "dev", "test"), splits))
 
-    def _builder(self):
+    def _load(self, split):
         import tensorflow_datasets as tfds
 
         try:
-            builder = tfds.builder(self.name, data_dir=self.data_dir)
-        except Exception as e:  # tfds raises several types for an unknown name
-            raise UserError(f"tfds dataset {self.name!r}: {str(e).splitlines()[0]}") from None
-        if not builder.is_prepared():
-            raise UserError(f"tfds dataset {self.name!r} is not prepared in {self.data_dir}; "
-                            "bert_mgpu never downloads: prepare it with `tfds build` first")
-        return builder
+            return tfds.load(self.name, split=split, data_dir=self.data_dir, download=False, with_info=True)
+        except Exception as e:  # tfds raises several types for an unknown or unprepared dataset
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"tfds dataset {self.name!r} is not prepared in {self.data_dir} ({first}); "
+                            "bert_mgpu never downloads: prepare it with `tfds build` first") from None
 
     def get_labels(self, data_dir=None):
-        feature = self._builder().info.features[self.columns[2]]
-        return list(feature.names)
+        _, info = self._load(self.splits["train"])
+        return list(info.features[self.columns[2]].names)
 
     def get_examples(self, data_dir, split):
         import tensorflow_datasets as tfds
 
-        builder, labels = self._builder(), self.get_labels()
+        ds, info = self._load(self.splits[split])
+        labels = list(info.features[self.columns[2]].names)
         text, text_b, label = self.columns
         out = []
-        for i, row in enumerate(tfds.as_numpy(builder.as_dataset(split=self.splits[split]))):
+        for i, row in enumerate(tfds.as_numpy(ds)):
             lab = int(row[label]) if label in row else -1
             out.append(Example(
                 f"{split}-{i}", row[text].decode("utf-8"),
                 row[text_b].decode("utf-8") if text_b else None,
                 labels[lab] if 0 <= lab < len(labels) else None))
+        if not out:
+            raise UserError(f"tfds dataset {self.name!r} split {self.splits[split]!r}: no examples")
         return out
 
 
@@ -171,7 +172,7 @@ def labels_from(examples):
 
 
 def get_task(name, text_column="text", label_column="label", text_b_column=None, labels=None,
-             tfds_name=None, tfds_data_dir=None, xnli_language="zh"):
+             tfds_name=None, tfds_data_dir=None, xnli_language="zh", tfds_splits=("train", "validation", "test")):
     """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2) or tsv / csv / tfds."""
     name = name.lower()
     if name == "cola":
@@ -190,7 +191,7 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
     if name == "tfds":
         if not tfds_name:
             raise UserError("--task_name=tfds needs --tfds_name")
-        return TfdsTask(tfds_name, tfds_data_dir, text_column, label_column, text_b_column)
+        return TfdsTask(tfds_name, tfds_data_dir, text_column, label_column, text_b_column, tfds_splits)
     raise UserError(f"--task_name={name} is unknown; use cola, mrpc, mnli, xnli, sst-2, tsv, csv or tfds")
 
 

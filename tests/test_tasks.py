@@ -72,3 +72,15 @@ def test_xnli_filters_language_and_maps_contradictory(tmp_path):
 def test_tfds_never_downloads(tmp_path):
     with pytest.raises(UserError, match="is not prepared in .*never downloads"):
         get_task("tfds", tfds_name="imdb_reviews", tfds_data_dir=str(tmp_path)).get_examples(str(tmp_path), "train")
+
+
+def test_tfds_dataset_by_name_from_local_data(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=7):
+        task = get_task("tfds", tfds_name="imdb_reviews", tfds_data_dir=str(tmp_path),
+                        tfds_splits=("train", "test", "test"))
+        assert task.get_labels() == ["neg", "pos"]
+        examples = task.get_examples(None, "dev")  # dev is read from the split named for it
+    assert len(examples) == 7
+    assert all(isinstance(e.text_a, str) and e.label in ("neg", "pos") for e in examples)
