@@ -19,7 +19,7 @@ def batch(n=8, length=12, seed=0):
     return features, rng.integers(0, 2, n).astype(np.int32), np.arange(n, dtype=np.int32)
 
 
-def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None):
+def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, use_xla=False):
     plan = devices.plan_devices(0, towers, 8 // towers, ())
     strategy = devices.make_strategy(plan)
     keras.utils.set_random_seed(1)
@@ -28,7 +28,7 @@ def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None):
         opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16")
         if initial_scale is not None:
             opt = keras.optimizers.LossScaleOptimizer(opt.inner_optimizer, initial_scale=initial_scale)
-    trainer = training.Trainer(strategy, model, opt)
+    trainer = training.Trainer(strategy, model, opt, use_xla=use_xla)
     before = [v.numpy() for v in model.trainable_variables]
     ds = tf.data.Dataset.from_tensors(data or batch()).repeat()
     it = iter(strategy.experimental_distribute_dataset(ds))
@@ -50,6 +50,13 @@ def test_three_steps_two_towers_still_equal_one():
     _, _, one, _ = one_step(1, steps=3)
     _, _, two, _ = one_step(2, steps=3)
     assert max(np.abs(a - b).max() for a, b in zip(one, two)) < 1e-5
+
+
+def test_xla_compiled_towers_give_the_same_step():
+    _, _, plain, [(loss1, _)] = one_step(2)
+    _, _, xla, [(loss2, seen)] = one_step(2, use_xla=True)
+    assert list(seen) == [4, 4] and abs(loss1 - loss2) < 1e-5
+    assert max(np.abs(a - b).max() for a, b in zip(plain, xla)) < 1e-5
 
 
 def test_non_finite_gradients_skip_the_step_and_are_counted():
