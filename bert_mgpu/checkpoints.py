@@ -318,10 +318,20 @@ def training_checkpoint(model, optimizer=None, step=None):
     """bert_mgpu's checkpoint: encoder under Google names (readable by `load_pretrained`), head, state."""
     import tensorflow as tf
 
-    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights},
-               "head": {"kernel": model.head.kernel, "bias": model.head.bias}}
+    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights}, "head": _head(model)}
     if optimizer is not None:
         objects["optimizer"] = optimizer
     if step is not None:
         objects["step"] = step
     return tf.train.Checkpoint(**objects)
+
+
+def _head(model):
+    return {"kernel": model.head.kernel, "bias": model.head.bias}
+
+
+def restore_head(model, prefix):
+    """The classifier head of a bert_mgpu checkpoint (the encoder goes through `assign_encoder`)."""
+    import tensorflow as tf
+
+    tf.train.Checkpoint(head=_head(model)).read(prefix).expect_partial()

@@ -73,7 +73,7 @@ class BertClassifier:
         if unused:
             log.info("not used by a classifier: %s", ", ".join(unused))
         if pre.kind == "bert_mgpu" and run.get("labels") == labels:
-            checkpoints.training_checkpoint(model).read(pre.ckpt_prefix).expect_partial()
+            checkpoints.restore_head(model, pre.ckpt_prefix)
             log.info("classifier head restored from %s", pre.ckpt_prefix)
         else:
             log.info("classifier head (%d labels) is freshly initialized", len(labels))
