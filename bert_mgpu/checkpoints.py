@@ -158,8 +158,12 @@ def read_safetensors(path):
 
 # ---------------------------------------------------------------- Google TF1 checkpoints
 
-def read_tf_checkpoint(prefix, strip_slots=True):
-    """A TF checkpoint's variables as {name: float32 array} (Adam slots and step counters dropped)."""
+def read_tf_checkpoint(prefix, only=None):
+    """A TF checkpoint's float variables as {name: float32 array}, Adam slots and counters dropped.
+
+    `only`: read just the names under this prefix (the encoder of a bert_mgpu checkpoint, not its
+    optimizer state, which is twice the model's size).
+    """
     import tensorflow as tf
 
     try:
@@ -168,8 +172,10 @@ def read_tf_checkpoint(prefix, strip_slots=True):
         raise UserError(f"{prefix}: not a readable TensorFlow checkpoint ({str(e).splitlines()[0]})") from None
     out = {}
     for name in reader.get_variable_to_shape_map():
-        if strip_slots and (name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
-                            or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name):
+        if only is not None and not name.startswith(only):
+            continue
+        if (name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
+                or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name):
             continue
         value = reader.get_tensor(name)
         if np.issubdtype(np.asarray(value).dtype, np.floating):
@@ -250,9 +256,8 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         if prefix is None:
             raise UserError(f"{path}: bert_mgpu run directory holds no checkpoint yet")
         config = BertConfig.from_dict(run["bert_config"], source=run_file)
-        weights = read_tf_checkpoint(prefix)
-        encoder = {k.split("/", 1)[1].replace(".S", "/"): v for k, v in weights.items()
-                   if k.startswith("encoder/")}
+        weights = read_tf_checkpoint(prefix, only="encoder/")
+        encoder = {k.split("/", 1)[1].replace(".S", "/"): v for k, v in weights.items()}
         encoder = {name: fold_to_google_shape(name, v) for name, v in
                    ((k[: -len("/.ATTRIBUTES/VARIABLE_VALUE")], v) for k, v in encoder.items())}
         return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
