@@ -85,10 +85,8 @@ def run():
                               FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language,
                               tuple(FLAGS.tfds_splits))
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
-    labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir) if FLAGS.do_train else None)
-    if labels and FLAGS.task_name in ("tsv", "csv"):  # now dev rows are checked against them, file:line
-        task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
-                                  labels)
+    # Known labels make the task check every dev row against them, naming file and line.
+    labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
     dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval else None
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
 

@@ -66,9 +66,13 @@ class ColumnTask:
         self.test_text_b = text_b if test_text_b is None else test_text_b
         self.test_label, self.row_filter = test_label, row_filter
 
-    def get_labels(self, data_dir=None):
+    def get_labels(self, data_dir=None, train_examples=None):
+        """The fixed label set, else the training data's (from `train_examples` when already read).
+
+        Once known, the labels are checked on every dev/test row read after, with file and line.
+        """
         if self._labels is None:
-            self._labels = labels_from(self.get_examples(data_dir, "train"))
+            self._labels = labels_from(train_examples or self.get_examples(data_dir, "train"))
         return list(self._labels)
 
     def get_examples(self, data_dir, split):
@@ -76,9 +80,12 @@ class ColumnTask:
         rows = read_rows(path, self.delimiter, self.quotechar)
         if self.skip_header is True or (split == "test" and self.skip_header == "test"):
             rows = rows[1:]
-        test = split == "test"
-        ia, ib = (self.test_text_a, self.test_text_b) if test else (self.text_a, self.text_b)
-        il = self.test_label if test else self.label
+        if split == "test":
+            return self._examples(path, rows, split, self.test_text_a, self.test_text_b, self.test_label)
+        return self._examples(path, rows, split, self.text_a, self.text_b, self.label)
+
+    def _examples(self, path, rows, split, ia, ib, il):
+        """Rows (line number, cells) -> Examples, taking text and label from the given column positions."""
         out = []
         for line, row in rows:
             if self.row_filter and not self.row_filter(row):
@@ -86,7 +93,7 @@ class ColumnTask:
             text_a = _cell(path, line, row, ia)
             text_b = _cell(path, line, row, ib) if ib is not None else None
             label = _cell(path, line, row, il) if il is not None else None
-            if test and not label:
+            if split == "test" and not label:
                 label = None  # an empty label cell in a test file: nothing to check
             if isinstance(self._labels, (list, tuple)) and label is not None and label not in self._labels:
                 raise UserError(f"{path}:{line}: label {label!r} is not one of {', '.join(self._labels)}")
@@ -120,9 +127,7 @@ class NamedColumnTask(ColumnTask):
                 index[role] = header.index(name)
             else:
                 raise UserError(f"{path}:{rows[0][0]}: no column {name!r} in header {header}")
-        self.text_a, self.text_b, self.label = index["text"], index["text_b"], index["label"]
-        self.test_text_a, self.test_text_b, self.test_label = self.text_a, self.text_b, self.label
-        return super().get_examples(data_dir, split)
+        return self._examples(path, rows[1:], split, index["text"], index["text_b"], index["label"])
 
 
 class TfdsTask:
@@ -144,7 +149,7 @@ class TfdsTask:
             raise UserError(f"tfds dataset {self.name!r} is not prepared in {self.data_dir} ({first}); "
                             "bert_mgpu never downloads: prepare it with `tfds build` first") from None
 
-    def get_labels(self, data_dir=None):
+    def get_labels(self, data_dir=None, train_examples=None):
         _, info = self._load(self.splits["train"])
         return list(info.features[self.columns[2]].names)
 
@@ -208,7 +213,7 @@ class XnliTask:
                                 files={"dev": "xnli.dev.tsv", "test": "xnli.test.tsv"},
                                 row_filter=lambda row: row[0] == language)
 
-    def get_labels(self, data_dir=None):
+    def get_labels(self, data_dir=None, train_examples=None):
         return list(self.LABELS)
 
     def get_examples(self, data_dir, split):
