@@ -79,16 +79,16 @@ class Trainer:
             done_since += 1
             if step % log_every == 0 or step == num_steps:
                 rate = done_since * global_batch / (time.perf_counter() - tic)
-                tic, done_since = time.perf_counter(), 0
+                tic, done_since, lr = time.perf_counter(), 0, self.learning_rate
                 if writer is not None:
                     with writer.as_default(step=step):
                         tf.summary.scalar("loss", loss)
-                        tf.summary.scalar("learning_rate", self.learning_rate)
+                        tf.summary.scalar("learning_rate", lr)
                         tf.summary.scalar("loss_scale", self.loss_scale)
                         tf.summary.scalar("examples_per_second", rate)
                         tf.summary.scalar("skipped_steps", self.skipped_steps)
                 if bar is not None:
-                    bar.update(step, [("loss", loss), ("lr", self.learning_rate), ("ex/s", rate)])
+                    bar.update(step, [("loss", loss), ("lr", lr), ("ex/s", rate)])
             if on_save is not None and (step % save_every == 0 or step == num_steps):
                 on_save()
         return loss
