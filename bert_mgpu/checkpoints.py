@@ -40,6 +40,8 @@ _KERAS_TO_GOOGLE = [
     (r"transformer_layer_(\d+)/feedforward_layer_norm/(gamma|beta)", r"bert/encoder/layer_\1/output/LayerNorm/\2"),
     (r"pooled_dense/(kernel|bias)", r"bert/pooler/dense/\1"),
 ]
+# Head tensors a bert_mgpu checkpoint keeps in Keras' layout, and their Google name.
+_KERAS_LAYOUT_HEADS = {"cls/seq_relationship/kernel": "cls/seq_relationship/output_weights"}
 # Tensors a classifier does not use: pretraining heads and other tasks' heads.
 _HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias")
 
@@ -256,10 +258,14 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         if prefix is None:
             raise UserError(f"{path}: bert_mgpu run directory holds no checkpoint yet")
         config = BertConfig.from_dict(run["bert_config"], source=run_file)
-        weights = read_tf_checkpoint(prefix, only="encoder/")
-        encoder = {k.split("/", 1)[1].replace(".S", "/"): v for k, v in weights.items()}
-        encoder = {name: fold_to_google_shape(name, v) for name, v in
-                   ((k[: -len("/.ATTRIBUTES/VARIABLE_VALUE")], v) for k, v in encoder.items())}
+        # Encoder and pretraining heads, not the optimizer state (twice the model's size).
+        weights = read_tf_checkpoint(prefix, only=("encoder/", "heads/"))
+        encoder = {}
+        for key, value in weights.items():
+            name = key.split("/", 1)[1][: -len("/.ATTRIBUTES/VARIABLE_VALUE")].replace(".S", "/")
+            if name in _KERAS_LAYOUT_HEADS:  # kept in Keras' [in, out] layout; Google's is [out, in]
+                name, value = _KERAS_LAYOUT_HEADS[name], value.T
+            encoder[name] = fold_to_google_shape(name, value)
         return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
                           encoder, run.get("do_lower_case"), run, prefix)
 
@@ -319,15 +325,21 @@ def _load_keras_hub(path):
     return Pretrained("keras_hub", path, config, vocab, encoder_weights(backbone), lower)
 
 
-def training_checkpoint(model, optimizer=None, step=None):
-    """bert_mgpu's checkpoint: encoder under Google names (readable by `load_pretrained`), head, state."""
+def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
+    """bert_mgpu's checkpoint: encoder under Google names (readable by `load_pretrained`), head, state.
+
+    `heads` ({name: variable}) replaces the classifier head for a pretraining model; `state` adds
+    more variables (elapsed time, ...).
+    """
     import tensorflow as tf
 
-    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights}, "head": _head(model)}
+    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights}}
+    objects.update({"heads": heads} if heads is not None else {"head": _head(model)})
     if optimizer is not None:
         objects["optimizer"] = optimizer
     if step is not None:
         objects["step"] = step
+    objects.update(state)
     return tf.train.Checkpoint(**objects)
 
 
@@ -340,3 +352,18 @@ def restore_head(model, prefix):
     import tensorflow as tf
 
     tf.train.Checkpoint(head=_head(model)).read(prefix).expect_partial()
+
+
+def write_run_files(directory, run, config, vocab_file):
+    """bert_mgpu.json (run metadata + config), bert_config.json and vocab.txt: what makes a directory
+    holding a bert_mgpu checkpoint loadable by `load_pretrained`."""
+    import shutil
+
+    from bert_mgpu.outputs import write_atomic
+
+    run = {**run, "bert_config": config.to_dict()}
+    write_atomic(os.path.join(directory, RUN_FILE), json.dumps(run, indent=2) + "\n")
+    write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config.to_dict(), indent=2) + "\n")
+    vocab = os.path.join(directory, "vocab.txt")
+    if os.path.abspath(vocab_file) != os.path.abspath(vocab):
+        shutil.copyfile(vocab_file, vocab)

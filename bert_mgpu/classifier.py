@@ -11,10 +11,8 @@ Example:
 `run_classifier_mgpu.py` is a thin absl-flags wrapper over this class.
 """
 
-import json
 import logging
 import os
-import shutil
 
 import numpy as np
 import tensorflow as tf
@@ -24,7 +22,6 @@ from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.modeling import build_classifier
-from bert_mgpu.outputs import write_atomic
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
@@ -78,7 +75,8 @@ class BertClassifier:
         else:
             log.info("classifier head (%d labels) is freshly initialized", len(labels))
         clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task)
-        clf.global_step = int(run.get("global_step", 0)) if pre.kind == "bert_mgpu" else 0
+        own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
+        clf.global_step = int(run.get("global_step", 0)) if own else 0
         return clf
 
     # ------------------------------------------------------------------ training
@@ -131,14 +129,9 @@ class BertClassifier:
 
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
-        run = {"bert_config": self.config.to_dict(), "labels": self.labels, "do_lower_case":
-               self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length, "task": self.task,
-               "global_step": step}
-        write_atomic(os.path.join(output_dir, checkpoints.RUN_FILE), json.dumps(run, indent=2) + "\n")
-        write_atomic(os.path.join(output_dir, "bert_config.json"), json.dumps(self.config.to_dict(), indent=2))
-        vocab = os.path.join(output_dir, "vocab.txt")
-        if os.path.abspath(self.tokenizer.vocab_file) != os.path.abspath(vocab):
-            shutil.copyfile(self.tokenizer.vocab_file, vocab)
+        run = {"kind": "classifier", "labels": self.labels, "do_lower_case": self.tokenizer.do_lower_case,
+               "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step}
+        checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     # ------------------------------------------------------------------ inference
     def _logits(self, examples, batch_size, source):

@@ -22,6 +22,9 @@ class BertConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     initializer_range: float = 0.02
+    # bert_mgpu's addition: "pre-ln" normalizes before each sub-layer (stabler from scratch at high LR,
+    # as academic-budget-bert and Cramming train); Google's and Hugging Face's configs lack it: post-ln.
+    encoder_ln_mode: str = "post-ln"
 
     @classmethod
     def from_dict(cls, d, source="config"):
@@ -54,6 +57,8 @@ class BertConfig:
         return cls.from_dict(d, source=path)
 
     def validate(self, source="config"):
+        if self.encoder_ln_mode not in ("post-ln", "pre-ln"):
+            raise UserError(f"{source}: encoder_ln_mode={self.encoder_ln_mode!r}: expected post-ln or pre-ln")
         if self.hidden_act not in _ACTIVATIONS:
             raise UserError(f"{source}: hidden_act={self.hidden_act!r} is not supported "
                             f"(one of {', '.join(_ACTIVATIONS)})")

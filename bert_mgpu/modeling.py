@@ -40,6 +40,9 @@ def build_backbone(config, policy="float32"):
     # time, so setting it here gives the activation the checkpoint was trained with.
     for layer in backbone.transformer_layers:
         layer._feedforward_intermediate_dense.activation = ACTIVATIONS[config.hidden_act]
+        # Pre-LN: each layer's existing LayerNorms move in front of their sub-layers (keras-hub's
+        # `normalize_first`, read at call time); the MLM head's own LayerNorm then normalizes the output.
+        layer.normalize_first = config.encoder_ln_mode == "pre-ln"
     return backbone
 
 

@@ -1,8 +1,10 @@
 """Training step and loop, evaluation and prediction, on whatever tf.distribute strategy it is given.
 
-One step: every tower computes its loss and gradients on its slice of the global batch, the gradients are
-averaged over towers explicitly (`all_reduce(MEAN)`), and the optimizer applies that mean once, to the
-mirrored variables of every tower. Loss scaling (mixed_float16) and the skip of non-finite steps are the
+One step: every tower computes its loss and gradients on its slice of the global batch (in `accum_steps`
+micro-batches run one after another when memory is short), the gradients are averaged over towers
+explicitly (`all_reduce(MEAN)`), and the optimizer applies that mean once, to the mirrored variables of
+every tower. What the loss is comes from `loss_fn(model, features, labels, training) -> (loss, stats)`,
+so the same step trains the classifier and the pretraining heads. Loss scaling (mixed_float16) and the skip of non-finite steps are the
 optimizer's (see optimization.py); skips are counted as attempted steps minus applied ones.
 
 Prediction gathers every tower's outputs with the example index each row came from, so outputs return in
@@ -16,40 +18,75 @@ import numpy as np
 import tensorflow as tf
 
 
+def classification_loss(model, features, labels, training=True):
+    """Mean cross-entropy of the classifier's float32 logits; no extra statistics."""
+    logits = model(features, training=training)
+    return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)), {}
+
+
 class Trainer:
-    def __init__(self, strategy, model, optimizer=None, use_xla=False):
+    def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
+                 accum_steps=1):
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
+        self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # attempted steps
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
         self._grads_fn = tf.function(self._loss_and_grads, jit_compile=True) if use_xla else self._loss_and_grads
-        self._train_fn = self._predict_fn = None
+        self._train_fn = self._predict_fn = self._eval_fn = None
 
     # ------------------------------------------------------------------ one step
     def _loss_and_grads(self, features, labels):
         with tf.GradientTape() as tape:
-            logits = self.model(features, training=True)
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
+            loss, stats = self.loss_fn(self.model, features, labels, training=True)
             scaled = self.optimizer.scale_loss(loss)
-        return loss, tape.gradient(scaled, self.model.trainable_variables)
+        grads = tape.gradient(scaled, self.model.trainable_variables)
+        return loss, stats, [None if g is None else tf.convert_to_tensor(g) for g in grads]
+
+    def _accumulated(self, features, labels):
+        """Mean loss, statistics and gradients over `accum_steps` micro-batches of this tower's slice."""
+        k = self.accum_steps
+        micro = tf.nest.map_structure(lambda t: tf.reshape(t, tf.concat([[k, -1], tf.shape(t)[1:]], 0)),
+                                      (features, labels))
+        loss, stats, grads = self._grads_fn(*tf.nest.map_structure(lambda t: t[0], micro))
+        present = [i for i, g in enumerate(grads) if g is not None]  # loop variables cannot be None
+        acc = [grads[i] for i in present]
+        for i in tf.range(1, k):
+            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))  # noqa: B023
+            loss, stats = loss + l_i, tf.nest.map_structure(tf.add, stats, s_i)
+            acc = [a + g_i[j] for a, j in zip(acc, present)]
+        grads = [None] * len(grads)
+        for j, a in zip(present, acc):
+            grads[j] = a / k
+        return loss / k, tf.nest.map_structure(lambda t: t / k, stats), grads
 
     def _train_replica(self, features, labels):
-        loss, grads = self._grads_fn(features, labels)
-        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, grads)
-        self.optimizer.apply(grads, self.model.trainable_variables)
-        return loss, tf.shape(labels)[:1]
+        if self.accum_steps > 1:
+            loss, stats, grads = self._accumulated(features, labels)
+        else:
+            loss, stats, grads = self._grads_fn(features, labels)
+        # Variables the loss does not reach (the pooler when pretraining without NSP) are left alone.
+        used = [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None]
+        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, [g for g, _ in used])
+        self.optimizer.apply(grads, [v for _, v in used])
+        return loss, stats, tf.shape(tf.nest.flatten(labels)[0])[:1]
 
     def train_step(self, batch):
-        """One optimizer step on a distributed batch -> (mean loss over towers, examples seen per tower)."""
+        """One optimizer step on a distributed batch -> (mean loss over towers, examples seen per tower).
+
+        The step's other statistics (mean over towers) are left in `self.stats`.
+        """
         if self._train_fn is None:
             def step(batch):
-                features, labels, _ = batch
-                loss, seen = self.strategy.run(self._train_replica, args=(features, labels))
-                mean = self.strategy.reduce(tf.distribute.ReduceOp.MEAN, loss, axis=None)
-                return mean, self.strategy.gather(seen, axis=0)
+                features, labels = batch[0], batch[1]
+                loss, stats, seen = self.strategy.run(self._train_replica, args=(features, labels))
+                mean = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None)  # noqa: E731
+                return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
             self._train_fn = tf.function(step, reduce_retracing=True)
-        loss, seen = self._train_fn(batch)
+        loss, stats, seen = self._train_fn(batch)
         self.step.assign_add(1)
+        self.stats = {k: float(v) for k, v in stats.items()}
         return float(loss), seen.numpy()
 
     @property
@@ -92,6 +129,35 @@ class Trainer:
             if on_save is not None and (step % save_every == 0 or step == num_steps):
                 on_save()
         return loss
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, dataset, max_steps=None):
+        """Mean loss and statistics of `loss_fn` (inference mode) per example, over a dataset or its first
+        `max_steps` batches. A tower left without examples by the last, partial batch counts for nothing."""
+        if self._eval_fn is None:
+            def replica(features, labels):
+                loss, stats = self.loss_fn(self.model, features, labels, training=False)
+                n = tf.cast(tf.shape(tf.nest.flatten(labels)[0])[0], tf.float32)
+                weigh = lambda v: tf.where(n > 0, tf.cast(v, tf.float32) * n, 0.0)  # noqa: E731
+                return tf.nest.map_structure(weigh, {"loss": loss, **stats}), n
+
+            def step(batch):
+                sums, n = self.strategy.run(replica, args=(batch[0], batch[1]))
+                total = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
+                return tf.nest.map_structure(total, sums), total(n)
+
+            self._eval_fn = tf.function(step, reduce_retracing=True)
+        totals, count, batches = {}, 0.0, 0
+        for batch in self.strategy.experimental_distribute_dataset(dataset):
+            if max_steps is not None and batches >= max_steps:
+                break
+            sums, n = self._eval_fn(batch)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            count, batches = count + float(n), batches + 1
+        if not count:
+            raise RuntimeError("evaluation data gave no example")
+        return {k: v / count for k, v in totals.items()}
 
     # ------------------------------------------------------------------ prediction
     def predict_logits(self, dataset):

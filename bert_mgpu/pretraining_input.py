@@ -1,0 +1,188 @@
+"""tf.data input for pretraining: google-bert TFRecords, or raw text with dynamic masking.
+
+Both yield (features, labels) batches: features {token_ids, segment_ids, padding_mask, mask_positions},
+labels {masked_lm_ids, masked_lm_weights, next_sentence_labels}.
+
+Resume: the order is a pure function of the seed (seeded shuffle, then repeat), so a run that restarts
+after `start` examples skips exactly those and sees the same data an uninterrupted run would.
+
+Dynamic masking (RoBERTa / Cramming style): text is tokenized inside tf.data, packed into full
+max_seq_length sequences (documents joined by [SEP], no NSP), and masked on the fly with stateless random
+ops keyed by (seed, position in the stream): every epoch gets new masks, and a resumed run the same ones.
+keras-hub's MaskedLMMaskGenerator is not used because its random draws cannot be keyed that way.
+"""
+
+import tensorflow as tf
+
+from bert_mgpu.errors import UserError
+
+
+def _as_model_inputs(ex):
+    features = {
+        "token_ids": tf.cast(ex["input_ids"], tf.int32),
+        "segment_ids": tf.cast(ex["segment_ids"], tf.int32),
+        "padding_mask": tf.cast(ex["input_mask"], tf.bool),
+        "mask_positions": tf.cast(ex["masked_lm_positions"], tf.int32),
+    }
+    labels = {
+        "masked_lm_ids": tf.cast(ex["masked_lm_ids"], tf.int32),
+        "masked_lm_weights": tf.cast(ex["masked_lm_weights"], tf.float32),
+        "next_sentence_labels": tf.cast(tf.reshape(ex["next_sentence_labels"], [-1])[0], tf.int32),
+    }
+    return features, labels
+
+
+def _files(pattern_list):
+    files = []
+    for pattern in pattern_list:
+        found = sorted(tf.io.gfile.glob(pattern))
+        if not found:
+            raise UserError(f"{pattern}: no such input file")
+        files.extend(found)
+    return files
+
+
+def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_seq, training=True,
+                   seed=12345, start=0, shuffle_buffer=10_000):
+    """google-bert pretraining TFRecords -> batches; training repeats forever, from example `start`."""
+    files = _files(input_files)
+    spec = {
+        "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
+        "masked_lm_positions": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+        "masked_lm_ids": tf.io.FixedLenFeature([max_predictions_per_seq], tf.int64),
+        "masked_lm_weights": tf.io.FixedLenFeature([max_predictions_per_seq], tf.float32),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+    ds = tf.data.TFRecordDataset(files)
+    if training:
+        # Shuffle raw records before parsing, so skipping on resume costs no parsing.
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat().skip(start)
+    ds = ds.map(lambda r: _as_model_inputs(tf.io.parse_single_example(r, spec)),
+                num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+
+def check_records(input_files, max_seq_length, max_predictions_per_seq):
+    """Parse the first record; a UserError naming the file when its shapes do not match the flags."""
+    files = _files(input_files)
+    try:
+        first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
+    except tf.errors.OpError as e:
+        raise UserError(f"{files[0]}: not a TFRecord file ({e.message.splitlines()[0]})") from None
+    if first is None:
+        raise UserError(f"{files[0]}: no records")
+    ex = tf.train.Example.FromString(first.numpy()).features.feature
+    for name, want in (("input_ids", max_seq_length), ("masked_lm_positions", max_predictions_per_seq)):
+        if name not in ex:
+            raise UserError(f"{files[0]}: no {name} feature; not made by create_pretraining_data")
+        have = len(ex[name].int64_list.value)
+        if have != want:
+            flag = "max_seq_length" if name == "input_ids" else "max_predictions_per_seq"
+            raise UserError(f"{files[0]}: records have {name} of length {have} but --{flag}={want}")
+    return files
+
+
+def packed_sequences(input_files, tokenizer, max_seq_length):
+    """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP]."""
+    files = _files(input_files)
+    sep = tokenizer.sep_id
+
+    def tokenize(lines):
+        ids = tokenizer(lines)
+        blank = tf.equal(tf.strings.strip(lines), "")  # a blank line ends a document: mark it with [SEP]
+        seps = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(tf.cast(blank, tf.int32))], sep),
+                                                tf.cast(blank, tf.int64))
+        return tf.concat([tf.cast(ids, tf.int32), seps], axis=1).flat_values
+
+    body = max_seq_length - 2
+    ds = tf.data.TextLineDataset(files).batch(1024).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.unbatch().batch(body, drop_remainder=True)
+    return ds.map(lambda t: tf.concat([[tokenizer.cls_id], t, [sep]], 0))
+
+
+def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, vocab_size, mask_id, special_ids):
+    """Mask one packed sequence as google-bert would (80% [MASK], 10% random, 10% kept), statelessly."""
+    n = tf.shape(ids)[0]
+    key = tf.stack([tf.cast(seed, tf.int64), tf.cast(index, tf.int64)])
+    candidate = tf.reduce_all(tf.not_equal(ids[:, None], tf.constant(special_ids, tf.int32)[None, :]), axis=1)
+    num = tf.minimum(max_predictions_per_seq, tf.maximum(
+        1, tf.cast(tf.round(tf.cast(n, tf.float32) * masked_lm_prob), tf.int32)))
+    num = tf.minimum(num, tf.reduce_sum(tf.cast(candidate, tf.int32)))
+    scores = tf.where(candidate, tf.random.stateless_uniform([n], key), -1.0)
+    positions = tf.sort(tf.math.top_k(scores, num).indices)
+    original = tf.gather(ids, positions)
+    draw = tf.random.stateless_uniform([num], key + [0, 1 << 40])
+    random_ids = tf.random.stateless_uniform([num], key + [0, 2 << 40], maxval=vocab_size, dtype=tf.int32)
+    replacement = tf.where(draw < 0.8, mask_id, tf.where(draw < 0.9, random_ids, original))
+    masked = tf.tensor_scatter_nd_update(ids, positions[:, None], replacement)
+    pad = max_predictions_per_seq - num
+    return {
+        "input_ids": masked,
+        "input_mask": tf.ones_like(ids),
+        "segment_ids": tf.zeros_like(ids),
+        "masked_lm_positions": tf.pad(positions, [[0, pad]]),
+        "masked_lm_ids": tf.pad(original, [[0, pad]]),
+        "masked_lm_weights": tf.pad(tf.ones([num], tf.float32), [[0, pad]]),
+        "next_sentence_labels": tf.zeros([1], tf.int32),
+    }
+
+
+def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predictions_per_seq,
+                 masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000):
+    """Raw text, packed and dynamically masked -> batches; training repeats forever, from example `start`."""
+    if tokenizer.mask_id is None:
+        raise UserError(f"{tokenizer.vocab_file}: vocabulary has no [MASK] token")
+    ds = packed_sequences(input_files, tokenizer, max_seq_length)
+    if training:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.enumerate().skip(start)
+    special = sorted({tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id})
+    ds = ds.map(lambda i, ids: _as_model_inputs(dynamic_mask(
+        ids, i, seed, max_predictions_per_seq, masked_lm_prob, tokenizer.vocab_size, tokenizer.mask_id, special)),
+        num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
+
+
+class PretrainingData:
+    """Where pretraining examples come from: TFRecords (`kind="records"`) or raw text (`kind="text"`).
+
+    Example:
+        data = PretrainingData("text", ["corpus/*.txt"], tokenizer, max_seq_length=128)
+        ds = data.dataset(batch_size=64, start=0)
+    """
+
+    def __init__(self, kind, input_files, tokenizer=None, max_seq_length=128, max_predictions_per_seq=20,
+                 masked_lm_prob=0.15, seed=12345):
+        if kind not in ("records", "text"):
+            raise UserError(f"input kind {kind!r}: expected records or text")
+        self.kind, self.tokenizer, self.seed = kind, tokenizer, seed
+        self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
+        self.masked_lm_prob = masked_lm_prob
+        self.input_files = (check_records(input_files, max_seq_length, max_predictions_per_seq)
+                            if kind == "records" else _files(input_files))
+        self._count = None
+
+    @property
+    def has_nsp(self):
+        return self.kind == "records"
+
+    def dataset(self, batch_size, training=True, start=0):
+        if self.kind == "records":
+            return record_dataset(self.input_files, batch_size, self.max_seq_length, self.max_predictions_per_seq,
+                                  training, self.seed, start)
+        return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
+                            self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start)
+
+    def count(self):
+        """Sequences in one pass over the data (one read; needed only for epoch-based validation)."""
+        if self._count is None:
+            if self.kind == "records":
+                ds = tf.data.TFRecordDataset(self.input_files)
+            else:
+                ds = packed_sequences(self.input_files, self.tokenizer, self.max_seq_length)
+            self._count = int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1).numpy())
+            if not self._count:
+                raise UserError(f"{', '.join(self.input_files)}: no pretraining sequences")
+        return self._count
