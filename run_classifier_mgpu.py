@@ -8,7 +8,6 @@ A thin wrapper over `bert_mgpu.BertClassifier`; a user mistake ends in one line 
 
 import logging
 import os
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up noise; set it to 0 to see it
 
@@ -116,23 +115,11 @@ def run():
         print(f"predict: {len(test)} examples -> {', '.join(paths)}")
 
 
-def main(argv):
-    if len(argv) > 1:
-        sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
-    from bert_mgpu.errors import UserError
+def _console():
+    from bert_mgpu.cli import main_wrapper
 
-    logging.getLogger("bert_mgpu").setLevel(logging.INFO)
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
-    try:
-        run()
-    except UserError as e:
-        print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    app.run(main_wrapper(run))
 
 
 if __name__ == "__main__":
-    app.run(main)
-
-
-def _console():
-    app.run(main)
+    _console()

@@ -7,7 +7,7 @@ setup(
     version="0.1.0",
     description="Multi-tower (in-graph replicated) BERT training with tf.distribute and keras-hub",
     packages=find_packages(include=["bert_mgpu", "bert_mgpu.*"]),
-    py_modules=["run_classifier_mgpu"],
+    py_modules=["run_classifier_mgpu", "run_pretraining_mgpu", "create_pretraining_data", "build_vocab"],
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.21,<2.22",
@@ -25,5 +25,6 @@ setup(
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the library.
         "test": ["pytest>=8", "torch==2.13.0", "transformers>=5,<6"],
     },
-    entry_points={"console_scripts": ["run_classifier_mgpu=run_classifier_mgpu:_console"]},
+    entry_points={"console_scripts": [f"{m}={m}:_console" for m in (
+        "run_classifier_mgpu", "run_pretraining_mgpu", "create_pretraining_data", "build_vocab")]},
 )

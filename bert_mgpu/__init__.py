@@ -10,9 +10,11 @@ from bert_mgpu.classifier import BertClassifier
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import DevicePlan, Towers, make_strategy, plan_devices
 from bert_mgpu.errors import UserError
+from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
+from bert_mgpu.pretraining_input import PretrainingData
 from bert_mgpu.tasks import Example, get_task
 from bert_mgpu.tokenization import FullTokenizer
 
-__all__ = ["BertClassifier", "BertConfig", "DevicePlan", "Example", "FullTokenizer", "Towers", "UserError",
-           "get_task", "make_strategy", "plan_devices"]
+__all__ = ["BertClassifier", "BertConfig", "BertPretrainer", "Budget", "DevicePlan", "Example", "FullTokenizer",
+           "PretrainingData", "Towers", "UserError", "Validation", "get_task", "make_strategy", "plan_devices"]
 __version__ = "0.1.0"

@@ -148,11 +148,13 @@ class BertPretrainer:
     # ------------------------------------------------------------------ training
     def fit(self, data, output_dir, budget, train_batch_size=None, learning_rate=1e-4, optimizer="adamw",
             beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01, clipnorm=1.0, validation=None,
-            save_checkpoints_steps=1000, log_every=10, use_xla=False, clock=time.monotonic, verbose=True):
+            save_checkpoints_steps=1000, log_every=10, use_xla=False, clock=time.monotonic, verbose=True,
+            steps=None):
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
 
         `train_batch_size` is the global batch, reached with the towers' micro-batch and gradient
-        accumulation (default: one micro-batch per tower). Returns the last validation or training stats.
+        accumulation (default: one micro-batch per tower). `steps` stops this call after that many steps
+        (a notebook can train in chunks; the next call resumes). Returns the last logged statistics.
         """
         budget.check()
         micro = self.towers.plan.per_tower_batch
@@ -202,10 +204,12 @@ class BertPretrainer:
             manager.save(checkpoint_number=int(trainer.step.numpy()))
             self._write_run(output_dir, int(trainer.step.numpy()), data)
 
-        last_validation, result, tic, since = step, {}, clock(), 0
+        last_validation, result, tic, since, first = step, {}, clock(), 0, step
         self.stop = None
         while self.stop is None:
             self.stop = budget.stop_reason(step, elapsed())
+            if steps is not None and step - first >= steps and not self.stop:
+                self.stop = f"ran the {steps} steps asked for"
             if self.stop:
                 break
             progress.assign(budget.progress(step, elapsed()))

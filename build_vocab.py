@@ -1,0 +1,37 @@
+"""Learn a WordPiece vocab.txt from raw text, for pretraining from scratch (keras-hub's learner).
+
+    python build_vocab.py --input_file=corpus/*.txt --vocab_size=8000 --output_file=vocab.txt --do_lower_case=true
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list("input_file", None, "Input text files, comma-separated (globs allowed).")
+flags.DEFINE_string("output_file", None, "vocab.txt to write.")
+flags.DEFINE_integer("vocab_size", 30522, "Most tokens in the vocabulary, specials included.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
+
+
+def run():
+    from bert_mgpu.errors import UserError
+    from bert_mgpu.vocab import build_vocab
+
+    for name in ("input_file", "output_file"):
+        if not getattr(FLAGS, name):
+            raise UserError(f"--{name} is required")
+    vocab = build_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case)
+    print(f"{len(vocab)} tokens -> {FLAGS.output_file}")
+
+
+def _console():
+    from bert_mgpu.cli import main_wrapper
+
+    app.run(main_wrapper(run))
+
+
+if __name__ == "__main__":
+    _console()
