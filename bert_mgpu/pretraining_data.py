@@ -44,20 +44,20 @@ def iter_documents(input_files, tokenizer, lines_per_batch=1024):
     document = []
     for path in input_files:
         try:
-            f = open(path, encoding="utf-8", newline="")
+            f = open(path, "rb")  # decoded line by line, so a bad byte is reported with its line
         except OSError as e:
             raise UserError(f"{path}: cannot read ({e.strerror})") from None
         with f:
             batch, line_no = [], 0
             while True:
-                try:
-                    line = f.readline()
-                except UnicodeDecodeError as e:
-                    raise UserError(f"{path}:{line_no + 1}: not UTF-8 ({e.reason})") from None
+                raw = f.readline()
                 line_no += 1
-                if line:
-                    batch.append(line.strip())
-                if batch and (len(batch) >= lines_per_batch or not line):
+                if raw:
+                    try:
+                        batch.append(raw.decode("utf-8").strip())
+                    except UnicodeDecodeError as e:
+                        raise UserError(f"{path}:{line_no}: not UTF-8 ({e.reason} at byte {e.start})") from None
+                if batch and (len(batch) >= lines_per_batch or not raw):
                     for ids in tokenizer(tf.constant(batch)):
                         ids = ids.numpy().tolist() if hasattr(ids, "numpy") else list(ids)
                         if ids:
@@ -66,7 +66,7 @@ def iter_documents(input_files, tokenizer, lines_per_batch=1024):
                             yield document
                             document = []
                     batch = []
-                if not line:
+                if not raw:
                     break
         if document:  # a file ends its last document
             yield document

@@ -1,0 +1,185 @@
+"""create_pretraining_data (google-bert's algorithm, streamed), dynamic masking, the vocabulary builder."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_mgpu import pretraining_data, pretraining_input
+from bert_mgpu.errors import UserError
+from bert_mgpu.tokenization import FullTokenizer
+from conftest import WORDS, write_vocab
+
+SUFFIXES = ["##s", "##ing", "##ly"]
+
+
+def write_corpus(path, documents=20, sentences=24, seed=0):
+    """Documents of several sentences; many words carry a `##` piece so whole-word masking has work."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for _ in range(documents):
+            for _ in range(sentences):
+                words = [w + rng.choice(["", "s", "ing", "ly"]) for w in rng.choice(WORDS, rng.integers(4, 12))]
+                f.write(" ".join(words) + " .\n")
+            f.write("\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    write_vocab(str(d / "vocab.txt"), list(WORDS) + SUFFIXES)
+    return str(d), FullTokenizer(str(d / "vocab.txt")), write_corpus(str(d / "corpus.txt"))
+
+
+def read_instances(paths):
+    out = []
+    for record in tf.data.TFRecordDataset(paths):
+        f = tf.train.Example.FromString(record.numpy()).features.feature
+        out.append({k: np.array(v.int64_list.value or v.float_list.value) for k, v in f.items()})
+    return out
+
+
+def make(corpus, name, seed=12345, **cfg):
+    d, tok, text = corpus
+    paths = [os.path.join(d, f"{name}-{i}.tfrecord") for i in range(2)]
+    buf = cfg.pop("buf", 100)
+    stats = pretraining_data.create_pretraining_data([text], paths, tok, pretraining_data.MaskingConfig(**cfg),
+                                                     random_seed=seed, documents_per_buffer=buf)
+    return paths, stats
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(corpus):
+    a, _ = make(corpus, "a", max_seq_length=64, dupe_factor=2)
+    b, _ = make(corpus, "b", max_seq_length=64, dupe_factor=2)
+    c, _ = make(corpus, "c", seed=7, max_seq_length=64, dupe_factor=2)
+    read = lambda ps: b"".join(open(p, "rb").read() for p in ps)  # noqa: E731
+    assert read(a) == read(b)
+    assert read(a) != read(c)
+
+
+def test_masking_rate_replacements_and_nsp_share(corpus):
+    paths, stats = make(corpus, "m", max_seq_length=64, max_predictions_per_seq=20, dupe_factor=5)
+    inst = read_instances(paths)
+    assert len(inst) == stats["instances"] > 300
+    lengths = np.array([i["input_mask"].sum() for i in inst])
+    masked = np.array([i["masked_lm_weights"].sum() for i in inst])
+    assert abs(masked.sum() / lengths.sum() - 0.15) < 0.01  # round(len * 0.15) per sequence
+    mask_id = corpus[1].mask_id
+    replaced = np.concatenate([i["input_ids"][i["masked_lm_positions"][: int(w)]]
+                               for i, w in zip(inst, masked)])
+    originals = np.concatenate([i["masked_lm_ids"][: int(w)] for i, w in zip(inst, masked)])
+    assert abs(np.mean(replaced == mask_id) - 0.8) < 0.03
+    assert abs(np.mean(replaced == originals) - 0.1) < 0.03  # kept (plus the rare random hit)
+    nsp = np.mean([i["next_sentence_labels"][0] for i in inst])
+    assert 0.4 < nsp < 0.6, nsp
+    # segments: [CLS] A [SEP] B [SEP] with B marked 1
+    first = inst[0]
+    n = int(first["input_mask"].sum())
+    assert first["input_ids"][0] == corpus[1].cls_id and first["input_ids"][n - 1] == corpus[1].sep_id
+    assert first["segment_ids"][n - 1] == 1 and first["segment_ids"][0] == 0
+
+
+def test_whole_word_masking_masks_every_piece(corpus):
+    paths, _ = make(corpus, "w", max_seq_length=64, dupe_factor=2, do_whole_word_mask=True)
+    tok = corpus[1]
+    cont = np.array([t.startswith("##") for t in tok.vocab])
+    words_checked = 0
+    for inst in read_instances(paths):
+        k = int(inst["masked_lm_weights"].sum())
+        ids = inst["input_ids"].copy()
+        ids[inst["masked_lm_positions"][:k]] = inst["masked_lm_ids"][:k]  # the original tokens
+        masked = set(inst["masked_lm_positions"][:k].tolist())
+        n = int(inst["input_mask"].sum())
+        words = []  # a word: a piece that is not `##...`, then its `##` pieces ([CLS]/[SEP] skipped)
+        for i in range(n):
+            if ids[i] in (tok.cls_id, tok.sep_id):
+                continue
+            if cont[ids[i]] and words:
+                words[-1].add(i)
+            else:
+                words.append({i})
+        for word in words:
+            if len(word) > 1:
+                assert word <= masked or not (word & masked), (word, masked)
+                words_checked += bool(word & masked)
+    assert words_checked > 50
+
+
+def test_corpus_larger_than_a_buffer_is_streamed(corpus):
+    _, stats = make(corpus, "s", max_seq_length=64, dupe_factor=1, buf=6)
+    assert stats["documents"] == 20 and stats["buffers"] == 4  # 6 + 6 + 6 + 2
+
+
+def test_documents_come_from_a_generator(corpus):
+    docs = pretraining_data.iter_documents([corpus[2]], corpus[1], lines_per_batch=4)
+    first = next(docs)  # nothing past the first batches is read yet
+    assert len(first) == 24 and all(first)
+    assert 1 + sum(1 for _ in docs) == 20
+
+
+def test_bad_text_is_named_with_its_line(tmp_path, corpus):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine line\n\xff\xfe broken\n")
+    with pytest.raises(UserError, match=r"bad.txt:2: not UTF-8"):
+        list(pretraining_data.iter_documents([str(bad)], corpus[1]))
+    out = tmp_path / "out.tfrecord"
+    with pytest.raises(UserError, match="no pretraining instances"):
+        empty = tmp_path / "empty.txt"
+        empty.write_text("\n\n")
+        pretraining_data.create_pretraining_data([str(empty)], [str(out)], corpus[1])
+    assert not os.listdir(tmp_path) == [] and not out.exists()
+
+
+def test_records_read_back_as_model_inputs(corpus):
+    paths, _ = make(corpus, "r", max_seq_length=64, dupe_factor=1)
+    features, labels = next(iter(pretraining_input.record_dataset(paths, 8, 64, 20)))
+    assert features["token_ids"].shape == (8, 64) and features["mask_positions"].shape == (8, 20)
+    assert labels["next_sentence_labels"].shape == (8,)
+    with pytest.raises(UserError, match="input_ids of length 64 but --max_seq_length=128"):
+        pretraining_input.check_records(paths, 128, 20)
+
+
+def test_resumed_stream_is_the_same_data(corpus):
+    paths, _ = make(corpus, "q", max_seq_length=64, dupe_factor=1)
+    full = list(pretraining_input.record_dataset(paths, 8, 64, 20, seed=3).take(5))
+    resumed = list(pretraining_input.record_dataset(paths, 8, 64, 20, seed=3, start=3 * 8).take(2))
+    for (fa, la), (fb, lb) in zip(full[3:], resumed):
+        np.testing.assert_array_equal(fa["token_ids"], fb["token_ids"])
+        np.testing.assert_array_equal(la["masked_lm_ids"], lb["masked_lm_ids"])
+
+
+def test_dynamic_masking_new_masks_each_epoch_same_on_resume(corpus):
+    _, tok, text = corpus
+    data = pretraining_input.PretrainingData("text", [text], tok, max_seq_length=32, max_predictions_per_seq=8)
+    n = data.count()
+    assert n > 20
+    ds = pretraining_input.text_dataset([text], tok, 1, 32, 8, training=True, seed=5, shuffle_buffer=1)
+    stream = [(f["token_ids"][0].numpy(), f["mask_positions"][0].numpy(), l["masked_lm_ids"][0].numpy())
+              for f, l in ds.take(n + 1)]
+    # Without shuffling, element n is sequence 0 again: same original tokens, new mask.
+    orig = lambda ids, pos, lab: np.put(ids, pos, lab) or ids  # noqa: E731
+    np.testing.assert_array_equal(orig(*[x.copy() for x in stream[0]]), orig(*[x.copy() for x in stream[n]]))
+    assert not np.array_equal(stream[0][1], stream[n][1])
+    again = pretraining_input.text_dataset([text], tok, 1, 32, 8, training=True, seed=5, shuffle_buffer=1,
+                                           start=n)
+    f, l = next(iter(again))
+    np.testing.assert_array_equal(f["mask_positions"][0].numpy(), stream[n][1])
+    # Rate: round(32 * 0.15) = 5 predictions, [CLS]/[SEP] never chosen.
+    masks = np.array([s[1] for s in stream])
+    assert (np.count_nonzero(masks, axis=1) == 5).all() and not np.isin(masks[:, :5], [0, 31]).any()
+
+
+def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
+    from bert_mgpu.vocab import build_vocab
+
+    text = tmp_path / "mixed.txt"
+    text.write_text("我爱北京天安门。\nRunning runners run, the RUNNER ran!\n\n天安门上太阳升\n" * 5, encoding="utf-8")
+    vocab = build_vocab([str(text)], 80, str(tmp_path / "vocab.txt"), do_lower_case=True)
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(vocab) <= 80
+    tok = FullTokenizer(str(tmp_path / "vocab.txt"))
+    assert tok.tokenize("天安门 北京") == ["天", "安", "门", "北", "京"]
+    assert "[UNK]" not in tok.tokenize("running the runner")
+    with pytest.raises(UserError, match="no such input file"):
+        build_vocab([str(tmp_path / "missing.txt")], 80, str(tmp_path / "v2.txt"))
