@@ -207,12 +207,14 @@ class BertPretrainer:
         last_validation, result, tic, since, first = step, {}, clock(), 0, step
         self.stop = None
         while self.stop is None:
-            self.stop = budget.stop_reason(step, elapsed())
+            now = elapsed()
+            self.stop = budget.stop_reason(step, now)
             if steps is not None and step - first >= steps and not self.stop:
                 self.stop = f"ran the {steps} steps asked for"
             if self.stop:
                 break
-            progress.assign(budget.progress(step, elapsed()))
+            step_progress = budget.progress(step, now)  # what this step's learning rate follows
+            progress.assign(step_progress)
             loss, _ = trainer.train_step(next(it))
             step, since = step + 1, since + 1
             now_progress = budget.progress(step, elapsed())
@@ -222,7 +224,7 @@ class BertPretrainer:
                 result = {"step": step, "loss": loss, **trainer.stats, "learning_rate": trainer.learning_rate,
                           "loss_scale": trainer.loss_scale, "sequences_per_second": rate,
                           "tokens_per_second": rate * trainer.stats.get("tokens_per_sequence", 0.0),
-                          "progress": now_progress}
+                          "progress": step_progress}
                 self._log(writer, result, verbose)
             while markers and now_progress >= markers[0]:
                 self.save_finetune_checkpoint(marker_dir(markers.pop(0)), step, data)

@@ -1,0 +1,193 @@
+"""Pretraining on 2 logical CPU towers: learning, accumulation, resume, time budget, markers, heads."""
+
+import logging
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import bert_mgpu
+from bert_mgpu import checkpoints, optimization, pretraining_model
+from bert_mgpu.modeling import build_backbone
+from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
+from bert_mgpu.pretraining_input import PretrainingData
+from conftest import tiny_config, write_google_release, write_vocab
+
+TEMPLATES = ["the movie was good and fun .", "the film was bad and dull .", "it is a great story of love .",
+             "this actor was awful but the plot was brilliant .", "that story is boring and not fun ."]
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    """Documents of sentences from a few templates: masked words are predictable from their context."""
+    d = tmp_path_factory.mktemp("text")
+    rng = np.random.default_rng(0)
+    with open(d / "train.txt", "w", encoding="utf-8") as f:
+        for _ in range(60):
+            f.write("".join(s + "\n" for s in rng.choice(TEMPLATES, 6)) + "\n")
+    tokens = write_vocab(str(d / "vocab.txt"))
+    return str(d), len(tokens)
+
+
+def new_pretrainer(text, micro=8, nsp=False, seed=0, precision="auto", **config):
+    keras.utils.set_random_seed(seed)
+    config = tiny_config(text[1], hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **config)
+    return BertPretrainer.from_config(config, os.path.join(text[0], "vocab.txt"),
+                                      towers=bert_mgpu.Towers(0, 2, micro), precision=precision, nsp=nsp)
+
+
+def text_data(pre, text):
+    return PretrainingData("text", [os.path.join(text[0], "train.txt")], pre.tokenizer, max_seq_length=32,
+                           max_predictions_per_seq=6)
+
+
+class FakeClock:
+    """Each reading is `tick` seconds after the previous one."""
+
+    def __init__(self, tick=1.0):
+        self.t, self.tick = 0.0, tick
+
+    def __call__(self):
+        self.t += self.tick
+        return self.t
+
+
+def test_masked_lm_accuracy_rises_on_two_towers(text, tmp_path):
+    pre = new_pretrainer(text, micro=16)
+    data = text_data(pre, text)
+    before = pre.evaluate(data, 32, max_steps=4)
+    pre.fit(data, str(tmp_path), Budget(num_train_steps=400, warmup_proportion=0.05), learning_rate=1e-2,
+            log_every=50, verbose=False)
+    after = pre.evaluate(data, 32, max_steps=4)
+    assert before["masked_lm_accuracy"] < 0.1
+    assert after["masked_lm_accuracy"] > 0.6, after
+    assert after["masked_lm_loss"] < before["masked_lm_loss"] - 2.0
+
+
+def test_accumulation_equals_one_larger_micro_batch(text, tmp_path):
+    weights = []
+    for micro in (8, 4):  # global batch 16 on 2 towers: 8 x 1 step, or 4 x 2 accumulated
+        pre = new_pretrainer(text, micro=micro, precision="float32")  # bf16 rounding differs by batch shape
+        pre.fit(text_data(pre, text), str(tmp_path / str(micro)), Budget(num_train_steps=2), train_batch_size=16,
+                learning_rate=1e-3, verbose=False)
+        assert pre.trainer.accum_steps == 8 // micro
+        weights.append(checkpoints.encoder_weights(pre.model.backbone))
+    for name, value in weights[0].items():
+        np.testing.assert_allclose(weights[1][name], value, atol=2e-6, err_msg=name)
+
+
+def test_resume_continues_from_saved_step_on_same_data(text, tmp_path):
+    budget = Budget(num_train_steps=8, warmup_proportion=0.25)
+    full = new_pretrainer(text)
+    full.fit(text_data(full, text), str(tmp_path / "full"), budget, learning_rate=1e-3, log_every=1, verbose=False)
+    first = new_pretrainer(text)
+    first.fit(text_data(first, text), str(tmp_path / "cut"), budget, learning_rate=1e-3, log_every=1,
+              verbose=False, steps=5)
+    assert first.stop == "ran the 5 steps asked for"
+    resumed = new_pretrainer(text)
+    for v in resumed.model.weights:  # other weights: the checkpoint must replace them
+        v.assign(np.full(v.shape, 0.5, v.dtype))
+    resumed.fit(text_data(resumed, text), str(tmp_path / "cut"), budget, learning_rate=1e-3, log_every=1,
+                verbose=False)
+    assert [h["step"] for h in resumed.history] == [6, 7, 8]
+    expected = {h["step"]: h["loss"] for h in full.history}
+    for h in resumed.history:
+        assert h["loss"] == pytest.approx(expected[h["step"]], abs=1e-5)
+        assert h["learning_rate"] == pytest.approx(full.history[h["step"] - 1]["learning_rate"])
+
+
+def test_time_based_learning_rate_shape():
+    lr = lambda p, curve="linear": float(optimization.time_based_lr(p, 1e-3, 0.1, curve))  # noqa: E731
+    assert lr(0.05) == pytest.approx(0.5e-3)
+    assert lr(0.1) == pytest.approx(1e-3)
+    assert lr(0.55) == pytest.approx(0.5e-3)
+    assert lr(1.0) == 0.0 and lr(1.5) == 0.0
+    exp = [lr(p, "exp") for p in (0.1, 0.3, 0.6, 1.0)]
+    assert exp[0] == pytest.approx(1e-3) and exp[-1] == pytest.approx(0.0, abs=1e-9)
+    assert exp[1] < 0.45e-3 and all(a > b for a, b in zip(exp, exp[1:]))  # faster than linear, monotone
+
+
+def test_time_budget_fake_clock_warmup_markers_and_zero_at_end(text, tmp_path):
+    pre = new_pretrainer(text)
+    clock = FakeClock()
+    budget = Budget(total_training_time=60 / 3600, lr_schedule="time", warmup_proportion=0.2,
+                    finetune_time_markers=(0.5, 1.0))
+    pre.fit(text_data(pre, text), str(tmp_path), budget, learning_rate=1e-3, log_every=1, clock=clock,
+            verbose=False)
+    assert pre.stop.startswith("time budget")
+    lrs = np.array([h["learning_rate"] for h in pre.history])
+    progress = np.array([h["progress"] for h in pre.history])
+    # Warmup over the first 20% of the time, then down to 0 when the budget is spent.
+    np.testing.assert_allclose(lrs, [float(optimization.time_based_lr(p, 1e-3, 0.2)) for p in progress],
+                               rtol=1e-5, atol=1e-9)
+    assert progress[0] < 0.1 and progress[-1] > 0.9 and (np.diff(progress) > 0).all()
+    assert lrs.max() <= 1e-3 and lrs[0] < 0.2e-3 and lrs[-1] < 0.1e-3
+    for marker in ("at_0.5", "at_1"):
+        assert os.path.exists(os.path.join(tmp_path, "finetune_checkpoints", marker, "bert_mgpu.json"))
+
+
+def test_early_stop_on_validation_loss(text, tmp_path):
+    pre = new_pretrainer(text)
+    data = text_data(pre, text)
+    budget = Budget(num_train_steps=50, early_stop_time=0.0, early_stop_eval_loss=0.01)
+    pre.fit(data, str(tmp_path), budget, validation=Validation(data, steps=3, max_steps=2), verbose=False)
+    assert pre.stop.startswith("early stop") and int(pre.trainer.step.numpy()) == 3
+
+
+def test_validation_is_denser_at_both_ends():
+    v = Validation(None, epochs=1.0, begin_proportion=0.1, epochs_begin=0.25, end_proportion=0.2, epochs_end=0.5)
+    spe = lambda: 100  # noqa: E731
+    assert [v.interval(p, spe) for p in (0.05, 0.5, 0.85)] == [25, 100, 50]
+
+
+def test_finetune_checkpoint_loads_in_classifier_and_pretrainer(text, tmp_path):
+    pre = new_pretrainer(text, encoder_ln_mode="pre-ln")
+    pre.fit(text_data(pre, text), str(tmp_path), Budget(num_train_steps=4, finetune_time_markers=(0.5, 1.0)),
+            learning_rate=1e-3, verbose=False)
+    marker = os.path.join(tmp_path, "finetune_checkpoints", "at_1")
+    clf = bert_mgpu.BertClassifier.from_pretrained(marker, labels=["neg", "pos"], towers=pre.towers,
+                                                   max_seq_length=32)
+    want = checkpoints.encoder_weights(pre.model.backbone)
+    got = checkpoints.encoder_weights(clf.model.backbone)
+    assert set(got) == set(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert all(layer.normalize_first for layer in clf.model.backbone.transformer_layers)  # pre-LN kept
+    again = BertPretrainer.from_pretrained(marker, towers=pre.towers, nsp=False)
+    for name, value in pretraining_model.head_weights(pre.model).items():
+        np.testing.assert_array_equal(pretraining_model.head_weights(again.model)[name], value, err_msg=name)
+
+
+def test_pre_ln_changes_the_computation():
+    config = tiny_config(40)
+    post, pre_ln = build_backbone(config), build_backbone(tiny_config(40, encoder_ln_mode="pre-ln"))
+    pre_ln.set_weights(post.get_weights())
+    x = {"token_ids": np.array([[2, 11, 12, 3]]), "segment_ids": np.zeros((1, 4), "int32"),
+         "padding_mask": np.ones((1, 4), bool)}
+    a, b = post(x)["sequence_output"].numpy(), pre_ln(x)["sequence_output"].numpy()
+    assert np.abs(a - b).max() > 1e-2
+    with pytest.raises(bert_mgpu.UserError, match="encoder_ln_mode"):
+        bert_mgpu.BertConfig.from_dict({"vocab_size": 40, "encoder_ln_mode": "sandwich"})
+
+
+def test_google_release_heads_load_and_missing_heads_start_fresh(tmp_path, caplog):
+    directory, weights = write_google_release(str(tmp_path / "with_heads"))
+    config = tiny_config(len(open(os.path.join(directory, "vocab.txt")).read().split()))
+    rng = np.random.default_rng(1)
+    heads = {"cls/predictions/transform/dense/kernel": (32, 32), "cls/predictions/transform/dense/bias": (32,),
+             "cls/predictions/transform/LayerNorm/gamma": (32,), "cls/predictions/transform/LayerNorm/beta": (32,),
+             "cls/predictions/output_bias": (config.vocab_size,), "cls/seq_relationship/output_weights": (2, 32),
+             "cls/seq_relationship/output_bias": (2,)}
+    heads = {k: rng.normal(size=s).astype(np.float32) for k, s in heads.items()}
+    checkpoints.write_google_checkpoint({**weights, **heads}, os.path.join(directory, "bert_model.ckpt"))
+    towers = bert_mgpu.Towers(0, 2, 4)
+    pre = BertPretrainer.from_pretrained(os.path.join(directory, "bert_model.ckpt"), towers=towers, nsp=True)
+    got = pretraining_model.head_weights(pre.model)
+    for name, value in heads.items():
+        np.testing.assert_allclose(got[name], value, err_msg=name)
+    bare, _ = write_google_release(str(tmp_path / "bare"))
+    with caplog.at_level(logging.WARNING, logger="bert_mgpu"):
+        BertPretrainer.from_pretrained(bare, towers=towers, nsp=True)
+    assert "initialized fresh: cls/predictions/transform/dense/kernel" in caplog.text
+    assert "cls/seq_relationship/output_weights" in caplog.text
