@@ -150,7 +150,12 @@ def run():
     if FLAGS.max_seq_length > pre.config.max_position_embeddings:
         raise UserError(f"--max_seq_length={FLAGS.max_seq_length} is over the model's position table "
                         f"(max_position_embeddings={pre.config.max_position_embeddings})")
-    files = sorted(f for p in FLAGS.input_file for f in tf.io.gfile.glob(p)) or FLAGS.input_file
+    files = []
+    for pattern in FLAGS.input_file:
+        found = sorted(tf.io.gfile.glob(pattern))
+        if not found:
+            raise UserError(f"{pattern}: no such input file")
+        files.extend(found)
     held_out = FLAGS.validation_input_file
     if (FLAGS.do_validation or FLAGS.do_eval) and not held_out:
         if len(files) < 2:

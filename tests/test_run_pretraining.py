@@ -1,0 +1,95 @@
+"""The pretraining scripts as a user runs them: text -> TFRecords -> pretraining -> fine-tuning, bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, sentiment_rows, tiny_config, write_tsv, write_vocab
+from test_pretraining_data import write_corpus
+
+
+def script(name, *args, check=True):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    """What a from-scratch user starts with: text, a vocab.txt and a bert_config.json."""
+    d = tmp_path_factory.mktemp("scratch")
+    tokens = write_vocab(str(d / "vocab.txt"))
+    tiny_config(len(tokens)).to_json_file(str(d / "bert_config.json"))
+    write_corpus(str(d / "corpus.txt"))
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def pretrained(release):
+    d = release
+    shards = os.path.join(d, "pretrain.tfrecord")
+    proc = script("create_pretraining_data.py", f"--input_file={d}/corpus.txt", f"--output_file={shards}",
+                  f"--vocab_file={d}/vocab.txt", "--max_seq_length=32", "--max_predictions_per_seq=5",
+                  "--dupe_factor=2", "--num_output_shards=3")
+    assert "instances from 20 documents" in proc.stdout
+    out = os.path.join(d, "out")
+    args = [f"--input_file={shards}-*", f"--bert_config_file={d}/bert_config.json", f"--vocab_file={d}/vocab.txt",
+            f"--output_dir={out}", "--do_train=true", "--do_eval=true", "--do_validation=true",
+            "--validation_steps=10", "--towers_per_gpu=2", "--train_batch_size=16",
+            "--train_micro_batch_size_per_gpu=4", "--max_seq_length=32", "--max_predictions_per_seq=5",
+            "--num_train_steps=20", "--learning_rate=1e-3", "--finetune_time_markers=0.5,1.0",
+            "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32"]
+    proc = script("run_pretraining_mgpu.py", *args)
+    return d, out, args, proc
+
+
+def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
+    d, out, args, proc = pretrained
+    assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
+    results = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
+    assert int(results["global_step"]) == 20
+    assert 0.0 <= float(results["masked_lm_accuracy"]) <= 1.0 and float(results["masked_lm_loss"]) > 0
+    assert 0.3 <= float(results["next_sentence_accuracy"]) <= 1.0
+    assert sorted(os.listdir(os.path.join(out, "finetune_checkpoints"))) == ["at_0.5", "at_1"]
+    assert os.path.exists(os.path.join(out, "train"))  # TensorBoard
+    # The fine-tune checkpoint goes straight into the classifier script.
+    data = tmp_path / "task"
+    data.mkdir()
+    write_tsv(data / "train.tsv", sentiment_rows(640, seed=1))
+    write_tsv(data / "dev.tsv", sentiment_rows(40, seed=2))
+    proc = script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}",
+                  f"--init_checkpoint={out}/finetune_checkpoints/at_1", f"--output_dir={tmp_path / 'clf'}",
+                  "--do_train=true", "--do_eval=true", "--towers_per_gpu=2", "--train_batch_size=8",
+                  "--max_seq_length=32", "--num_train_epochs=4", "--learning_rate=2e-3", "--precision=float32")
+    accuracy = float(proc.stdout.split("eval: accuracy ")[1].split()[0])
+    assert accuracy >= 0.8, proc.stdout
+
+
+def test_rerun_resumes_and_finds_the_budget_spent(pretrained):
+    d, out, args, _ = pretrained
+    proc = script("run_pretraining_mgpu.py", *[a for a in args if not a.startswith("--encoder_ln_mode")])
+    assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--input_file=/nonexistent/*.tfrecord"], "/nonexistent/*.tfrecord: no such input file"),
+    (["--max_seq_length=64"], "records have input_ids of length 32 but --max_seq_length=64"),
+    (["--bert_config_file="], "from scratch needs --bert_config_file and --vocab_file"),
+    (["--lr_schedule=time"], "--lr_schedule=time needs --total_training_time"),
+    (["--train_batch_size=10"], "--train_batch_size=10 is not a multiple of micro-batch x towers = 4 x 2"),
+    (["--input_format=text"], "raw text input trains masked LM only (--nsp=false)"),
+])
+def test_bad_input_is_one_line(pretrained, tmp_path, extra, message):
+    d, _, args, _ = pretrained
+    base = [a for a in args if not a.startswith("--output_dir")] + [f"--output_dir={tmp_path / 'o'}"]
+    names = {e.split("=")[0] for e in extra}
+    proc = script("run_pretraining_mgpu.py", *[a for a in base if a.split("=")[0] not in names], *extra,
+                  check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("run_pretraining_mgpu.py: error: ") and message in last, last
+    assert "Traceback" not in proc.stderr
