@@ -9,7 +9,12 @@ RT     := data/rotten_tomatoes
 OUT    ?= output/rotten_tomatoes
 TOWERS ?= 2
 
-.PHONY: demo test venv assets clean
+DOCS   := data/python_docs
+PRE    ?= output/pretrain_minilm
+SCRATCH ?= output/pretrain_scratch
+MINUTES ?= 6
+
+.PHONY: demo test venv assets clean pretrain-demo scratch-demo
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +43,46 @@ demo: assets
 	  --predict_batch_size=32
 	@echo "outputs in $(OUT): eval_results.txt test_results.tsv predict.txt predictions.tsv ckpt-* train/ (TensorBoard)"
 
+# Real English text: Python's reST docs from the Debian package python3.11-doc (downloaded, never installed).
+$(DOCS)/train.txt: data/prepare_python_docs.py | $(VENV)/.installed
+	mkdir -p $(ASSETS)/debs
+	cd $(ASSETS)/debs && (apt-get download python3.11-doc || (apt-get update -qq && apt-get download python3.11-doc))
+	dpkg-deb -x $$(ls $(ASSETS)/debs/python3.11-doc_*.deb | head -1) $(ASSETS)/python3.11-doc
+	$(PY) data/prepare_python_docs.py $(ASSETS)/python3.11-doc/usr/share/doc/python3.11/html/_sources $(DOCS)
+
+$(DOCS)/records/valid.tfrecord: $(DOCS)/train.txt $(MODEL)/model.safetensors
+	mkdir -p $(DOCS)/records
+	$(PY) create_pretraining_data.py --input_file=$(DOCS)/train.txt --output_file=$(DOCS)/records/train.tfrecord \
+	  --num_output_shards=4 --vocab_file=$(MODEL)/vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 \
+	  --dupe_factor=1
+	$(PY) create_pretraining_data.py --input_file=$(DOCS)/valid.txt --output_file=$@ \
+	  --vocab_file=$(MODEL)/vocab.txt --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=1
+
+# Continued pretraining of MiniLM on the docs ($(MINUTES) min, time-based LR), then fine-tuning from the result.
+pretrain-demo: $(DOCS)/records/valid.tfrecord assets
+	$(PY) run_pretraining_mgpu.py --input_file='$(DOCS)/records/train.tfrecord-*' \
+	  --validation_input_file=$(DOCS)/records/valid.tfrecord --init_checkpoint=$(MODEL) --output_dir=$(PRE) \
+	  --do_train --do_eval --do_validation --validation_steps=100 --max_eval_steps=20 --n_gpus=0 \
+	  --towers_per_gpu=$(TOWERS) --train_batch_size=64 --train_micro_batch_size_per_gpu=16 \
+	  --learning_rate=2e-4 --total_training_time=$$($(PY) -c 'print($(MINUTES) / 60)') --lr_schedule=time \
+	  --warmup_proportion=0.05 --finetune_time_markers=0.5,1.0 --save_checkpoints_steps=100
+	$(MAKE) demo OUT=$(PRE)/rotten_tomatoes MODEL=$(PRE)/finetune_checkpoints/at_1
+
+# From scratch under a time budget: own vocabulary, small pre-LN BERT, raw text with dynamic masking.
+scratch-demo: $(DOCS)/train.txt
+	mkdir -p $(SCRATCH)
+	$(PY) build_vocab.py --input_file=$(DOCS)/train.txt --vocab_size=8000 --output_file=$(SCRATCH)/vocab.txt
+	echo '{"vocab_size": 8000, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024, "max_position_embeddings": 128, "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}' > $(SCRATCH)/bert_config.json
+	$(PY) run_pretraining_mgpu.py --input_format=text --nsp=false --input_file=$(DOCS)/train.txt \
+	  --validation_input_file=$(DOCS)/valid.txt --bert_config_file=$(SCRATCH)/bert_config.json \
+	  --vocab_file=$(SCRATCH)/vocab.txt --encoder_ln_mode=pre-ln --output_dir=$(SCRATCH) --do_train --do_eval \
+	  --do_validation --validation_steps=200 --max_eval_steps=20 --n_gpus=0 --towers_per_gpu=$(TOWERS) \
+	  --train_batch_size=64 --learning_rate=1e-3 --adam_beta2=0.98 --weight_decay=0.01 \
+	  --total_training_time=$$($(PY) -c 'print($(MINUTES) / 60)') --lr_schedule=time --warmup_proportion=0.06 \
+	  --finetune_time_markers=0.5,1.0 --save_checkpoints_steps=200
+
 test: assets
 	$(PY) -m pytest -q tests
 
 clean:
-	rm -rf $(OUT) $(RT)
+	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH)

@@ -34,6 +34,7 @@ flags.DEFINE_integer("documents_per_buffer", 100_000, "Documents held in memory 
 def run():
     from bert_mgpu import pretraining_data
     from bert_mgpu.errors import UserError
+    from bert_mgpu.pretraining_input import expand_files
     from bert_mgpu.tokenization import FullTokenizer
 
     for name in ("input_file", "output_file", "vocab_file"):
@@ -49,14 +50,7 @@ def run():
             raise UserError(f"{path}: directory {parent} does not exist")
     cfg = pretraining_data.MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
                                          FLAGS.short_seq_prob, FLAGS.dupe_factor, FLAGS.do_whole_word_mask)
-    import tensorflow as tf
-
-    inputs = []
-    for pattern in FLAGS.input_file:
-        found = sorted(tf.io.gfile.glob(pattern))
-        if not found:
-            raise UserError(f"{pattern}: no such input file")
-        inputs.extend(found)
+    inputs = expand_files(FLAGS.input_file)
     stats = pretraining_data.create_pretraining_data(
         inputs, outputs, FullTokenizer(FLAGS.vocab_file, FLAGS.do_lower_case), cfg, FLAGS.random_seed,
         FLAGS.documents_per_buffer)

@@ -97,6 +97,7 @@ def run():
     from bert_mgpu import devices, precision
     from bert_mgpu.pretraining import Budget, Validation
     from bert_mgpu.errors import UserError
+    from bert_mgpu.pretraining_input import expand_files
 
     if FLAGS.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
@@ -119,7 +120,6 @@ def run():
     if os.path.isfile(FLAGS.output_dir):
         raise UserError(f"--output_dir={FLAGS.output_dir} is a file")
     import keras
-    import tensorflow as tf
 
     keras.utils.set_random_seed(FLAGS.seed)
     if micro is None:  # one micro-batch per tower: the global batch split evenly over this machine's towers
@@ -150,12 +150,7 @@ def run():
     if FLAGS.max_seq_length > pre.config.max_position_embeddings:
         raise UserError(f"--max_seq_length={FLAGS.max_seq_length} is over the model's position table "
                         f"(max_position_embeddings={pre.config.max_position_embeddings})")
-    files = []
-    for pattern in FLAGS.input_file:
-        found = sorted(tf.io.gfile.glob(pattern))
-        if not found:
-            raise UserError(f"{pattern}: no such input file")
-        files.extend(found)
+    files = expand_files(FLAGS.input_file)
     held_out = FLAGS.validation_input_file
     if (FLAGS.do_validation or FLAGS.do_eval) and not held_out:
         if len(files) < 2:

@@ -32,7 +32,8 @@ def _as_model_inputs(ex):
     return features, labels
 
 
-def _files(pattern_list):
+def expand_files(pattern_list):
+    """Comma-list globs -> sorted file names; UserError naming a pattern that matches nothing."""
     files = []
     for pattern in pattern_list:
         found = sorted(tf.io.gfile.glob(pattern))
@@ -45,7 +46,7 @@ def _files(pattern_list):
 def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_seq, training=True,
                    seed=12345, start=0, shuffle_buffer=10_000):
     """google-bert pretraining TFRecords -> batches; training repeats forever, from example `start`."""
-    files = _files(input_files)
+    files = expand_files(input_files)
     spec = {
         "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
         "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
@@ -66,7 +67,7 @@ def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_
 
 def check_records(input_files, max_seq_length, max_predictions_per_seq):
     """Parse the first record; a UserError naming the file when its shapes do not match the flags."""
-    files = _files(input_files)
+    files = expand_files(input_files)
     try:
         first = next(iter(tf.data.TFRecordDataset(files[:1]).take(1)), None)
     except tf.errors.OpError as e:
@@ -86,7 +87,7 @@ def check_records(input_files, max_seq_length, max_predictions_per_seq):
 
 def packed_sequences(input_files, tokenizer, max_seq_length):
     """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP]."""
-    files = _files(input_files)
+    files = expand_files(input_files)
     sep = tokenizer.sep_id
 
     def tokenize(lines):
@@ -161,7 +162,7 @@ class PretrainingData:
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
         self.input_files = (check_records(input_files, max_seq_length, max_predictions_per_seq)
-                            if kind == "records" else _files(input_files))
+                            if kind == "records" else expand_files(input_files))
         self._count = None
 
     @property

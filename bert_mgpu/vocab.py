@@ -13,6 +13,7 @@ Example:
 import tensorflow as tf
 
 from bert_mgpu.errors import UserError
+from bert_mgpu.pretraining_input import expand_files
 from bert_mgpu.tokenization import SPECIAL_TOKENS, normalize
 
 
@@ -20,12 +21,7 @@ def build_vocab(input_files, vocab_size, output_file, do_lower_case=True):
     """Learn a vocabulary of at most `vocab_size` tokens and write it; returns the token list."""
     import keras_hub
 
-    files = []
-    for pattern in input_files:
-        found = sorted(tf.io.gfile.glob(pattern))
-        if not found:
-            raise UserError(f"{pattern}: no such input file")
-        files.extend(found)
+    files = expand_files(input_files)
     if vocab_size <= len(SPECIAL_TOKENS):
         raise UserError(f"--vocab_size={vocab_size}: must be above the {len(SPECIAL_TOKENS)} special tokens")
     lines = tf.data.TextLineDataset(files).batch(1024).map(lambda t: normalize(t, do_lower_case))
