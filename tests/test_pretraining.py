@@ -191,3 +191,38 @@ def test_google_release_heads_load_and_missing_heads_start_fresh(tmp_path, caplo
         BertPretrainer.from_pretrained(bare, towers=towers, nsp=True)
     assert "initialized fresh: cls/predictions/transform/dense/kernel" in caplog.text
     assert "cls/seq_relationship/output_weights" in caplog.text
+
+
+def test_budget_stops_at_steps_time_or_early_exit_marker():
+    b = Budget(num_train_steps=100, total_training_time=1.0, early_exit_time_marker=0.5)
+    assert b.stop_reason(99, 1000.0) is None
+    assert b.stop_reason(100, 0.0) == "reached 100 steps"
+    assert b.stop_reason(10, 1800.0) == "early exit time marker of 0.5 h"  # half the budget: schedule of 1 h
+    assert b.progress(10, 1800.0) == pytest.approx(0.5)
+    assert Budget(total_training_time=1.0).stop_reason(3, 3600.0) == "time budget of 1.0 h spent"
+    with pytest.raises(bert_mgpu.UserError, match="--lr_schedule=time needs --total_training_time"):
+        Budget(num_train_steps=5, lr_schedule="time").check()
+
+
+def test_hugging_face_pretraining_heads_give_its_logits(tmp_path):
+    """A transformers BertForPreTraining (safetensors) continues here with the same MLM and NSP outputs."""
+    import torch
+    import transformers
+
+    tokens = write_vocab(str(tmp_path / "vocab.txt"))
+    hf_config = transformers.BertConfig(vocab_size=len(tokens), hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    torch.manual_seed(0)
+    hf = transformers.BertForPreTraining(hf_config).eval()
+    hf.save_pretrained(str(tmp_path), safe_serialization=True)
+    pre = BertPretrainer.from_pretrained(str(tmp_path), towers=bert_mgpu.Towers(0, 2, 4), precision="float32",
+                                         nsp=True)
+    ids = np.array([[2, 11, 4, 13, 14, 3, 15, 4, 3, 0]], np.int32)
+    positions = np.array([[2, 7]], np.int32)
+    ours = pre.model({"token_ids": ids, "segment_ids": (np.arange(10) > 5).astype(np.int32)[None],
+                      "padding_mask": ids != 0, "mask_positions": positions})
+    with torch.no_grad():
+        out = hf(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(ids != 0),
+                 token_type_ids=torch.tensor((np.arange(10) > 5)[None], dtype=torch.long))
+    np.testing.assert_allclose(ours["mlm_logits"].numpy()[0], out.prediction_logits.numpy()[0, [2, 7]], atol=1e-4)
+    np.testing.assert_allclose(ours["nsp_logits"].numpy(), out.seq_relationship_logits.numpy(), atol=1e-4)
