@@ -147,9 +147,7 @@ def run():
             config = dataclasses.replace(config, encoder_ln_mode=FLAGS.encoder_ln_mode)
         pre = bert_mgpu.BertPretrainer.from_config(config, FLAGS.vocab_file, True if FLAGS.do_lower_case is None
                                                    else FLAGS.do_lower_case, towers, FLAGS.precision, FLAGS.nsp)
-    if FLAGS.max_seq_length > pre.config.max_position_embeddings:
-        raise UserError(f"--max_seq_length={FLAGS.max_seq_length} is over the model's position table "
-                        f"(max_position_embeddings={pre.config.max_position_embeddings})")
+    pre.config.check_seq_length(FLAGS.max_seq_length)
     files = expand_files(FLAGS.input_file)
     held_out = FLAGS.validation_input_file
     if (FLAGS.do_validation or FLAGS.do_eval) and not held_out:

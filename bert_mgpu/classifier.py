@@ -52,13 +52,9 @@ class BertClassifier:
             log.warning("--do_lower_case=%s but %s was trained with do_lower_case=%s",
                         do_lower_case, init_checkpoint, pre.do_lower_case)
         config = pre.config
-        if max_seq_length > config.max_position_embeddings:
-            raise UserError(f"--max_seq_length={max_seq_length} is over the model's position table "
-                            f"(max_position_embeddings={config.max_position_embeddings})")
+        config.check_seq_length(max_seq_length)
         tokenizer = FullTokenizer(pre.vocab_file, do_lower_case)
-        if tokenizer.vocab_size > config.vocab_size:
-            raise UserError(f"{pre.vocab_file}: {tokenizer.vocab_size} tokens but the model config has "
-                            f"vocab_size={config.vocab_size}; vocabulary and checkpoint do not match")
+        config.check_vocab(pre.vocab_file, tokenizer.vocab_size)
 
         policy, why = resolve_precision(precision, towers.plan)
         log.info("precision: %s (%s)", policy, why)

@@ -72,6 +72,17 @@ class BertConfig:
             if getattr(self, name) < 1:
                 raise UserError(f"{source}: {name} must be positive")
 
+    def check_vocab(self, vocab_file, vocab_size):
+        """A vocabulary larger than the embedding table cannot be used with this model."""
+        if vocab_size > self.vocab_size:
+            raise UserError(f"{vocab_file}: {vocab_size} tokens but the model config has "
+                            f"vocab_size={self.vocab_size}; vocabulary and checkpoint do not match")
+
+    def check_seq_length(self, max_seq_length):
+        if max_seq_length > self.max_position_embeddings:
+            raise UserError(f"--max_seq_length={max_seq_length} is over the model's position table "
+                            f"(max_position_embeddings={self.max_position_embeddings})")
+
     def to_dict(self):
         return dataclasses.asdict(self)
 

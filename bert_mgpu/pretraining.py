@@ -114,9 +114,7 @@ class BertPretrainer:
     @classmethod
     def _build(cls, config, tokenizer, towers, precision, nsp):
         towers = towers or Towers()
-        if tokenizer.vocab_size > config.vocab_size:
-            raise UserError(f"{tokenizer.vocab_file}: {tokenizer.vocab_size} tokens but the model config has "
-                            f"vocab_size={config.vocab_size}")
+        config.check_vocab(tokenizer.vocab_file, tokenizer.vocab_size)
         policy, why = resolve_precision(precision, towers.plan)
         log.info("precision: %s (%s)", policy, why)
         with towers.strategy.scope():

@@ -2,23 +2,14 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, sentiment_rows, tiny_config, write_google_release, write_tsv
-
-SCRIPT = os.path.join(ROOT, "run_classifier_mgpu.py")
-
+from conftest import run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
 
 def run(*args, check=True):
-    proc = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return proc
+    return run_script("run_classifier_mgpu.py", *args, check=check)
 
 
 @pytest.fixture(scope="module")

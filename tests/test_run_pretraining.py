@@ -1,21 +1,11 @@
 """The pretraining scripts as a user runs them: text -> TFRecords -> pretraining -> fine-tuning, bad input."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, sentiment_rows, tiny_config, write_tsv, write_vocab
+from conftest import run_script, sentiment_rows, tiny_config, write_tsv, write_vocab
 from test_pretraining_data import write_corpus
-
-
-def script(name, *args, check=True):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +22,7 @@ def release(tmp_path_factory):
 def pretrained(release):
     d = release
     shards = os.path.join(d, "pretrain.tfrecord")
-    proc = script("create_pretraining_data.py", f"--input_file={d}/corpus.txt", f"--output_file={shards}",
+    proc = run_script("create_pretraining_data.py", f"--input_file={d}/corpus.txt", f"--output_file={shards}",
                   f"--vocab_file={d}/vocab.txt", "--max_seq_length=32", "--max_predictions_per_seq=5",
                   "--dupe_factor=2", "--num_output_shards=3")
     assert "instances from 20 documents" in proc.stdout
@@ -43,7 +33,7 @@ def pretrained(release):
             "--train_micro_batch_size_per_gpu=4", "--max_seq_length=32", "--max_predictions_per_seq=5",
             "--num_train_steps=20", "--learning_rate=1e-3", "--finetune_time_markers=0.5,1.0",
             "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32"]
-    proc = script("run_pretraining_mgpu.py", *args)
+    proc = run_script("run_pretraining_mgpu.py", *args)
     return d, out, args, proc
 
 
@@ -61,7 +51,7 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     data.mkdir()
     write_tsv(data / "train.tsv", sentiment_rows(640, seed=1))
     write_tsv(data / "dev.tsv", sentiment_rows(40, seed=2))
-    proc = script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}",
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}",
                   f"--init_checkpoint={out}/finetune_checkpoints/at_1", f"--output_dir={tmp_path / 'clf'}",
                   "--do_train=true", "--do_eval=true", "--towers_per_gpu=2", "--train_batch_size=8",
                   "--max_seq_length=32", "--num_train_epochs=4", "--learning_rate=2e-3", "--precision=float32")
@@ -71,7 +61,7 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
 
 def test_rerun_resumes_and_finds_the_budget_spent(pretrained):
     d, out, args, _ = pretrained
-    proc = script("run_pretraining_mgpu.py", *[a for a in args if not a.startswith("--encoder_ln_mode")])
+    proc = run_script("run_pretraining_mgpu.py", *[a for a in args if not a.startswith("--encoder_ln_mode")])
     assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
 
 
@@ -87,7 +77,7 @@ def test_bad_input_is_one_line(pretrained, tmp_path, extra, message):
     d, _, args, _ = pretrained
     base = [a for a in args if not a.startswith("--output_dir")] + [f"--output_dir={tmp_path / 'o'}"]
     names = {e.split("=")[0] for e in extra}
-    proc = script("run_pretraining_mgpu.py", *[a for a in base if a.split("=")[0] not in names], *extra,
+    proc = run_script("run_pretraining_mgpu.py", *[a for a in base if a.split("=")[0] not in names], *extra,
                   check=False)
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
