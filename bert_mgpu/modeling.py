@@ -12,6 +12,8 @@ Example:
 import keras
 import keras_hub
 
+from bert_mgpu.fused_encoder import FusedBertEncoder
+
 # hidden_act as Hugging Face names it: "gelu" is the exact (erf) GELU; google-bert's original code and
 # keras-hub's BertBackbone use the tanh approximation ("gelu_new").
 ACTIVATIONS = {
@@ -46,7 +48,7 @@ def build_backbone(config, policy="float32"):
     return backbone
 
 
-def build_classifier(config, num_labels, policy="float32", dropout=None):
+def build_classifier(config, num_labels, policy="float32", dropout=None, fused=True):
     """Functional Keras model: dict of token_ids/segment_ids/padding_mask -> float32 logits [batch, labels].
 
     The returned model has `.backbone` and `.head` attributes, which checkpoints address by name.
@@ -57,7 +59,8 @@ def build_classifier(config, num_labels, policy="float32", dropout=None):
         "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
     }
-    pooled = backbone(inputs)["pooled_output"]
+    encoder = FusedBertEncoder(backbone) if fused else backbone
+    pooled = encoder(inputs)["pooled_output"]
     rate = config.hidden_dropout_prob if dropout is None else dropout
     pooled = keras.layers.Dropout(rate, name="classifier_dropout")(pooled)
     head = keras.layers.Dense(

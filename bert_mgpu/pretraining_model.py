@@ -21,12 +21,13 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.errors import UserError
+from bert_mgpu.fused_encoder import FusedBertEncoder
 from bert_mgpu.modeling import ACTIVATIONS, build_backbone
 
 log = logging.getLogger("bert_mgpu")
 
 
-def build_pretrainer(config, policy="float32", nsp=True):
+def build_pretrainer(config, policy="float32", nsp=True, fused=True):
     """Functional model: inputs + `mask_positions` -> {"mlm_logits", "nsp_logits" (if nsp)}, float32.
 
     Attributes `.backbone`, `.mlm_head` and `.nsp_head` (None without NSP) address the parts.
@@ -39,7 +40,8 @@ def build_pretrainer(config, policy="float32", nsp=True):
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
         "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions"),
     }
-    encoded = backbone({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
+    encoder = FusedBertEncoder(backbone) if fused else backbone
+    encoded = encoder({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
     mlm_head = keras_hub.layers.MaskedLMHead(
         vocabulary_size=config.vocab_size, token_embedding=backbone.token_embedding,
         intermediate_activation=ACTIVATIONS[config.hidden_act], layer_norm_epsilon=1e-12,

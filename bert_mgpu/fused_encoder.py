@@ -1,0 +1,179 @@
+"""A faster forward pass for keras-hub's BertBackbone, computed from the backbone's own variables.
+
+keras-hub builds each attention projection as an EinsumDense (a BatchMatMul per projection and per
+gradient), applies dropout with a float32 uniform per element and runs GELU and LayerNorm as chains of
+separate elementwise kernels. On CPUs that is most of a training step (profile in benchmarks/NOTES.md).
+This layer computes the same function with:
+  - one [tokens, 3*hidden] matmul for query, key and value, and plain 2-D matmuls everywhere else;
+  - the padding mask turned into one additive bias, shared by every layer;
+  - dropout masks from 16 random bits per element (rate exact to 1/65536), not a float32 uniform;
+  - bias+GELU and bias+dropout+residual+LayerNorm each compiled by XLA into one fused kernel, while the
+    matmuls and the softmax stay on TensorFlow's oneDNN kernels (XLA's CPU matmuls are slower here).
+
+The variables are the backbone's, so checkpoints, optimizers and `model.backbone` are unchanged, and
+`BertBackbone(inputs)` and `FusedBertEncoder(backbone)(inputs)` agree to float rounding (tested).
+
+Example:
+    encoder = FusedBertEncoder(build_backbone(config, "mixed_bfloat16"))
+    outputs = encoder({"token_ids": ids, "segment_ids": segs, "padding_mask": mask}, training=True)
+"""
+
+import keras
+import tensorflow as tf
+
+# Additive bias of a padded key: exp() of it is 0, and float16 cannot hold -1e9.
+_NEG = {"float16": -3e4}
+
+
+def _dropout_mask(shape, rate, seed, dtype):
+    """1/(1-rate) where kept, 0 where dropped, from 16 random bits per element (4 per 64-bit draw)."""
+    n = tf.reduce_prod(shape)
+    draws = tf.random.stateless_uniform([(n + 3) // 4], seed, minval=None, maxval=None, dtype=tf.int64)
+    bits = tf.reshape(tf.reshape(tf.bitcast(draws, tf.uint16), [-1])[:n], shape)
+    keep = bits >= tf.constant(int(round(rate * 65536)), tf.uint16)
+    return tf.where(keep, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
+
+
+def _layer_norm(x, gamma, beta, eps):
+    """LayerNorm in float32 (as Keras computes it under mixed precision), returned in x's dtype."""
+    x32 = tf.cast(x, tf.float32)
+    mean, var = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    y = (x32 - mean) * tf.math.rsqrt(var + eps) * gamma + beta
+    return tf.cast(y, x.dtype)
+
+
+@tf.function(jit_compile=True)
+def _bias_gelu_exact(x, b):
+    x = x + b
+    return 0.5 * x * (1.0 + tf.math.erf(x * tf.constant(0.7071067811865476, x.dtype)))
+
+
+@tf.function(jit_compile=True)
+def _bias_gelu_tanh(x, b):
+    return tf.nn.gelu(x + b, approximate=True)
+
+
+@tf.function(jit_compile=True)
+def _bias_relu(x, b):
+    return tf.nn.relu(x + b)
+
+
+@tf.function(jit_compile=True)
+def _residual_norm(x, b, mask, residual, gamma, beta, eps):
+    """LayerNorm(residual + dropout(x + b)); mask is the dropout mask (ones when not training)."""
+    return _layer_norm((x + b) * mask + residual, gamma, beta, eps)
+
+
+@tf.function(jit_compile=True)
+def _norm(x, gamma, beta, eps):
+    return _layer_norm(x, gamma, beta, eps)
+
+
+@tf.function(jit_compile=True)
+def _bias_dropout_residual(x, b, mask, residual):
+    return (x + b) * mask + residual
+
+
+def _activation_kernel(layer):
+    """The fused bias+activation matching the Dense layer's activation (set from the BERT config)."""
+    act = layer.activation
+    probe = tf.constant([-1.5, -0.3, 0.4, 2.0])
+    for fn in (_bias_gelu_exact, _bias_gelu_tanh, _bias_relu):
+        if bool(tf.reduce_all(tf.abs(fn(probe, tf.zeros([4])) - act(probe)) < 1e-6)):
+            return fn
+    raise ValueError(f"no fused kernel for activation {act}")
+
+
+def _read(*variables):
+    """Variables' values as tensors: the fused kernels are shared by every model, so they must take
+    values, not variables (a traced function may otherwise keep the first model's variables)."""
+    return [tf.convert_to_tensor(v.value) for v in variables]
+
+
+class FusedBertEncoder(keras.layers.Layer):
+    """Runs `backbone` (a keras-hub BertBackbone) -> {"sequence_output", "pooled_output"}, faster."""
+
+    def __init__(self, backbone, **kwargs):
+        super().__init__(dtype=backbone.dtype_policy, name=kwargs.pop("name", "fused_encoder"), **kwargs)
+        self.backbone = backbone
+        self.rate = float(backbone.dropout)
+        self.seed_generator = keras.random.SeedGenerator(1234, name="dropout_seed")
+        self._kernels = [_activation_kernel(layer._feedforward_intermediate_dense)
+                         for layer in backbone.transformer_layers]
+
+    def compute_output_spec(self, inputs, training=False):
+        ids = inputs["token_ids"]
+        hidden = self.backbone.hidden_dim
+        return {"sequence_output": keras.KerasTensor((*ids.shape, hidden), self.compute_dtype),
+                "pooled_output": keras.KerasTensor((ids.shape[0], hidden), self.compute_dtype)}
+
+    def _mask(self, shape, training):
+        if not training or self.rate == 0.0:
+            return tf.ones([], self.compute_dtype)
+        seed = tf.cast(self.seed_generator.next(), tf.int32)
+        return _dropout_mask(shape, self.rate, seed, self.compute_dtype)
+
+    def _w(self, variable, shape=None):
+        v = tf.cast(variable.value, self.compute_dtype)
+        return v if shape is None else tf.reshape(v, shape)
+
+    def call(self, inputs, training=False):
+        bb, dtype = self.backbone, self.compute_dtype
+        ids, segments = inputs["token_ids"], inputs["segment_ids"]
+        batch, length, hidden = tf.shape(ids)[0], tf.shape(ids)[1], bb.hidden_dim
+        heads = bb.num_heads
+        size = hidden // heads
+        tokens = batch * length
+
+        x = (tf.gather(bb.token_embedding.embeddings, ids)
+             + bb.position_embedding.position_embeddings[:length]
+             + tf.gather(bb.segment_embedding.embeddings, segments))
+        ln = bb.embeddings_layer_norm
+        x = _norm(tf.cast(x, dtype), *_read(ln.gamma, ln.beta), ln.epsilon)
+        x = tf.reshape(x * self._mask(tf.shape(x), training), [tokens, hidden])
+
+        neg = tf.constant(_NEG.get(dtype, -1e9), dtype)
+        bias = tf.where(tf.cast(inputs["padding_mask"], tf.bool), tf.constant(0.0, dtype), neg)
+        bias = tf.reshape(bias, [batch, 1, 1, length])
+        scale = tf.constant(1.0 / size ** 0.5, dtype)
+        for layer, act in zip(bb.transformer_layers, self._kernels):
+            x = self._layer(layer, act, x, bias, scale, batch, length, heads, size, training)
+
+        sequence = tf.reshape(x, [batch, length, hidden])
+        pool = bb.pooled_dense
+        pooled = tf.tanh(tf.matmul(sequence[:, 0], self._w(pool.kernel)) + self._w(pool.bias))
+        return {"sequence_output": sequence, "pooled_output": pooled}
+
+    def _layer(self, layer, act, x, bias, scale, batch, length, heads, size, training):
+        att, hidden = layer._self_attention_layer, heads * size
+        pre_ln = layer.normalize_first
+        ln1, ln2 = layer._self_attention_layer_norm, layer._feedforward_layer_norm
+        w_qkv = tf.concat([self._w(p.kernel, [hidden, hidden])
+                           for p in (att._query_dense, att._key_dense, att._value_dense)], axis=1)
+        b_qkv = tf.concat([self._w(p.bias, [hidden])
+                           for p in (att._query_dense, att._key_dense, att._value_dense)], axis=0)
+
+        h = _norm(x, *_read(ln1.gamma, ln1.beta), ln1.epsilon) if pre_ln else x
+        qkv = tf.matmul(h, w_qkv) + b_qkv
+        qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, size]), [2, 0, 3, 1, 4])
+        q, k, v = tf.unstack(qkv)  # unstack, not qkv[i]: a slice's gradient writes a full-size zero tensor
+        q = q * scale
+        probs = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) + bias)  # [B, H, L, L]
+        probs = probs * self._mask(tf.shape(probs), training)
+        context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
+        out = tf.matmul(context, self._w(att._output_dense.kernel, [hidden, hidden]))
+        mask = self._mask(tf.shape(out), training)
+        b_out = self._w(att._output_dense.bias)
+        if pre_ln:
+            x = _bias_dropout_residual(out, b_out, mask, x)
+            h = _norm(x, *_read(ln2.gamma, ln2.beta), ln2.epsilon)
+        else:
+            x = h = _residual_norm(out, b_out, mask, x, *_read(ln1.gamma, ln1.beta), ln1.epsilon)
+
+        inner, outer = layer._feedforward_intermediate_dense, layer._feedforward_output_dense
+        h = act(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias))
+        out = tf.matmul(h, self._w(outer.kernel))
+        mask = self._mask(tf.shape(out), training)
+        if pre_ln:
+            return _bias_dropout_residual(out, self._w(outer.bias), mask, x)
+        return _residual_norm(out, self._w(outer.bias), mask, x, *_read(ln2.gamma, ln2.beta), ln2.epsilon)

@@ -1,0 +1,82 @@
+"""The fused encoder computes keras-hub's BertBackbone from the same variables, and drops at `rate`."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_mgpu.fused_encoder import FusedBertEncoder, _dropout_mask
+from bert_mgpu.modeling import build_backbone
+from conftest import tiny_config
+
+
+def _inputs(batch=3, length=12, seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = [length, 7, 4][:batch]
+    mask = np.arange(length)[None, :] < np.array(lengths)[:, None]
+    return {"token_ids": np.where(mask, rng.integers(1, 30, (batch, length)), 0).astype("int32"),
+            "segment_ids": (np.arange(length)[None, :] >= 3).astype("int32").repeat(batch, 0),
+            "padding_mask": mask}
+
+
+@pytest.mark.parametrize("ln_mode,act", [("post-ln", "gelu"), ("pre-ln", "gelu_new"), ("post-ln", "relu")])
+def test_same_outputs_and_gradients_as_keras_hub(ln_mode, act):
+    backbone = build_backbone(tiny_config(30, encoder_ln_mode=ln_mode, hidden_act=act))
+    fused = FusedBertEncoder(backbone)
+    x = _inputs()
+    ref, out = backbone(x), fused(x)
+    real = x["padding_mask"]  # padded positions' outputs are not used by anything
+    np.testing.assert_allclose(out["sequence_output"].numpy()[real], ref["sequence_output"].numpy()[real],
+                               atol=2e-5)
+    np.testing.assert_allclose(out["pooled_output"], ref["pooled_output"], atol=2e-5)
+    weights = np.random.default_rng(1).normal(size=ref["sequence_output"].shape) * real[..., None]
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            y = fn(x)
+            loss = tf.reduce_sum(y["sequence_output"] * weights) + tf.reduce_sum(y["pooled_output"])
+        return tape.gradient(loss, backbone.trainable_variables)
+
+    for v, a, b in zip(backbone.trainable_variables, grads(fused), grads(backbone)):
+        np.testing.assert_allclose(tf.convert_to_tensor(a), tf.convert_to_tensor(b), atol=1e-4, err_msg=v.path)
+
+
+def test_same_outputs_under_mixed_bfloat16():
+    backbone = build_backbone(tiny_config(30), "mixed_bfloat16")
+    x = _inputs()
+    ref, out = backbone(x), FusedBertEncoder(backbone)(x)
+    assert out["sequence_output"].dtype == tf.bfloat16
+    real = x["padding_mask"]
+    err = np.abs(out["sequence_output"].numpy()[real].astype("float32")
+                 - ref["sequence_output"].numpy()[real].astype("float32"))
+    assert err.max() < 0.1 and err.mean() < 0.01
+
+
+def test_dropout_mask_rate_and_scale():
+    mask = _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]), tf.float32).numpy()
+    assert mask.shape == (64, 129, 31)
+    assert set(np.unique(mask)) == {0.0, np.float32(1 / 0.9)}
+    dropped = float((mask == 0).mean())
+    assert abs(dropped - 0.1) < 0.003  # 256k draws: 4 standard deviations
+    other = _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 7]), tf.float32).numpy()
+    assert (mask != other).mean() > 0.1
+
+
+def test_training_mode_drops_and_changes_each_call():
+    backbone = build_backbone(tiny_config(30, hidden_dropout_prob=0.1))
+    fused = FusedBertEncoder(backbone)
+    x = _inputs()
+    a, b = fused(x, training=True)["pooled_output"], fused(x, training=True)["pooled_output"]
+    c, d = fused(x)["pooled_output"], fused(x)["pooled_output"]
+    assert not np.allclose(a, b)
+    np.testing.assert_array_equal(c, d)
+
+
+def test_each_model_uses_its_own_variables_in_graphs():
+    """The fused kernels are shared module functions; a second model must not see the first's weights."""
+    x = _inputs()
+    for seed in (1, 2):
+        tf.keras.utils.set_random_seed(seed)
+        backbone = build_backbone(tiny_config(30))
+        fused = FusedBertEncoder(backbone)
+        got = tf.function(lambda x: fused(x)["pooled_output"])(x)  # noqa: B023
+        np.testing.assert_allclose(got, backbone(x)["pooled_output"], atol=2e-5)
