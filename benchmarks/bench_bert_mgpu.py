@@ -1,0 +1,96 @@
+"""bert_mgpu in its best configuration here: mixed_bfloat16, fused encoder, its own input pipeline.
+
+Usage: python benchmarks/bench_bert_mgpu.py CASE [TOWERS] [--no-fused]
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
+
+def main(case, towers=1, fused=True):
+    spec = common.CASES[case]
+    shape = common.SHAPES[spec["shape"]]
+    from bert_mgpu.devices import Towers
+
+    tw = Towers(n_gpus=0, towers_per_gpu=towers, train_batch_size=common.BATCH // towers)
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_mgpu import optimization
+    from bert_mgpu.config import BertConfig
+    from bert_mgpu.input_pipeline import make_dataset
+    from bert_mgpu.modeling import build_classifier
+    from bert_mgpu.pretraining_model import build_pretrainer, pretraining_loss
+    from bert_mgpu.tasks import Example
+    from bert_mgpu.tokenization import FullTokenizer
+    from bert_mgpu.training import Trainer, classification_loss
+
+    policy = "mixed_bfloat16"
+    config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                        intermediate_size=shape["inter"], hidden_act="gelu", max_position_embeddings=512)
+    with tw.strategy.scope():
+        if spec["mode"] == "mlm":
+            model = build_pretrainer(config, policy, nsp=False, fused=fused)
+        else:
+            model = build_classifier(config, 2, policy, fused=fused)
+        optimizer = optimization.create_optimizer(5e-5, 100000, 100)
+    trainer = Trainer(tw.strategy, model, optimizer,
+                      loss_fn=pretraining_loss if spec["mode"] == "mlm" else classification_loss)
+
+    if spec["data"] == "rt":
+        tokenizer = FullTokenizer(common.VOCAB, do_lower_case=True)
+        split = "dev" if spec["mode"] == "predict" else "train"
+        examples = [Example(str(i), text, None, str(label))
+                    for i, (text, label) in enumerate(common.rotten_tomatoes(split))]
+        ds = make_dataset(examples, tokenizer, ["0", "1"], common.SEQ, common.BATCH,
+                          training=spec["mode"] != "predict", seed=0)
+    else:
+        d = common.synthetic(8 * common.BATCH)
+        ids = d["masked_ids"] if spec["mode"] == "mlm" else d["token_ids"]
+        features = {"token_ids": ids, "segment_ids": d["segment_ids"], "padding_mask": d["padding_mask"]}
+        if spec["mode"] == "mlm":
+            features["mask_positions"] = d["mask_positions"]
+            labels = {"masked_lm_ids": d["mask_ids"], "masked_lm_weights": np.ones_like(d["mask_ids"], np.float32)}
+        else:
+            labels = d["labels"]
+        ds = tf.data.Dataset.from_tensor_slices((features, labels, np.arange(len(ids), dtype=np.int32)))
+        ds = ds.repeat().batch(common.BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    lengths_of = lambda f: np.asarray(f["padding_mask"]).sum(1)  # noqa: E731
+    if spec["mode"] == "predict":
+        if spec["data"] == "full":
+            ds = ds.take(spec["warmup"] + spec["steps"])
+            meter = common.Meter(spec["warmup"])
+            dist = tw.strategy.experimental_distribute_dataset(ds)
+            fn = None
+            for batch in dist:
+                fn = fn or tf.function(lambda b: tw.strategy.run(
+                    lambda f: model(f, training=False), args=(b[0],)), reduce_retracing=True)
+                out = fn(batch)
+                tf.nest.map_structure(lambda t: t.numpy(), tw.strategy.experimental_local_results(out))
+                meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))
+        else:
+            lengths = np.concatenate([lengths_of(f) for f, _, _ in ds.as_numpy_iterator()])
+            trainer.predict_logits(ds)  # warm-up pass: traces each bucket's shape
+            meter = common.Meter(0)
+            trainer.predict_logits(ds)
+            meter.step(lengths)
+    else:
+        meter = common.Meter(spec["warmup"])
+        dist = iter(tw.strategy.experimental_distribute_dataset(ds.map(lambda f, y, i: (f, y))))
+        for _ in range(spec["warmup"] + spec["steps"]):
+            batch = next(dist)
+            trainer.train_step(batch)
+            meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))
+    name = "bert_mgpu" if towers == 1 else f"bert_mgpu_{towers}towers"
+    common.emit(meter.result(name if fused else name + "_unfused", case, shape, spec["mode"],
+                             precision=policy, towers=towers, fused=fused))
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(args[0], int(args[1]) if len(args) > 1 else 1, fused="--no-fused" not in sys.argv)

