@@ -14,7 +14,7 @@ PRE    ?= output/pretrain_minilm
 SCRATCH ?= output/pretrain_scratch
 MINUTES ?= 6
 
-.PHONY: demo test venv assets clean pretrain-demo scratch-demo
+.PHONY: demo test venv assets clean pretrain-demo scratch-demo bench
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -86,3 +86,7 @@ test: assets
 
 clean:
 	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH)
+
+# bert_mgpu vs keras-hub fit vs transformers (bf16 autocast), same shapes, data and batch: table + JSON.
+bench: assets
+	$(PY) benchmarks/bench.py --out benchmarks/results.json

@@ -85,8 +85,9 @@ def main():
     print(f"matmul peak: bf16 {peak['bfloat16'] / 1e12:.2f} TFLOP/s, fp32 {peak['float32'] / 1e12:.2f}", flush=True)
     results = []
     jobs = [(c, s, SYSTEMS[s]) for c in cases for s in args.systems.split(",")]
-    if "a" in cases:  # the cost of replication: 2 towers on the same 2 cores
+    if "a" in cases:  # the cost of replication (2 towers on the same 2 cores), and of keras-hub's own layers
         jobs.append(("a", "bert_mgpu_2towers", ["bench_bert_mgpu.py", "2"]))
+        jobs.append(("a", "bert_mgpu_unfused", ["bench_bert_mgpu.py", "1", "--no-fused"]))
     for case, name, script in jobs:
         r = run(script, case)
         r.setdefault("system", name)

@@ -93,9 +93,10 @@ def _read(*variables):
 class FusedBertEncoder(keras.layers.Layer):
     """Runs `backbone` (a keras-hub BertBackbone) -> {"sequence_output", "pooled_output"}, faster."""
 
-    def __init__(self, backbone, **kwargs):
+    def __init__(self, backbone, pooled_only=False, **kwargs):
+        """pooled_only: the caller uses "pooled_output" alone (a classifier); see `call`."""
         super().__init__(dtype=backbone.dtype_policy, name=kwargs.pop("name", "fused_encoder"), **kwargs)
-        self.backbone = backbone
+        self.backbone, self.pooled_only = backbone, pooled_only
         self.rate = float(backbone.dropout)
         self.seed_generator = keras.random.SeedGenerator(1234, name="dropout_seed")
         self._kernels = [_activation_kernel(layer._feedforward_intermediate_dense)
@@ -104,7 +105,9 @@ class FusedBertEncoder(keras.layers.Layer):
     def compute_output_spec(self, inputs, training=False):
         ids = inputs["token_ids"]
         hidden = self.backbone.hidden_dim
-        return {"sequence_output": keras.KerasTensor((*ids.shape, hidden), self.compute_dtype),
+        rows = inputs["output_positions"].shape if "output_positions" in inputs else ids.shape
+        rows = (ids.shape[0], 0) if self.pooled_only else rows
+        return {"sequence_output": keras.KerasTensor((*rows, hidden), self.compute_dtype),
                 "pooled_output": keras.KerasTensor((ids.shape[0], hidden), self.compute_dtype)}
 
     def _mask(self, shape, training):
@@ -118,6 +121,13 @@ class FusedBertEncoder(keras.layers.Layer):
         return v if shape is None else tf.reshape(v, shape)
 
     def call(self, inputs, training=False):
+        """inputs: token_ids, segment_ids, padding_mask [B, L]; optionally output_positions [B, P].
+
+        With output_positions (or pooled_only, which means P = 0), "sequence_output" is [B, P, hidden] at those positions only: the last layer
+        then computes queries, attention output and feed-forward for those rows (and [CLS], for the
+        pooler) alone, since no other row of it reaches a loss. For a classifier (P = 0) or a masked LM
+        (P = predictions) that skips most of one layer with the same results.
+        """
         bb, dtype = self.backbone, self.compute_dtype
         ids, segments = inputs["token_ids"], inputs["segment_ids"]
         batch, length, hidden = tf.shape(ids)[0], tf.shape(ids)[1], bb.hidden_dim
@@ -136,15 +146,23 @@ class FusedBertEncoder(keras.layers.Layer):
         bias = tf.where(tf.cast(inputs["padding_mask"], tf.bool), tf.constant(0.0, dtype), neg)
         bias = tf.reshape(bias, [batch, 1, 1, length])
         scale = tf.constant(1.0 / size ** 0.5, dtype)
-        for layer, act in zip(bb.transformer_layers, self._kernels):
-            x = self._layer(layer, act, x, bias, scale, batch, length, heads, size, training)
+        rows = inputs.get("output_positions")
+        if self.pooled_only:
+            rows = tf.zeros([batch, 0], tf.int32)
+        if rows is not None:  # [CLS] first, for the pooler
+            rows = tf.concat([tf.zeros([batch, 1], rows.dtype), rows], axis=1)
+        last = len(bb.transformer_layers) - 1
+        for i, (layer, act) in enumerate(zip(bb.transformer_layers, self._kernels)):
+            x = self._layer(layer, act, x, bias, scale, batch, length, heads, size, training,
+                            rows if i == last else None)
 
-        sequence = tf.reshape(x, [batch, length, hidden])
+        sequence = tf.reshape(x, [batch, -1, hidden])
         pool = bb.pooled_dense
         pooled = tf.tanh(tf.matmul(sequence[:, 0], self._w(pool.kernel)) + self._w(pool.bias))
-        return {"sequence_output": sequence, "pooled_output": pooled}
+        return {"sequence_output": sequence if rows is None else sequence[:, 1:], "pooled_output": pooled}
 
-    def _layer(self, layer, act, x, bias, scale, batch, length, heads, size, training):
+    def _layer(self, layer, act, x, bias, scale, batch, length, heads, size, training, rows=None):
+        """One encoder layer on x [B*L, hidden]; with rows [B, R], only those rows' outputs [B*R, hidden]."""
         att, hidden = layer._self_attention_layer, heads * size
         pre_ln = layer.normalize_first
         ln1, ln2 = layer._self_attention_layer_norm, layer._feedforward_layer_norm
@@ -154,9 +172,20 @@ class FusedBertEncoder(keras.layers.Layer):
                            for p in (att._query_dense, att._key_dense, att._value_dense)], axis=0)
 
         h = _norm(x, *_read(ln1.gamma, ln1.beta), ln1.epsilon) if pre_ln else x
-        qkv = tf.matmul(h, w_qkv) + b_qkv
-        qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, size]), [2, 0, 3, 1, 4])
-        q, k, v = tf.unstack(qkv)  # unstack, not qkv[i]: a slice's gradient writes a full-size zero tensor
+        if rows is None:
+            qkv = tf.matmul(h, w_qkv) + b_qkv
+            qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, size]), [2, 0, 3, 1, 4])
+            q, k, v = tf.unstack(qkv)  # unstack, not qkv[i]: a slice's gradient writes a full-size zero tensor
+        else:
+            pick = lambda t: tf.reshape(tf.gather(tf.reshape(t, [batch, length, hidden]), rows, batch_dims=1),
+                                        [-1, hidden])  # noqa: E731
+            w_q, w_kv = tf.split(w_qkv, [hidden, 2 * hidden], axis=1)
+            b_q, b_kv = tf.split(b_qkv, [hidden, 2 * hidden])
+            kv = tf.transpose(tf.reshape(tf.matmul(h, w_kv) + b_kv, [batch, length, 2, heads, size]),
+                              [2, 0, 3, 1, 4])
+            k, v = tf.unstack(kv)
+            x, h = pick(x), pick(h)
+            q = tf.transpose(tf.reshape(tf.matmul(h, w_q) + b_q, [batch, -1, heads, size]), [0, 2, 1, 3])
         q = q * scale
         probs = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) + bias)  # [B, H, L, L]
         probs = probs * self._mask(tf.shape(probs), training)

@@ -59,7 +59,7 @@ def build_classifier(config, num_labels, policy="float32", dropout=None, fused=T
         "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
     }
-    encoder = FusedBertEncoder(backbone) if fused else backbone
+    encoder = FusedBertEncoder(backbone, pooled_only=True) if fused else backbone
     pooled = encoder(inputs)["pooled_output"]
     rate = config.hidden_dropout_prob if dropout is None else dropout
     pooled = keras.layers.Dropout(rate, name="classifier_dropout")(pooled)

@@ -90,7 +90,33 @@ def _tower_averaged(base):
     return TowerAveraged
 
 
-TowerAveragedAdamW = _tower_averaged(keras.optimizers.AdamW)
+class FusedAdamW(keras.optimizers.AdamW):
+    """Keras' AdamW with each variable's Adam update in one kernel (TensorFlow's ResourceApplyAdam).
+
+    Keras writes the update as seven elementwise ops, each a pass over the variable and its two slots;
+    the fused kernel makes one. Same formula (Adam with bias correction and epsilon outside the square
+    root); the decoupled weight decay stays Keras' own. Sparse gradients take Keras' path.
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if isinstance(gradient, tf.IndexedSlices) or self.amsgrad:
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index].value, self._velocities[index].value
+        step = tf.cast(self.iterations + 1, dtype)
+        handle = lambda t: t.handle  # noqa: E731  (inside a strategy update: this device's copy)
+        tf.raw_ops.ResourceApplyAdam(
+            var=handle(variable.value if isinstance(variable, keras.Variable) else variable),
+            m=handle(m), v=handle(v),
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype), use_locking=False)
+
+
+TowerAveragedAdamW = _tower_averaged(FusedAdamW)
 TowerAveragedLamb = _tower_averaged(keras.optimizers.Lamb)
 OPTIMIZERS = {"adamw": TowerAveragedAdamW, "lamb": TowerAveragedLamb}
 

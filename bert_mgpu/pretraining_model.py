@@ -40,13 +40,17 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
         "mask_positions": keras.Input(shape=(None,), dtype="int32", name="mask_positions"),
     }
-    encoder = FusedBertEncoder(backbone) if fused else backbone
-    encoded = encoder({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
+    positions = inputs["mask_positions"]
+    if fused:  # the last layer runs only at the masked positions; the head then takes them in order
+        encoded = FusedBertEncoder(backbone)({**inputs, "output_positions": positions})
+        positions = keras.ops.cumsum(keras.ops.ones_like(positions), axis=1) - 1
+    else:
+        encoded = backbone({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
     mlm_head = keras_hub.layers.MaskedLMHead(
         vocabulary_size=config.vocab_size, token_embedding=backbone.token_embedding,
         intermediate_activation=ACTIVATIONS[config.hidden_act], layer_norm_epsilon=1e-12,
         kernel_initializer=init, dtype=keras.DTypePolicy(policy), name="mlm_head")
-    logits = mlm_head(encoded["sequence_output"], mask_positions=inputs["mask_positions"])
+    logits = mlm_head(encoded["sequence_output"], mask_positions=positions)
     outputs = {"mlm_logits": keras.layers.Activation("linear", dtype="float32", name="mlm_logits")(logits)}
     nsp_head = None
     if nsp:

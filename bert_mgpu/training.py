@@ -26,8 +26,17 @@ def classification_loss(model, features, labels, training=True):
 
 class Trainer:
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
-                 accum_steps=1):
+                 accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20):
+        """allreduce_dtype: what gradients cross between towers as; by default float16 when the model
+        computes in float16 (GPUs: half the bytes on NVLink/PCIe, as Horovod's fp16 compression), else
+        float32. bytes_per_pack: gradients go in packs of about this size, so the all-reduce of the first
+        packs can start while later gradients are still being computed (see docs/gpu_scaling.md)."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        if allreduce_dtype is None:
+            computes = getattr(getattr(model, "backbone", model), "compute_dtype", None)
+            allreduce_dtype = "float16" if computes == "float16" else "float32"
+        self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
+        self._comm = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
         self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
         self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # attempted steps
@@ -67,7 +76,9 @@ class Trainer:
             loss, stats, grads = self._grads_fn(features, labels)
         # Variables the loss does not reach (the pooler when pretraining without NSP) are left alone.
         used = [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None]
-        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, [g for g, _ in used])
+        grads = [tf.cast(g, self.allreduce_dtype) for g, _ in used]
+        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, grads, self._comm)
+        grads = [tf.cast(g, v.dtype) for g, (_, v) in zip(grads, used)]
         self.optimizer.apply(grads, [v for _, v in used])
         return loss, stats, tf.shape(tf.nest.flatten(labels)[0])[:1]
 

@@ -80,3 +80,28 @@ def test_each_model_uses_its_own_variables_in_graphs():
         fused = FusedBertEncoder(backbone)
         got = tf.function(lambda x: fused(x)["pooled_output"])(x)  # noqa: B023
         np.testing.assert_allclose(got, backbone(x)["pooled_output"], atol=2e-5)
+
+
+@pytest.mark.parametrize("ln_mode", ["post-ln", "pre-ln"])
+def test_last_layer_on_used_rows_only_changes_nothing(ln_mode):
+    backbone = build_backbone(tiny_config(30, encoder_ln_mode=ln_mode))
+    x = _inputs()
+    full = FusedBertEncoder(backbone)(x)
+    pooled = FusedBertEncoder(backbone, pooled_only=True)(x)
+    assert pooled["sequence_output"].shape == (3, 0, 32)
+    np.testing.assert_allclose(pooled["pooled_output"], full["pooled_output"], atol=1e-5)
+    positions = np.array([[1, 5, 11], [2, 3, 6], [0, 1, 3]], np.int32)
+    picked = FusedBertEncoder(backbone)(dict(x, output_positions=positions))
+    want = np.take_along_axis(full["sequence_output"].numpy(), positions[..., None], axis=1)
+    np.testing.assert_allclose(picked["sequence_output"], want, atol=1e-5)
+
+    def grads(encoder, inputs, pick):
+        with tf.GradientTape() as tape:
+            y = encoder(inputs)
+            loss = tf.reduce_sum(pick(y["sequence_output"]) ** 2) + tf.reduce_sum(y["pooled_output"])
+        return tape.gradient(loss, backbone.trainable_variables)
+
+    a = grads(FusedBertEncoder(backbone), x, lambda s: tf.gather(s, positions, batch_dims=1))
+    b = grads(FusedBertEncoder(backbone), dict(x, output_positions=positions), lambda s: s)
+    for v, ga, gb in zip(backbone.trainable_variables, a, b):
+        np.testing.assert_allclose(tf.convert_to_tensor(ga), tf.convert_to_tensor(gb), atol=1e-4, err_msg=v.path)

@@ -1,0 +1,63 @@
+"""Paper model of data-parallel BERT training on 1-8 GPUs: compute vs gradient all-reduce per step.
+
+Prints the table in docs/gpu_scaling.md. Assumptions (stated, not measured here: this machine has no GPU):
+  - sustained math rate with mixed precision: V100 ~ 55 TFLOP/s, A100 ~ 140 TFLOP/s (about 45% of the
+    tensor-core peak, typical of BERT training step time);
+  - NCCL ring all-reduce bus bandwidth ("busbw" of nccl-tests) per link class; time = 2 (N-1)/N * bytes / busbw
+    plus 10 us per ring step of latency;
+  - no overlap ("serial") vs all-reduce fully hidden behind the backward pass except for the last bucket
+    ("overlapped": max(compute, comm) + the last 1/8 of comm).
+"""
+
+SHAPES = {"BERT-base": (12, 768, 3072), "BERT-large": (24, 1024, 4096)}
+GPUS = {"V100": 55e12, "A100": 140e12}
+LINKS = {"NVLink (DGX-1 V100)": ("V100", 130e9), "NVLink (DGX A100)": ("A100", 230e9),
+         "PCIe 3.0 x16": ("V100", 10e9), "PCIe 4.0 x16": ("A100", 20e9)}
+VOCAB, POSITIONS, SEQ = 30522, 512, 128
+
+
+def params(layers, hidden, inter):
+    embeddings = (VOCAB + POSITIONS + 2) * hidden + 2 * hidden
+    layer = 4 * (hidden * hidden + hidden) + 2 * hidden * inter + inter + hidden + 4 * hidden
+    return embeddings + layers * layer + hidden * hidden + hidden
+
+
+def train_flops_per_sequence(layers, hidden, inter, seq=SEQ):
+    per_layer = 2 * seq * (4 * hidden * hidden + 2 * hidden * inter) + 4 * seq * seq * hidden
+    return 3 * layers * per_layer
+
+
+def allreduce_seconds(nbytes, n, busbw):
+    return 0.0 if n == 1 else 2 * (n - 1) / n * nbytes / busbw + 2 * (n - 1) * 10e-6
+
+
+def rows(batch_per_gpu=32, grad_bytes=2, accum=1):
+    out = []
+    for model, shape in SHAPES.items():
+        nbytes = params(*shape) * grad_bytes
+        compute = accum * batch_per_gpu * train_flops_per_sequence(*shape)
+        for link, (gpu, busbw) in LINKS.items():
+            t = compute / GPUS[gpu]
+            for n in (1, 2, 4, 8):
+                comm = allreduce_seconds(nbytes, n, busbw)
+                serial = t / (t + comm)
+                overlapped = t / (max(t, comm) + comm / 8) if n > 1 else 1.0
+                out.append((model, link, n, nbytes / 1e6, t * 1e3, comm * 1e3, serial, overlapped))
+    return out
+
+
+def table(**kw):
+    lines = ["| model | interconnect | GPUs | gradient MB | compute ms | all-reduce ms | efficiency serial |"
+             " efficiency overlapped |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for model, link, n, mb, t, c, s, o in rows(**kw):
+        lines.append(f"| {model} | {link} | {n} | {mb:.0f} | {t:.1f} | {c:.1f} | {100 * s:.0f}% | {100 * o:.0f}% |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print("Per GPU batch 32 at seq 128, fp16 gradients, no accumulation:\n")
+    print(table())
+    print("\nSame, fp32 gradients (what an all-reduce of the float32 master gradients sends):\n")
+    print(table(grad_bytes=4))
+    print("\nPCIe with 8 micro-batches accumulated per all-reduce (global batch 256 per GPU), fp16:\n")
+    print(table(accum=8))

@@ -1,0 +1,27 @@
+"""The benchmark's arithmetic: model FLOPs per sequence and the GPU scaling model's sizes."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import common  # noqa: E402
+import gpu_scaling  # noqa: E402
+
+
+def test_case_a_sequence_is_8_6_gflop_and_padding_counts_nothing():
+    minilm = common.SHAPES["minilm"]
+    per_sequence = common.model_flops(minilm, [128], "train")
+    assert abs(per_sequence / 1e9 - 8.6) < 0.05  # the figure quoted for case (a)
+    assert common.model_flops(minilm, [128], "predict") * 3 == per_sequence
+    short = common.model_flops(minilm, [20], "train")
+    assert short < per_sequence / 6  # real tokens only: a 20-token sentence is not charged 128
+
+
+def test_bert_base_and_large_sizes_and_allreduce_time():
+    assert abs(gpu_scaling.params(*gpu_scaling.SHAPES["BERT-base"]) / 1e6 - 109.5) < 0.5
+    assert abs(gpu_scaling.params(*gpu_scaling.SHAPES["BERT-large"]) / 1e6 - 335) < 1
+    # ring all-reduce moves 2(N-1)/N of the buffer: 1 GB on 8 GPUs at 100 GB/s is 17.5 ms (+ latency)
+    t = gpu_scaling.allreduce_seconds(1e9, 8, 100e9)
+    assert 0.0175 <= t < 0.0177
+    assert gpu_scaling.allreduce_seconds(1e9, 1, 100e9) == 0.0
