@@ -58,11 +58,24 @@ flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
 flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
 flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
+# reliability
+flags.DEFINE_bool("deterministic", False, "Deterministic ops: a resumed run ends bit-identical to an "
+                  "uninterrupted one (same seed, same devices).")
+flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
+                     "gradients (0: never).")
+flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other flags "
+                  "(its checkpoints are removed).")
+flags.DEFINE_bool("auto_batch_size", False, "Train with the largest per-tower batch that fits (98% of GPU "
+                  "memory, or --memory_limit_mb).")
+flags.DEFINE_integer("memory_limit_mb", None, "--auto_batch_size: memory a training step may take (required "
+                     "on CPU: all towers together; on GPU: per tower).")
+flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "
+                  "line, or replace it by U+FFFD and count the lines.")
 
 
 def run():
     import bert_mgpu
-    from bert_mgpu import devices, outputs, precision
+    from bert_mgpu import devices, outputs, precision, run_dir
 
     if FLAGS.use_tpu:
         raise bert_mgpu.UserError("--use_tpu is not supported; use --n_gpus")
@@ -78,11 +91,10 @@ def run():
     for name in ("task_name", "data_dir", "output_dir"):
         if not getattr(FLAGS, name):
             raise bert_mgpu.UserError(f"--{name} is required")
-    if os.path.isfile(FLAGS.output_dir):
-        raise bert_mgpu.UserError(f"--output_dir={FLAGS.output_dir} is a file")
+    run_dir.check_output_dir(FLAGS.output_dir)
     task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
                               FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language,
-                              tuple(FLAGS.tfds_splits))
+                              tuple(FLAGS.tfds_splits), FLAGS.invalid_utf8)
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
@@ -90,8 +102,11 @@ def run():
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
 
     import keras
+    import tensorflow as tf
 
     keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
     towers = bert_mgpu.Towers(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
                               FLAGS.gpu_memory_per_tower_mb, FLAGS.multi_worker)
     logging.info("%s", towers.plan.describe())
@@ -99,10 +114,19 @@ def run():
     clf = bert_mgpu.BertClassifier.from_pretrained(
         init, labels, towers, FLAGS.precision, FLAGS.max_seq_length, FLAGS.do_lower_case,
         FLAGS.bert_config_file, FLAGS.vocab_file, task=task.name)
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
     if FLAGS.do_train:
+        if FLAGS.auto_batch_size:
+            clf.auto_batch_size(FLAGS.memory_limit_mb, FLAGS.output_dir, FLAGS.gpu_memory_per_tower_mb)
+        settings = {name: getattr(FLAGS, name) for name in (
+            "task_name", "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
         clf.fit(train, FLAGS.output_dir, FLAGS.num_train_epochs, FLAGS.learning_rate, FLAGS.warmup_proportion,
-                FLAGS.save_checkpoints_steps, FLAGS.seed, FLAGS.use_xla)
+                FLAGS.save_checkpoints_steps, FLAGS.seed, FLAGS.use_xla,
+                max_consecutive_skips=FLAGS.max_consecutive_skips, overwrite=FLAGS.overwrite_output_dir,
+                settings=settings)
+        if clf.interrupted:
+            print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
+                  f"{FLAGS.output_dir}. Rerun the same command to resume")
+            return
     if FLAGS.do_eval:
         results = clf.evaluate(dev, FLAGS.eval_batch_size)
         path = outputs.write_eval_results(FLAGS.output_dir, results)

@@ -11,13 +11,14 @@ Example:
 `run_classifier_mgpu.py` is a thin absl-flags wrapper over this class.
 """
 
+import hashlib
 import logging
 import os
 
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, metrics, optimization
+from bert_mgpu import checkpoints, memory, metrics, optimization, run_dir
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset
@@ -29,11 +30,19 @@ from bert_mgpu.training import Trainer
 log = logging.getLogger("bert_mgpu")
 
 
+def examples_digest(examples):
+    """sha256 of the examples' text and labels: a resumed run must train on the same data."""
+    h = hashlib.sha256()
+    for e in examples:
+        h.update("\x00".join((e.text_a, e.text_b or "", e.label or "")).encode("utf-8") + b"\x01")
+    return h.hexdigest()
+
+
 class BertClassifier:
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None):
         self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
-        self.global_step = 0
+        self.global_step, self.interrupted, self.settings = 0, None, None
         self._predictor = Trainer(towers.strategy, model)
 
     @classmethod
@@ -77,13 +86,28 @@ class BertClassifier:
 
     # ------------------------------------------------------------------ training
     def fit(self, examples, output_dir, epochs=3.0, learning_rate=5e-5, warmup_proportion=0.1,
-            save_checkpoints_steps=1000, seed=12345, use_xla=False, verbose=True):
-        """Fine-tune; rerunning with the same output_dir resumes from its latest checkpoint."""
+            save_checkpoints_steps=1000, seed=12345, use_xla=False, verbose=True, max_consecutive_skips=10,
+            overwrite=False, settings=None):
+        """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
+
+        The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
+        skipped). SIGTERM/Ctrl-C stop after the step under way with a checkpoint and set
+        `self.interrupted`. Other settings in an output_dir holding checkpoints are refused unless
+        `overwrite`. `settings` adds the caller's own (the script's flags) to what is compared.
+        """
+        run_dir.check_output_dir(output_dir)
         global_batch = self.towers.batch(self.towers.plan.per_tower_batch)
         num_steps = int(len(examples) / global_batch * epochs)
         if num_steps < 1:
             raise UserError(f"{len(examples)} training examples make no step at global batch {global_batch} "
                             f"x {epochs} epochs")
+        self.settings = {
+            "train_examples": len(examples), "train_data_sha256": examples_digest(examples),
+            "num_train_epochs": epochs, "learning_rate": learning_rate, "warmup_proportion": warmup_proportion,
+            "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
+            "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
+            "precision": self.policy, **(settings or {})}
+        run_dir.check_same_run(output_dir, self.settings, overwrite)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
         with strategy.scope():
@@ -91,42 +115,71 @@ class BertClassifier:
                                                       float16=self.policy == "mixed_float16")
             optimizer.build(self.model.trainable_variables)
         trainer = Trainer(strategy, self.model, optimizer, use_xla)
-        ckpt = checkpoints.training_checkpoint(self.model, optimizer, trainer.step)
-        os.makedirs(output_dir, exist_ok=True)
-        manager = tf.train.CheckpointManager(ckpt, output_dir, max_to_keep=3)
-        if manager.latest_checkpoint:
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            log.info("resuming from %s at step %d", manager.latest_checkpoint, int(trainer.step.numpy()))
+        ckpt = checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
+                                               rng=run_dir.rng_states(self.model))
+        saved = run_dir.Checkpoints(ckpt, output_dir, self.model.weights)
+        if saved.restore():
+            log.info("resuming from %s at step %d", saved.latest, int(trainer.step.numpy()))
         start = int(trainer.step.numpy())
         self._write_run(output_dir, start)
         log.info("training: %d examples, %d steps of %d (%d towers x %d), warmup %d, from step %d",
                  len(examples), num_steps, global_batch, self.towers.count, self.towers.plan.per_tower_batch,
                  warmup, start)
+        self.interrupted = None
         if start >= num_steps:
             self.global_step = start
             return
-        # A resumed run reshuffles with another seed, so it does not replay the epoch it was in.
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, global_batch,
-                               training=True, seed=seed + start, source="train")
+                               training=True, seed=seed, source="train").skip(start)
         writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
 
         def save():
             step = int(trainer.step.numpy())
-            manager.save(checkpoint_number=step)
+            saved.save(step)
             self._write_run(output_dir, step)
 
-        trainer.fit(dataset, num_steps, global_batch, on_save=save, save_every=save_checkpoints_steps,
-                    writer=writer, verbose=verbose)
-        writer.flush()
-        self.global_step = int(trainer.step.numpy())
+        try:
+            trainer.fit(dataset, num_steps, global_batch, on_save=save, save_every=save_checkpoints_steps,
+                        writer=writer, verbose=verbose, max_consecutive_skips=max_consecutive_skips,
+                        last_checkpoint=lambda: saved.latest)
+        finally:
+            writer.close()
+        self.global_step, self.interrupted = int(trainer.step.numpy()), trainer.interrupted
         if trainer.skipped_steps:
             log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
-        log.info("trained to step %d; checkpoint %s", self.global_step, manager.latest_checkpoint)
+        if self.interrupted:
+            log.warning("%s: stopped at step %d of %d; checkpoint %s. Rerun the same command to resume",
+                        self.interrupted, self.global_step, num_steps, saved.latest)
+        else:
+            log.info("trained to step %d; checkpoint %s", self.global_step, saved.latest)
+
+    def auto_batch_size(self, memory_limit_mb=None, output_dir=None, memory_per_tower_mb=None):
+        """Set the per-tower training batch to the largest that fits (see memory.py) and return it.
+
+        A run in output_dir that already found one keeps it, so resuming trains as it started.
+        """
+        before = ((output_dir and run_dir.read_run(output_dir)) or {}).get("settings") or {}
+        if before.get("auto_batch_size") and before.get("per_tower_batch"):
+            self.towers.set_batch(before["per_tower_batch"])
+            log.info("auto batch size: %d per tower, as found for %s", before["per_tower_batch"], output_dir)
+            return before["per_tower_batch"]
+        plan = self.towers.plan
+        limit = memory_limit_mb or memory.default_limit_mb(plan, memory_per_tower_mb)
+        with self.towers.strategy.scope():
+            optimizer = optimization.create_optimizer(1e-5, 10, 0, float16=self.policy == "mixed_float16")
+            optimizer.build(self.model.trainable_variables)  # its slots take memory during training too
+        probe = Trainer(self.towers.strategy, self.model, optimizer)
+        best, _ = memory.find_batch_size(
+            probe, lambda n: memory.classifier_batch(n, self.max_seq_length), plan, limit)
+        del probe, optimizer
+        self.towers.set_batch(best)
+        return best
 
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
         run = {"kind": "classifier", "labels": self.labels, "do_lower_case": self.tokenizer.do_lower_case,
-               "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step}
+               "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
+               "settings": self.settings}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     # ------------------------------------------------------------------ inference

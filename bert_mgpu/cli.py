@@ -1,4 +1,4 @@
-"""What every entry script shares: a user mistake ends in one line on stderr and exit status 1."""
+"""What every entry script shares: a user mistake or a stopped run ends in one line on stderr and exit 1."""
 
 import logging
 import os
@@ -6,18 +6,18 @@ import sys
 
 
 def main_wrapper(run):
-    """An absl `main(argv)` that runs `run()` and turns a UserError into `script: error: ...`, exit 1."""
+    """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`."""
 
     def main(argv):
         if len(argv) > 1:
             sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
-        from bert_mgpu.errors import UserError
+        from bert_mgpu.errors import RunError, UserError
 
         logging.getLogger("bert_mgpu").setLevel(logging.INFO)
         logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
         try:
             run()
-        except UserError as e:
+        except (UserError, RunError) as e:
             print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
             sys.exit(1)
 

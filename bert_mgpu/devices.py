@@ -219,3 +219,7 @@ class Towers:
 
     def batch(self, per_tower):
         return per_tower * self.count
+
+    def set_batch(self, per_tower):
+        """Another per-tower training batch (found by --auto_batch_size) on the same devices."""
+        self.plan = dataclasses.replace(self.plan, per_tower_batch=int(per_tower))

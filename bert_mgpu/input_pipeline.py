@@ -53,7 +53,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and drops partial batches (every step has the full global
-    batch); training=False keeps every example once, in buckets, with `index` to restore input order.
+    batch); the same seed gives the same stream of batches, so a resumed run skips what it has seen;
+    training=False keeps every example once, in buckets, with `index` to restore input order.
     """
     arrays = examples_to_arrays(examples, label_list, source)
     pairs = any(e.text_b is not None for e in examples)
@@ -70,8 +71,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         n = x.pop("length")
         return dict(x, token_ids=x["token_ids"][:n], segment_ids=x["segment_ids"][:n])
 
-    ds = ds.batch(256).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
-    ds = ds.unbatch().map(unpad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+    ds = ds.batch(256).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.unbatch().map(unpad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],

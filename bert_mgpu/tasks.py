@@ -5,11 +5,16 @@ generic `tsv`/`csv` task whose columns are named by flags, and `tfds` for a data
 local TFDS data_dir (nothing is downloaded). Bad rows raise UserError naming the file and line.
 """
 
+import codecs
 import csv
 import dataclasses
+import io
+import logging
 import os
 
 from bert_mgpu.errors import UserError
+
+log = logging.getLogger("bert_mgpu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,28 +25,60 @@ class Example:
     label: str = None  # None for unlabelled test examples
 
 
-def read_rows(path, delimiter="\t", quotechar=None):
-    """Rows of a TSV/CSV file, each with its 1-based line number; UserError for unreadable input."""
+def decode_utf8(path, data, invalid_utf8="error"):
+    """Bytes -> text. Invalid UTF-8 is an error naming line and column, or (`replace`) U+FFFD, counted."""
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        if invalid_utf8 != "replace":
+            raise UserError(f"{path}:{line}: invalid UTF-8 at byte {column} of the line ({e.reason}); fix the "
+                            "file or pass --invalid_utf8=replace") from None
+    bad = [i + 1 for i, raw in enumerate(data.split(b"\n")) if _invalid(raw)]
+    log.warning("%s: invalid UTF-8 replaced by U+FFFD on %d line(s), the first at line %d", path, len(bad), bad[0])
+    return data.decode("utf-8", errors="replace")
+
+
+def _invalid(raw):
+    try:
+        raw.decode("utf-8")
+        return False
+    except UnicodeDecodeError:
+        return True
+
+
+def read_rows(path, delimiter="\t", quotechar=None, invalid_utf8="error"):
+    """Rows of a TSV/CSV file, each with its 1-based line number; UserError naming the file and line for
+    input that cannot be read right (no file, NUL byte, invalid UTF-8, a quote that never closes)."""
     if not os.path.isfile(path):
         raise UserError(f"{path}: file not found")
-    rows = []
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.reader(f, delimiter=delimiter, quotechar=quotechar, strict=True)
-            while True:
-                line = reader.line_num + 1
-                try:
-                    row = next(reader)
-                except StopIteration:
-                    break
-                except csv.Error as e:
-                    raise UserError(f"{path}:{line}: malformed row ({e})") from None
-                if row:
-                    rows.append((line, row))
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 (byte {e.start}: {e.reason})") from None
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    text = decode_utf8(path, data, invalid_utf8)
+    if "\x00" in text:
+        at = text.index("\x00")
+        raise UserError(f"{path}:{text.count(chr(10), 0, at) + 1}: NUL byte at column "
+                        f"{at - text.rfind(chr(10), 0, at)}; is it a binary or UTF-16 file?")
+    rows = []
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quotechar=quotechar, strict=True)
+    while True:
+        line = reader.line_num + 1
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            if "unexpected end of data" in str(e):
+                raise UserError(f"{path}:{line}: a quote opened on this line never closes") from None
+            raise UserError(f"{path}:{line}: malformed row ({e})") from None
+        if row:
+            rows.append((line, row))
     return rows
 
 
@@ -52,10 +89,18 @@ def _cell(path, line, row, index):
     return row[index]
 
 
+def _text(path, line, row, index):
+    text = _cell(path, line, row, index)
+    if not text.strip():
+        raise UserError(f"{path}:{line}: empty text in column {index + 1 if index >= 0 else len(row) + index + 1}")
+    return text
+
+
 class ColumnTask:
     """Reads `{split}.tsv` files by column position, the shape of every google-bert processor."""
 
     delimiter, quotechar = "\t", None
+    invalid_utf8 = "error"  # or "replace" (set by get_task)
 
     def __init__(self, name, text_a, text_b=None, label=None, labels=None, skip_header=True,
                  files=None, test_label=None, test_text_a=None, test_text_b=None, row_filter=None):
@@ -77,7 +122,7 @@ class ColumnTask:
 
     def get_examples(self, data_dir, split):
         path = os.path.join(data_dir, self.files[split])
-        rows = read_rows(path, self.delimiter, self.quotechar)
+        rows = read_rows(path, self.delimiter, self.quotechar, self.invalid_utf8)
         if self.skip_header is True or (split == "test" and self.skip_header == "test"):
             rows = rows[1:]
         if split == "test":
@@ -90,8 +135,8 @@ class ColumnTask:
         for line, row in rows:
             if self.row_filter and not self.row_filter(row):
                 continue
-            text_a = _cell(path, line, row, ia)
-            text_b = _cell(path, line, row, ib) if ib is not None else None
+            text_a = _text(path, line, row, ia)
+            text_b = _text(path, line, row, ib) if ib is not None else None
             label = _cell(path, line, row, il) if il is not None else None
             if split == "test" and not label:
                 label = None  # an empty label cell in a test file: nothing to check
@@ -115,7 +160,7 @@ class NamedColumnTask(ColumnTask):
 
     def get_examples(self, data_dir, split):
         path = os.path.join(data_dir, self.files[split])
-        rows = read_rows(path, self.delimiter, self.quotechar)
+        rows = read_rows(path, self.delimiter, self.quotechar, self.invalid_utf8)
         if not rows:
             raise UserError(f"{path}: empty file (a header row is expected)")
         header = rows[0][1]
@@ -177,9 +222,24 @@ def labels_from(examples):
 
 
 def get_task(name, text_column="text", label_column="label", text_b_column=None, labels=None,
-             tfds_name=None, tfds_data_dir=None, xnli_language="zh", tfds_splits=("train", "validation", "test")):
-    """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2) or tsv / csv / tfds."""
-    name = name.lower()
+             tfds_name=None, tfds_data_dir=None, xnli_language="zh", tfds_splits=("train", "validation", "test"),
+             invalid_utf8="error"):
+    """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2) or tsv / csv / tfds.
+
+    invalid_utf8: "error" (name the line) or "replace" (U+FFFD, and count the lines).
+    """
+    if invalid_utf8 not in ("error", "replace"):
+        raise UserError(f"--invalid_utf8={invalid_utf8!r}: expected error or replace")
+    task = _task(name.lower(), text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir,
+                 xnli_language, tfds_splits)
+    for reader in (task, *vars(task).values()):
+        if isinstance(reader, ColumnTask):
+            reader.invalid_utf8 = invalid_utf8
+    return task
+
+
+def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir, xnli_language,
+          tfds_splits):
     if name == "cola":
         return ColumnTask("cola", 3, label=1, labels=["0", "1"], skip_header="test", test_text_a=1)
     if name == "mrpc":

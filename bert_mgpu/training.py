@@ -7,6 +7,9 @@ every tower. What the loss is comes from `loss_fn(model, features, labels, train
 so the same step trains the classifier and the pretraining heads. Loss scaling (mixed_float16) and the skip of non-finite steps are the
 optimizer's (see optimization.py); skips are counted as attempted steps minus applied ones.
 
+A run stops cleanly (see guards.py): on SIGTERM/Ctrl-C after the step under way, with a checkpoint; after
+too many non-finite steps in a row; and on out-of-memory with a message naming tower, batch and length.
+
 Prediction gathers every tower's outputs with the example index each row came from, so outputs return in
 input order and none is dropped, whatever the batch, bucketing and tower count.
 """
@@ -16,6 +19,8 @@ import time
 import keras
 import numpy as np
 import tensorflow as tf
+
+from bert_mgpu import guards
 
 
 def classification_loss(model, features, labels, training=True):
@@ -95,10 +100,39 @@ class Trainer:
                 return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
             self._train_fn = tf.function(step, reduce_retracing=True)
-        loss, stats, seen = self._train_fn(batch)
+        try:
+            loss, stats, seen = self._train_fn(batch)
+        except tf.errors.ResourceExhaustedError as e:
+            raise self._out_of_memory(e, batch) from None
         self.step.assign_add(1)
         self.stats = {k: float(v) for k, v in stats.items()}
         return float(loss), seen.numpy()
+
+    def _out_of_memory(self, error, batch):
+        first = lambda t: self.strategy.experimental_local_results(t)[0]  # noqa: E731
+        ids = first(tf.nest.flatten(batch[0])[0])
+        per_tower = int(ids.shape[0]) // max(1, self.accum_steps) if ids.shape[0] is not None else 0
+        length = int(ids.shape[1]) if len(ids.shape) > 1 else 1
+        return guards.out_of_memory(error, per_tower, length, self.accum_steps)
+
+    def probe_step(self, batch):
+        """Forward, backward and all-reduce of one distributed batch without changing any weight: what
+        memory a training step at this size takes (see memory.py). Raises ResourceExhaustedError."""
+        def replica(features, labels):
+            loss, _, grads = self._grads_fn(features, labels)
+            grads = [g for g in grads if g is not None]
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, loss + tf.add_n(
+                [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads]))
+
+        @tf.function
+        def run(batch):
+            return self.strategy.run(replica, args=(batch[0], batch[1]))
+
+        return run(batch)
+
+    @property
+    def applied_steps(self):
+        return int(self.optimizer.inner_optimizer.iterations.numpy())
 
     @property
     def skipped_steps(self):
@@ -116,30 +150,45 @@ class Trainer:
 
     # ------------------------------------------------------------------ loop
     def fit(self, dataset, num_steps, global_batch, on_save=None, save_every=1000, writer=None,
-            log_every=10, verbose=True):
-        """Run steps until `self.step == num_steps`; `on_save()` is called every `save_every` steps."""
+            log_every=10, verbose=True, max_consecutive_skips=0, last_checkpoint=lambda: None):
+        """Run steps until `self.step == num_steps`; `on_save()` is called every `save_every` steps.
+
+        SIGTERM or Ctrl-C end the loop after the step under way with `on_save()`; `self.interrupted`
+        then names the signal. `max_consecutive_skips` non-finite steps in a row raise RunError.
+        """
         it = iter(self.strategy.experimental_distribute_dataset(dataset))
         start = int(self.step.numpy())
+        skips = guards.SkipGuard(max_consecutive_skips)
+        self.interrupted = None
         bar = keras.utils.Progbar(num_steps, stateful_metrics=["loss", "lr", "ex/s"]) if verbose else None
         tic, done_since, loss = time.perf_counter(), 0, float("nan")
-        for step in range(start + 1, num_steps + 1):
-            loss, _ = self.train_step(next(it))
-            done_since += 1
-            if step % log_every == 0 or step == num_steps:
-                rate = done_since * global_batch / (time.perf_counter() - tic)
-                tic, done_since, lr = time.perf_counter(), 0, self.learning_rate
-                if writer is not None:
-                    with writer.as_default(step=step):
-                        tf.summary.scalar("loss", loss)
-                        tf.summary.scalar("learning_rate", lr)
-                        tf.summary.scalar("loss_scale", self.loss_scale)
-                        tf.summary.scalar("examples_per_second", rate)
-                        tf.summary.scalar("skipped_steps", self.skipped_steps)
-                if bar is not None:
-                    bar.update(step, [("loss", loss), ("lr", lr), ("ex/s", rate)])
-            if on_save is not None and (step % save_every == 0 or step == num_steps):
-                on_save()
+        with guards.StopSignal() as stop:
+            for step in range(start + 1, num_steps + 1):
+                applied = self.applied_steps
+                loss, _ = self.train_step(next(it))
+                skips.update(self.applied_steps > applied, step, last_checkpoint())
+                done_since += 1
+                self._log(step, num_steps, loss, global_batch, writer, bar, log_every, done_since, tic)
+                if step % log_every == 0 or step == num_steps:
+                    tic, done_since = time.perf_counter(), 0
+                if on_save is not None and (step % save_every == 0 or step == num_steps or stop.requested):
+                    on_save()
+                if stop.requested:
+                    self.interrupted = stop.requested
+                    break
         return loss
+
+    def _log(self, step, num_steps, loss, global_batch, writer, bar, log_every, done_since, tic):
+        if step % log_every and step != num_steps:
+            return
+        rate, lr = done_since * global_batch / (time.perf_counter() - tic), self.learning_rate
+        if writer is not None:
+            with writer.as_default(step=step):
+                for name, value in (("loss", loss), ("learning_rate", lr), ("loss_scale", self.loss_scale),
+                                    ("examples_per_second", rate), ("skipped_steps", self.skipped_steps)):
+                    tf.summary.scalar(name, value)
+        if bar is not None:
+            bar.update(step, [("loss", loss), ("lr", lr), ("ex/s", rate)])
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset, max_steps=None):

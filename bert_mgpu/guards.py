@@ -1,0 +1,82 @@
+"""What ends a training run early, and how it ends cleanly: a signal, repeated non-finite steps, no memory.
+
+- SIGTERM (a scheduler, `kill`) or Ctrl-C: the step under way finishes, the loop saves a checkpoint and
+  returns; the script exits 0 and the same command resumes. A second Ctrl-C interrupts at once.
+- Non-finite gradients skip the step (the LossScaleOptimizer's doing); after `limit` skips in a row the
+  run is hopeless (diverged, or a weight went NaN), so it stops naming the step and the last checkpoint.
+- Out of memory: TensorFlow's ResourceExhaustedError becomes one line naming the tower, the per-tower
+  batch and the sequence length, with a batch to try.
+"""
+
+import re
+import signal
+import threading
+
+from bert_mgpu.errors import RunError
+
+
+class StopSignal:
+    """Within `with StopSignal() as stop:`, SIGTERM and SIGINT set `stop.requested` (the signal's name)
+    instead of killing the process. Handlers can only be installed from the main thread; elsewhere
+    (a worker thread) signals keep their usual effect."""
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+        self.signals, self.requested, self._old = signals, None, {}
+
+    def _handle(self, signum, frame):
+        if self.requested:  # asked twice: stop now
+            self._restore()
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+
+    def _restore(self):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = {sig: signal.signal(sig, self._handle) for sig in self.signals}
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+        return False
+
+
+class SkipGuard:
+    """Counts steps skipped in a row; `limit` of them (0: no limit) raise RunError."""
+
+    def __init__(self, limit):
+        self.limit, self.in_a_row, self.total = int(limit or 0), 0, 0
+
+    def update(self, applied, step, last_checkpoint):
+        if applied:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        if self.limit and self.in_a_row >= self.limit:
+            raise RunError(
+                f"step {step}: {self.in_a_row} steps in a row had non-finite gradients and were skipped; "
+                f"stopped. Last good checkpoint: {last_checkpoint or 'none written yet'}. Lower the learning "
+                "rate, check the input, or raise --max_consecutive_skips")
+
+
+def tower_of(message):
+    """The tower index an out-of-memory message names (`.../device:GPU:3`), or None."""
+    found = re.findall(r"device:(?:GPU|CPU):(\d+)", message or "")
+    return int(found[-1]) if found else None
+
+
+def out_of_memory(error, per_tower_batch, seq_length, accum_steps=1):
+    """A RunError for a ResourceExhaustedError: where, at what size, and what to try."""
+    tower = tower_of(getattr(error, "message", str(error)))
+    where = f"tower {tower}" if tower is not None else "a tower"
+    smaller = max(1, per_tower_batch // 2)
+    advice = (f"try --train_batch_size={smaller} per tower (with {2 * accum_steps} accumulation steps to "
+              "keep the global batch), a shorter --max_seq_length, or --auto_batch_size")
+    if per_tower_batch <= 1:
+        advice = "even one sequence does not fit: use a shorter --max_seq_length or a smaller model"
+    return RunError(f"out of memory on {where} at per-tower batch {per_tower_batch} x sequence length "
+                    f"{seq_length}; {advice}")

@@ -1,0 +1,144 @@
+"""The output directory of a run: a place we may write, the settings that made it, its checkpoints.
+
+A training checkpoint is published atomically by TensorFlow itself: the tensors are written under a
+temporary name, renamed into `ckpt-N.{index,data}`, and only then does the `checkpoint` file (replaced
+atomically) name it. A kill at any moment therefore leaves the previous checkpoint as the latest one.
+On top of that, `Checkpoints` adds what a long run on a shared machine needs:
+- restore falls back past a damaged checkpoint (truncated, missing shard), saying so;
+- save refuses weights that are not finite, so a diverged run never overwrites good checkpoints;
+- the `checkpoint` file cannot point outside the directory (it is a text file anyone may have edited);
+- the random-generator states (dropout) are saved too, so a resumed run draws what it would have drawn.
+
+Rerunning a command resumes; rerunning with other settings is refused (`check_same_run`) unless the
+user says `overwrite=True`, which removes the old checkpoints but no other file.
+"""
+
+import glob
+import json
+import logging
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from bert_mgpu.checkpoints import RUN_FILE
+from bert_mgpu.errors import RunError, UserError
+
+log = logging.getLogger("bert_mgpu")
+
+
+def check_output_dir(path):
+    """Create `path` if needed; UserError if it is a file or cannot be written."""
+    if not path:
+        raise UserError("--output_dir is required")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"--output_dir={path} is a file, not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise UserError(f"--output_dir={path} is not writable ({e.strerror})") from None
+    return path
+
+
+def read_run(directory):
+    """The run metadata (bert_mgpu.json) of a directory, or None."""
+    path = os.path.join(directory, RUN_FILE)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            run = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: unreadable run file ({e})") from None
+    if not isinstance(run, dict):
+        raise UserError(f"{path}: not a JSON object")
+    return run
+
+
+def _checkpoint_files(directory):
+    return glob.glob(os.path.join(directory, "ckpt-*")) + glob.glob(os.path.join(directory, "checkpoint"))
+
+
+def check_same_run(directory, settings, overwrite=False):
+    """Refuse to continue, in `directory`, a run trained with other `settings` (a dict of flags).
+
+    With `overwrite`, the old checkpoints go (other files stay) and training starts over.
+    """
+    if not _checkpoint_files(directory):
+        return
+    before = (read_run(directory) or {}).get("settings")
+    if before is None or before == settings:
+        return
+    changed = [f"--{k}={before.get(k)!r} -> {settings.get(k)!r}" for k in sorted(set(before) | set(settings))
+               if before.get(k) != settings.get(k)]
+    if not overwrite:
+        raise UserError(f"{directory} holds a run with other settings ({'; '.join(changed)}); use another "
+                        "--output_dir, rerun with the same flags to resume, or pass --overwrite_output_dir")
+    for path in _checkpoint_files(directory):
+        os.remove(path)
+    log.warning("--overwrite_output_dir: removed the checkpoints of the earlier run (%s)", "; ".join(changed))
+
+
+def rng_states(model):
+    """The model's random-generator state variables (dropout seeds), in a stable order."""
+    return {f"s{i}": v for i, v in enumerate(
+        v for v in model.variables if v.path.endswith("seed_generator_state"))}
+
+
+class Checkpoints:
+    """tf.train.CheckpointManager for a run directory, with fallback, a finite check and path checks."""
+
+    def __init__(self, ckpt, directory, weights, max_to_keep=3):
+        self.directory, self.weights = directory, list(weights)
+        self.ckpt = ckpt
+        self.manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=max_to_keep)
+        for path in self.manager.checkpoints:
+            self._inside(path)
+
+    def _inside(self, path):
+        root = os.path.realpath(self.directory)
+        if not os.path.realpath(path).startswith(root + os.sep):
+            raise UserError(f"{os.path.join(self.directory, 'checkpoint')}: names {path}, outside the run "
+                            "directory; refusing to read it")
+        return path
+
+    @property
+    def latest(self):
+        return self.manager.latest_checkpoint
+
+    def restore(self):
+        """Restore the newest readable checkpoint; returns its path, or None when there is none."""
+        candidates = list(reversed(self.manager.checkpoints))
+        for path in candidates:
+            try:
+                self.ckpt.restore(path).assert_existing_objects_matched()
+            except (tf.errors.OpError, ValueError, AssertionError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                log.warning("checkpoint %s is damaged (%s); trying the one before it", path, first[:200])
+                continue
+            bad = self.non_finite()
+            if bad:
+                log.warning("checkpoint %s holds non-finite weights (%s); trying the one before it", path, bad)
+                continue
+            if path != candidates[0]:
+                log.warning("resumed from %s, not the damaged %s", path, candidates[0])
+            return path
+        if candidates:
+            raise RunError(f"{self.directory}: no readable checkpoint ({', '.join(candidates)} damaged); "
+                           "move them away to start over")
+        return None
+
+    def non_finite(self):
+        """Names of weights holding NaN or Inf (empty when all are finite)."""
+        return [v.path for v in self.weights if not np.all(np.isfinite(np.asarray(v.numpy(), np.float32)))]
+
+    def save(self, step):
+        bad = self.non_finite()
+        if bad:
+            raise RunError(f"step {step}: weights are not finite ({', '.join(bad[:3])}); not saved. Last good "
+                           f"checkpoint: {self.latest or 'none written yet'}. Lower the learning rate")
+        return self.manager.save(checkpoint_number=step)
