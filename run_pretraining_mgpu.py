@@ -83,6 +83,13 @@ flags.DEFINE_float("early_stop_time", None, "Minutes after which a validation lo
 flags.DEFINE_float("early_stop_eval_loss", None, "... this stops the run.")
 flags.DEFINE_integer("log_every", 10, "Log every this many steps.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, masks, dropout).")
+# reliability
+flags.DEFINE_bool("deterministic", False, "Deterministic ops: a resumed run ends bit-identical to an "
+                  "uninterrupted one (same seed, same devices, step budget).")
+flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
+                     "gradients (0: never).")
+flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other flags "
+                  "(its checkpoints are removed).")
 
 
 def _data(files, tokenizer):
@@ -98,6 +105,7 @@ def run():
     from bert_mgpu.pretraining import Budget, Validation
     from bert_mgpu.errors import UserError
     from bert_mgpu.pretraining_input import expand_files
+    from bert_mgpu.run_dir import check_output_dir
 
     if FLAGS.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
@@ -117,11 +125,13 @@ def run():
     for name in ("input_file", "output_dir"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
-    if os.path.isfile(FLAGS.output_dir):
-        raise UserError(f"--output_dir={FLAGS.output_dir} is a file")
+    check_output_dir(FLAGS.output_dir)
     import keras
+    import tensorflow as tf
 
     keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
     if micro is None:  # one micro-batch per tower: the global batch split evenly over this machine's towers
         plan = devices.plan_devices(FLAGS.n_gpus, FLAGS.towers_per_gpu, 1,
                                     devices.discover_visible_gpus() if FLAGS.n_gpus else ())
@@ -155,7 +165,6 @@ def run():
             raise UserError("validation needs --validation_input_file or at least two --input_file shards "
                             "(the last one is held out)")
         files, held_out = files[:-1], files[-1:]
-    os.makedirs(FLAGS.output_dir, exist_ok=True)
     step = 0
     if FLAGS.do_train:
         warmup = FLAGS.warmup_proportion
@@ -172,9 +181,15 @@ def run():
         ) if FLAGS.do_validation else None
         pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, FLAGS.train_batch_size, FLAGS.learning_rate,
                 FLAGS.optimizer, FLAGS.adam_beta1, FLAGS.adam_beta2, FLAGS.adam_eps, FLAGS.weight_decay,
-                FLAGS.max_grad_norm, validation, FLAGS.save_checkpoints_steps, FLAGS.log_every, FLAGS.use_xla)
+                FLAGS.max_grad_norm, validation, FLAGS.save_checkpoints_steps, FLAGS.log_every, FLAGS.use_xla,
+                max_consecutive_skips=FLAGS.max_consecutive_skips, overwrite=FLAGS.overwrite_output_dir,
+                settings={name: getattr(FLAGS, name) for name in (
+                    "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob",
+                    "nsp", "seed", "deterministic", "validation_input_file")})
         step = int(pre.trainer.step.numpy())
         print(f"pretraining stopped at step {step}: {pre.stop}")
+        if pre.stop.startswith("interrupted"):
+            return
     if FLAGS.do_eval:
         results = pre.evaluate(_data(held_out, pre.tokenizer), towers.batch(FLAGS.eval_batch_size),
                                FLAGS.max_eval_steps)

@@ -23,7 +23,7 @@ import time
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, optimization, pretraining_model
+from bert_mgpu import checkpoints, guards, optimization, pretraining_model, run_dir
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -147,14 +147,17 @@ class BertPretrainer:
     def fit(self, data, output_dir, budget, train_batch_size=None, learning_rate=1e-4, optimizer="adamw",
             beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01, clipnorm=1.0, validation=None,
             save_checkpoints_steps=1000, log_every=10, use_xla=False, clock=time.monotonic, verbose=True,
-            steps=None):
+            steps=None, max_consecutive_skips=10, overwrite=False, settings=None):
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
 
         `train_batch_size` is the global batch, reached with the towers' micro-batch and gradient
         accumulation (default: one micro-batch per tower). `steps` stops this call after that many steps
         (a notebook can train in chunks; the next call resumes). Returns the last logged statistics.
+        SIGTERM/Ctrl-C stop after the step under way with a checkpoint (`self.stop` says so); an
+        output_dir holding a run with other `settings` is refused unless `overwrite`.
         """
         budget.check()
+        run_dir.check_output_dir(output_dir)
         micro = self.towers.plan.per_tower_batch
         global_batch = train_batch_size or self.towers.batch(micro)
         if global_batch % self.towers.batch(micro):
@@ -176,15 +179,19 @@ class BertPretrainer:
                 optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm)
             opt.build(self.model.trainable_variables)
             elapsed_var = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
+        self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch, "towers": self.towers.count,
+                         "learning_rate": learning_rate, "optimizer": optimizer, "beta_1": beta_1, "beta_2": beta_2,
+                         "epsilon": epsilon, "weight_decay": weight_decay, "clipnorm": clipnorm,
+                         "precision": self.policy, **(settings or {})}
+        self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
+        run_dir.check_same_run(output_dir, self.settings, overwrite)
         trainer = Trainer(strategy, self.model, opt, use_xla, pretraining_model.pretraining_loss, accum)
         ckpt = checkpoints.training_checkpoint(self.model, opt, trainer.step,
                                                heads=pretraining_model.head_checkpoint_objects(self.model),
-                                               elapsed_seconds=elapsed_var)
-        os.makedirs(output_dir, exist_ok=True)
-        manager = tf.train.CheckpointManager(ckpt, output_dir, max_to_keep=3)
-        if manager.latest_checkpoint:
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            log.info("resuming from %s at step %d (%.1f s trained)", manager.latest_checkpoint,
+                                               elapsed_seconds=elapsed_var, rng=run_dir.rng_states(self.model))
+        saved = run_dir.Checkpoints(ckpt, output_dir, self.model.weights)
+        if saved.restore():
+            log.info("resuming from %s at step %d (%.1f s trained)", saved.latest,
                      int(trainer.step.numpy()), float(elapsed_var.numpy()))
         step, elapsed0 = int(trainer.step.numpy()), float(elapsed_var.numpy())
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",
@@ -199,44 +206,49 @@ class BertPretrainer:
 
         def save():
             elapsed_var.assign(elapsed())
-            manager.save(checkpoint_number=int(trainer.step.numpy()))
+            saved.save(int(trainer.step.numpy()))
             self._write_run(output_dir, int(trainer.step.numpy()), data)
 
         last_validation, result, tic, since, first = step, {}, clock(), 0, step
-        self.stop = None
-        while self.stop is None:
-            now = elapsed()
-            self.stop = budget.stop_reason(step, now)
-            if steps is not None and step - first >= steps and not self.stop:
-                self.stop = f"ran the {steps} steps asked for"
-            if self.stop:
-                break
-            step_progress = budget.progress(step, now)  # what this step's learning rate follows
-            progress.assign(step_progress)
-            loss, _ = trainer.train_step(next(it))
-            step, since = step + 1, since + 1
-            now_progress = budget.progress(step, elapsed())
-            if step % log_every == 0:
-                rate = since * global_batch / max(1e-9, clock() - tic)
-                tic, since = clock(), 0
-                result = {"step": step, "loss": loss, **trainer.stats, "learning_rate": trainer.learning_rate,
-                          "loss_scale": trainer.loss_scale, "sequences_per_second": rate,
-                          "tokens_per_second": rate * trainer.stats.get("tokens_per_sequence", 0.0),
-                          "progress": step_progress}
-                self._log(writer, result, verbose)
-            while markers and now_progress >= markers[0]:
-                self.save_finetune_checkpoint(marker_dir(markers.pop(0)), step, data)
-            if validation is not None and step - last_validation >= validation.interval(now_progress,
-                                                                                         steps_per_epoch):
-                last_validation = step
-                result = self._validate(trainer, validation, step, writer, verbose)
-                if (budget.early_stop_time is not None and budget.early_stop_eval_loss is not None
-                        and elapsed() >= budget.early_stop_time * 60
-                        and result["eval_loss"] > budget.early_stop_eval_loss):
-                    self.stop = (f"early stop: validation loss {result['eval_loss']:.4f} > "
-                                 f"{budget.early_stop_eval_loss} after {budget.early_stop_time} min")
-            if step % save_checkpoints_steps == 0:
-                save()
+        self.stop, skips = None, guards.SkipGuard(max_consecutive_skips)
+        with guards.StopSignal() as signals:
+            while self.stop is None:
+                now = elapsed()
+                self.stop = budget.stop_reason(step, now)
+                if steps is not None and step - first >= steps and not self.stop:
+                    self.stop = f"ran the {steps} steps asked for"
+                if self.stop:
+                    break
+                step_progress = budget.progress(step, now)  # what this step's learning rate follows
+                progress.assign(step_progress)
+                applied = trainer.applied_steps
+                loss, _ = trainer.train_step(next(it))
+                step, since = step + 1, since + 1
+                skips.update(trainer.applied_steps > applied, step, saved.latest)
+                now_progress = budget.progress(step, elapsed())
+                if step % log_every == 0:
+                    rate = since * global_batch / max(1e-9, clock() - tic)
+                    tic, since = clock(), 0
+                    result = {"step": step, "loss": loss, **trainer.stats, "learning_rate": trainer.learning_rate,
+                              "loss_scale": trainer.loss_scale, "sequences_per_second": rate,
+                              "tokens_per_second": rate * trainer.stats.get("tokens_per_sequence", 0.0),
+                              "progress": step_progress}
+                    self._log(writer, result, verbose)
+                while markers and now_progress >= markers[0]:
+                    self.save_finetune_checkpoint(marker_dir(markers.pop(0)), step, data)
+                if validation is not None and step - last_validation >= validation.interval(now_progress,
+                                                                                             steps_per_epoch):
+                    last_validation = step
+                    result = self._validate(trainer, validation, step, writer, verbose)
+                    if (budget.early_stop_time is not None and budget.early_stop_eval_loss is not None
+                            and elapsed() >= budget.early_stop_time * 60
+                            and result["eval_loss"] > budget.early_stop_eval_loss):
+                        self.stop = (f"early stop: validation loss {result['eval_loss']:.4f} > "
+                                     f"{budget.early_stop_eval_loss} after {budget.early_stop_time} min")
+                if signals.requested:
+                    self.stop = f"interrupted by {signals.requested}; rerun to resume"
+                elif step % save_checkpoints_steps == 0:
+                    save()
         save()
         log.info("stopped at step %d: %s", step, self.stop)
         if trainer.skipped_steps:
@@ -245,7 +257,7 @@ class BertPretrainer:
         for m in markers:  # the end marker (1.0) is reached only as the run stops
             if final >= m - 1e-9 or self.stop.startswith("reached"):
                 self.save_finetune_checkpoint(marker_dir(m), step, data)
-        writer.flush()
+        writer.close()
         self.trainer = trainer
         return result
 
@@ -293,5 +305,6 @@ class BertPretrainer:
 
     def _write_run(self, directory, step, data=None):
         run = {"kind": "pretraining", "do_lower_case": self.tokenizer.do_lower_case, "global_step": step,
-               "max_seq_length": data.max_seq_length if data else None, "nsp": self.model.nsp_head is not None}
+               "max_seq_length": data.max_seq_length if data else None, "nsp": self.model.nsp_head is not None,
+               "settings": getattr(self, "settings", None)}
         checkpoints.write_run_files(directory, run, self.config, self.tokenizer.vocab_file)
