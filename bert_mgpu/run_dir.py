@@ -96,8 +96,9 @@ class Checkpoints:
         self.directory, self.weights = directory, list(weights)
         self.ckpt = ckpt
         self.manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=max_to_keep)
-        for path in self.manager.checkpoints:
-            self._inside(path)
+        for path in [*self.manager.checkpoints, self.manager.latest_checkpoint]:
+            if path:
+                self._inside(path)
 
     def _inside(self, path):
         root = os.path.realpath(self.directory)
@@ -112,11 +113,11 @@ class Checkpoints:
 
     def restore(self):
         """Restore the newest readable checkpoint; returns its path, or None when there is none."""
-        candidates = list(reversed(self.manager.checkpoints))
+        candidates = list(reversed(self.manager.checkpoints)) or [p for p in [self.latest] if p]
         for path in candidates:
             try:
                 self.ckpt.restore(path).assert_existing_objects_matched()
-            except (tf.errors.OpError, ValueError, AssertionError) as e:
+            except Exception as e:  # a damaged file raises OpError, IndexError, ValueError, ... by where it is cut
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 log.warning("checkpoint %s is damaged (%s); trying the one before it", path, first[:200])
                 continue
@@ -134,7 +135,7 @@ class Checkpoints:
 
     def non_finite(self):
         """Names of weights holding NaN or Inf (empty when all are finite)."""
-        return [v.path for v in self.weights if not np.all(np.isfinite(np.asarray(v.numpy(), np.float32)))]
+        return [getattr(v, "path", v.name) for v in self.weights if not np.all(np.isfinite(np.asarray(v.numpy(), np.float32)))]
 
     def save(self, step):
         bad = self.non_finite()

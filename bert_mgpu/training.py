@@ -124,11 +124,10 @@ class Trainer:
             return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, loss + tf.add_n(
                 [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads]))
 
-        @tf.function
-        def run(batch):
-            return self.strategy.run(replica, args=(batch[0], batch[1]))
-
-        return run(batch)
+        if getattr(self, "_probe_fn", None) is None:
+            self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
+                                         reduce_retracing=True)
+        return self._probe_fn(batch)
 
     @property
     def applied_steps(self):

@@ -1,0 +1,102 @@
+"""What stops a run: a signal (save, then stop), non-finite steps in a row, out of memory."""
+
+import os
+import signal
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_mgpu import devices, guards, modeling, optimization, run_dir, training
+from bert_mgpu.errors import RunError
+from conftest import tiny_config
+from test_training import batch
+
+
+def test_signal_is_recorded_not_fatal_and_handler_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with guards.StopSignal() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested == "SIGTERM"  # still running
+        with pytest.raises(KeyboardInterrupt):  # asked twice: stop now
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_skips_in_a_row_stop_and_an_applied_step_resets_the_count():
+    guard = guards.SkipGuard(3)
+    for step, applied in enumerate([False, False, True, False, False], 1):
+        guard.update(applied, step, "out/ckpt-2")
+    assert (guard.in_a_row, guard.total) == (2, 4)
+    with pytest.raises(RunError, match=r"step 6: 3 steps in a row had non-finite gradients .* Last good "
+                                       r"checkpoint: out/ckpt-2"):
+        guard.update(False, 6, "out/ckpt-2")
+
+
+def test_out_of_memory_names_tower_batch_length_and_a_batch_to_try():
+    error = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,12,512,512] "
+                                             "on /job:localhost/replica:0/task:0/device:GPU:3 by allocator GPU_3_bfc")
+    assert str(guards.out_of_memory(error, 64, 512)) == (
+        "out of memory on tower 3 at per-tower batch 64 x sequence length 512; try --train_batch_size=32 per "
+        "tower (with 2 accumulation steps to keep the global batch), a shorter --max_seq_length, or "
+        "--auto_batch_size")
+    assert "even one sequence does not fit" in str(guards.out_of_memory(error, 1, 512))
+
+
+def poisoned_loss(model, features, labels, training=True):
+    """The classifier's loss times a per-batch factor that a test sets to NaN or Inf: a poisoned batch."""
+    labels, factor = labels
+    loss, stats = training_loss(model, features, labels, training)
+    return loss * factor[0], stats
+
+
+training_loss = training.classification_loss
+
+
+def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan):
+    plan = devices.plan_devices(0, 2, 4, ())
+    strategy = devices.make_strategy(plan)
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2)
+        opt = optimization.create_optimizer(1e-3, steps, 0)
+        opt.build(model.trainable_variables)
+    trainer = training.Trainer(strategy, model, opt, loss_fn=poisoned_loss)
+    features, labels, _ = batch()
+    factors = [np.full(8, poison if s in poisoned_steps else 1.0, np.float32) for s in range(1, steps + 1)]
+    ds = tf.data.Dataset.from_tensor_slices(factors).map(lambda f: (features, (labels, f)))
+    saved = run_dir.Checkpoints(tf.train.Checkpoint(model=model), str(tmp_path), model.weights)
+    on_save = lambda: saved.save(int(trainer.step.numpy()))  # noqa: E731
+    return trainer, model, saved, lambda: trainer.fit(ds, steps, 8, on_save=on_save, save_every=2, verbose=False,
+                                                      max_consecutive_skips=limit, last_checkpoint=lambda: saved.latest)
+
+
+@pytest.mark.parametrize("poison", [np.nan, np.inf])
+def test_poisoned_batches_are_skipped_and_training_goes_on(tmp_path, poison):
+    trainer, model, saved, fit = poisoned_run(tmp_path, {4, 5}, limit=3, poison=poison)
+    loss = fit()
+    assert trainer.skipped_steps == 2 and trainer.applied_steps == 8 and np.isfinite(loss)
+    assert all(np.all(np.isfinite(w.numpy())) for w in model.weights)
+    assert saved.latest.endswith("ckpt-10")
+
+
+def test_too_many_poisoned_batches_in_a_row_stop_naming_the_last_good_checkpoint(tmp_path):
+    trainer, model, saved, fit = poisoned_run(tmp_path, {5, 6, 7}, limit=3)
+    with pytest.raises(RunError, match=r"step 7: 3 steps in a row .* Last good checkpoint: .*ckpt-6"):
+        fit()
+    assert trainer.applied_steps == 4  # steps 5-7 changed nothing
+
+
+def test_out_of_memory_in_a_step_becomes_one_line(tmp_path):
+    def out_of_memory(model, features, labels, training=True):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM ... on /job:localhost/replica:0/task:0/device:CPU:1")
+
+    trainer, _, _, _ = poisoned_run(tmp_path, set(), limit=3)
+    trainer.loss_fn = out_of_memory
+    features, labels, _ = batch(8, length=12)
+    dist = next(iter(trainer.strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors((features, labels)))))
+    with pytest.raises(RunError, match=r"out of memory on tower 1 at per-tower batch 4 x sequence length 12; "
+                                       r"try --train_batch_size=2"):
+        trainer.train_step(dist)

@@ -1,0 +1,88 @@
+"""The run directory: damaged checkpoints are skipped, non-finite weights never saved, paths stay inside,
+settings of an earlier run are compared, and an output_dir must be a writable directory."""
+
+import json
+import logging
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_mgpu import run_dir
+from bert_mgpu.errors import RunError, UserError
+
+
+def saved_steps(directory, values):
+    v = tf.Variable(0.0, name="w")
+    ckpts = run_dir.Checkpoints(tf.train.Checkpoint(v=v), str(directory), [v])
+    for step, value in values:
+        v.assign(value)
+        ckpts.save(step)
+    return v, ckpts
+
+
+def test_damaged_latest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+    v, _ = saved_steps(tmp_path, [(1, 1.0), (2, 2.0)])
+    data = tmp_path / "ckpt-2.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:10])  # truncated, as by a full disk
+    v.assign(-5.0)
+    ckpts = run_dir.Checkpoints(tf.train.Checkpoint(v=v), str(tmp_path), [v])
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        assert ckpts.restore().endswith("ckpt-1")
+    assert float(v.numpy()) == 1.0
+    assert "ckpt-2 is damaged" in caplog.text and "resumed from" in caplog.text
+
+
+def test_all_checkpoints_damaged_is_an_error_and_none_is_a_fresh_start(tmp_path):
+    v, _ = saved_steps(tmp_path / "a", [(1, 1.0)])
+    os.remove(tmp_path / "a" / "ckpt-1.index")
+    with pytest.raises(RunError, match="no readable checkpoint"):
+        run_dir.Checkpoints(tf.train.Checkpoint(v=v), str(tmp_path / "a"), [v]).restore()
+    assert run_dir.Checkpoints(tf.train.Checkpoint(v=v), str(tmp_path / "b"), [v]).restore() is None
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    v, ckpts = saved_steps(tmp_path, [(1, 1.0)])
+    for bad in (np.nan, np.inf):
+        v.assign(bad)
+        with pytest.raises(RunError, match=r"step 2: weights are not finite \(w.*\); not saved\. Last good "
+                                           r"checkpoint: .*ckpt-1"):
+            ckpts.save(2)
+    assert not os.path.exists(tmp_path / "ckpt-2.index") and ckpts.latest.endswith("ckpt-1")
+
+
+def test_checkpoint_file_cannot_point_outside_the_directory(tmp_path):
+    outside = tmp_path / "elsewhere"
+    saved_steps(outside, [(1, 1.0)])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "checkpoint").write_text(f'model_checkpoint_path: "{outside}/ckpt-1"\n'
+                                    f'all_model_checkpoint_paths: "../elsewhere/ckpt-1"\n')
+    v = tf.Variable(0.0)
+    with pytest.raises(UserError, match=r"run/checkpoint: names .*elsewhere/ckpt-1, outside the run directory"):
+        run_dir.Checkpoints(tf.train.Checkpoint(v=v), str(run), [v]).restore()
+    assert float(v.numpy()) == 0.0
+
+
+def test_other_settings_are_refused_unless_overwrite(tmp_path):
+    saved_steps(tmp_path, [(1, 1.0)])
+    (tmp_path / "eval_results.txt").write_text("kept")
+    (tmp_path / run_dir.RUN_FILE).write_text(json.dumps({"settings": {"learning_rate": 5e-5, "seed": 1}}))
+    run_dir.check_same_run(str(tmp_path), {"learning_rate": 5e-5, "seed": 1})  # same: resume
+    with pytest.raises(UserError, match=r"other settings \(--learning_rate=5e-05 -> 0\.001\); .*"
+                                        r"--overwrite_output_dir"):
+        run_dir.check_same_run(str(tmp_path), {"learning_rate": 1e-3, "seed": 1})
+    assert os.path.exists(tmp_path / "ckpt-1.index")
+    run_dir.check_same_run(str(tmp_path), {"learning_rate": 1e-3, "seed": 1}, overwrite=True)
+    assert not any(name.startswith("ckpt-") or name == "checkpoint" for name in os.listdir(tmp_path))
+    assert (tmp_path / "eval_results.txt").read_text() == "kept"
+
+
+def test_output_dir_must_be_a_writable_directory(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(UserError, match=r"--output_dir=.*/f is a file, not a directory"):
+        run_dir.check_output_dir(str(tmp_path / "f"))
+    with pytest.raises(UserError, match=r"--output_dir=/sys/kernel is not writable"):
+        run_dir.check_output_dir("/sys/kernel")  # read-only even for root
+    assert run_dir.check_output_dir(str(tmp_path / "new" / "dir")) and (tmp_path / "new" / "dir").is_dir()
