@@ -196,7 +196,8 @@ class BertPretrainer:
         step, elapsed0 = int(trainer.step.numpy()), float(elapsed_var.numpy())
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",
                  global_batch, self.towers.count, micro, accum, step)
-        it = iter(strategy.experimental_distribute_dataset(data.dataset(global_batch, True, step * global_batch)))
+        dist = strategy.experimental_distribute_dataset(data.dataset(global_batch, True, step * global_batch))
+        trainer.input_spec, it = dist.element_spec, iter(dist)  # one trace for every step (see Trainer)
         writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
         steps_per_epoch = lambda: max(1, data.count() // global_batch)  # noqa: E731
         marker_dir = lambda m: os.path.join(output_dir, "finetune_checkpoints", f"at_{m:g}")  # noqa: E731

@@ -48,6 +48,10 @@ class Trainer:
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
         self._grads_fn = tf.function(self._loss_and_grads, jit_compile=True) if use_xla else self._loss_and_grads
         self._train_fn = self._predict_fn = self._eval_fn = None
+        # The distributed dataset's element_spec (dynamic batch and length): set before the first step,
+        # every step runs one trace, so a resumed run computes exactly what an uninterrupted one did
+        # (shape-specialized traces would round differently from the generic one they relax into).
+        self.input_spec = None
 
     # ------------------------------------------------------------------ one step
     def _loss_and_grads(self, features, labels):
@@ -99,7 +103,8 @@ class Trainer:
                 mean = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None)  # noqa: E731
                 return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
-            self._train_fn = tf.function(step, reduce_retracing=True)
+            self._train_fn = (tf.function(step, input_signature=[self.input_spec]) if self.input_spec is not None
+                              else tf.function(step, reduce_retracing=True))
         try:
             loss, stats, seen = self._train_fn(batch)
         except tf.errors.ResourceExhaustedError as e:
@@ -155,7 +160,8 @@ class Trainer:
         SIGTERM or Ctrl-C end the loop after the step under way with `on_save()`; `self.interrupted`
         then names the signal. `max_consecutive_skips` non-finite steps in a row raise RunError.
         """
-        it = iter(self.strategy.experimental_distribute_dataset(dataset))
+        dist = self.strategy.experimental_distribute_dataset(dataset)
+        self.input_spec, it = dist.element_spec, iter(dist)
         start = int(self.step.numpy())
         skips = guards.SkipGuard(max_consecutive_skips)
         self.interrupted = None

@@ -1,0 +1,134 @@
+"""Crash and resume as on a shared GPU box: SIGTERM saves and exits 0; `kill -9` at a random moment loses
+only the steps since the last checkpoint; with --deterministic the resumed run ends bit-identical."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import ROOT, run_script, sentiment_rows, write_tsv
+from test_pretraining_data import write_corpus
+
+
+def latest_step(out):
+    latest = tf.train.latest_checkpoint(out)
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def interrupted(script, args, sig, out, after_step, delay=0.0):
+    """Start the script, send `sig` once a checkpoint past `after_step` is published (plus `delay` s)."""
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    deadline = time.time() + 300
+    while latest_step(out) <= after_step and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(delay)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=300)
+    return proc.returncode, stdout, stderr
+
+
+def tensors(out, step):
+    reader = tf.train.load_checkpoint(os.path.join(out, f"ckpt-{step}"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "save_counter" not in name and not name.startswith("_CHECKPOINTABLE")
+            and not name.startswith("elapsed_seconds")}  # wall-clock time trained: the one thing that differs
+
+
+def assert_bit_identical(a, b, step):
+    ta, tb = tensors(a, step), tensors(b, step)
+    assert sorted(ta) == sorted(tb) and len(ta) > 20
+    different = [name for name in ta if not np.array_equal(ta[name], tb[name])]
+    assert not different, different[:5]
+
+
+def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_release):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tsv(data / "train.tsv", sentiment_rows(320, seed=1))
+    write_tsv(data / "dev.tsv", sentiment_rows(20, seed=2))
+
+    def args(out):
+        return ["--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={google_release}",
+                f"--output_dir={out}", "--do_train", "--do_eval", "--n_gpus=0", "--towers_per_gpu=2",
+                "--train_batch_size=4", "--max_seq_length=8", "--precision=float32", "--num_train_epochs=1",
+                "--save_checkpoints_steps=5", "--deterministic", "--learning_rate=1e-3"]
+
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run_script("run_classifier_mgpu.py", *args(whole))  # dropout 0.1: the generator state must resume too
+    assert latest_step(whole) == 40
+
+    code, stdout, stderr = interrupted("run_classifier_mgpu.py", args(parts), signal.SIGTERM, parts, 5)
+    assert code == 0, stderr[-2000:]
+    stopped = int(stdout.split("interrupted by SIGTERM at step ")[1].split(";")[0])
+    assert 5 < stopped < 40 and latest_step(parts) == stopped  # saved where it stopped
+    assert not os.path.exists(os.path.join(parts, "eval_results.txt"))  # exit quickly: no evaluation
+
+    code, _, stderr = interrupted("run_classifier_mgpu.py", args(parts), signal.SIGKILL, parts, stopped,
+                                  delay=random.uniform(0.0, 0.3))
+    killed_at = latest_step(parts)
+    assert code == -signal.SIGKILL and f"at step {stopped}" in stderr and killed_at < 40, (code, killed_at)
+
+    proc = run_script("run_classifier_mgpu.py", *args(parts))
+    assert f"resuming from {parts}/ckpt-{killed_at} at step {killed_at}" in proc.stderr
+    assert_bit_identical(whole, parts, 40)
+    results = [open(os.path.join(d, "eval_results.txt")).read() for d in (whole, parts)]
+    assert results[0] == results[1]
+
+
+def test_pretraining_kill_9_resumes_bit_identical(tmp_path):
+    from conftest import tiny_config, write_vocab
+
+    tokens = write_vocab(str(tmp_path / "vocab.txt"))
+    tiny_config(len(tokens)).to_json_file(str(tmp_path / "bert_config.json"))
+    write_corpus(str(tmp_path / "corpus.txt"))
+
+    def args(out):
+        return [f"--input_file={tmp_path}/corpus.txt", "--input_format=text", "--nsp=false",
+                f"--bert_config_file={tmp_path}/bert_config.json", f"--vocab_file={tmp_path}/vocab.txt",
+                f"--output_dir={out}", "--do_train", "--towers_per_gpu=2", "--train_batch_size=8",
+                "--max_seq_length=32", "--max_predictions_per_seq=5", "--num_train_steps=40",
+                "--save_checkpoints_steps=5", "--learning_rate=1e-3", "--precision=float32", "--deterministic"]
+
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run_script("run_pretraining_mgpu.py", *args(whole))
+    code, _, _ = interrupted("run_pretraining_mgpu.py", args(parts), signal.SIGKILL, parts, 5,
+                             delay=random.uniform(0.0, 0.3))
+    killed_at = latest_step(parts)
+    assert code == -signal.SIGKILL and 5 < killed_at < 40
+    proc = run_script("run_pretraining_mgpu.py", *args(parts))
+    assert f"resuming from {parts}/ckpt-{killed_at} at step {killed_at}" in proc.stderr
+    assert "pretraining stopped at step 40" in proc.stdout
+    assert_bit_identical(whole, parts, 40)
+
+
+@pytest.mark.parametrize("script", ["run_classifier_mgpu.py", "run_pretraining_mgpu.py"])
+def test_a_run_with_other_flags_is_refused_and_nothing_is_lost(tmp_path, script, google_release):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint").write_text('model_checkpoint_path: "ckpt-5"\n')
+    (out / "bert_mgpu.json").write_text('{"settings": {"learning_rate": 0.1}}')
+    (out / "eval_results.txt").write_text("earlier results")
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tsv(data / "train.tsv", sentiment_rows(40))
+    write_corpus(str(data / "corpus.txt"))
+    common = [f"--output_dir={out}", "--do_train", "--precision=float32", "--max_seq_length=32"]
+    if script.startswith("run_classifier"):
+        extra = ["--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={google_release}"]
+    else:
+        extra = [f"--input_file={data}/corpus.txt", "--input_format=text", "--nsp=false", "--num_train_steps=5",
+                 f"--init_checkpoint={google_release}"]
+    proc = run_script(script, *common, *extra, check=False)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"{out} holds a run with other settings (" in last and "--learning_rate=0.1 -> " in last, last
+    assert "--overwrite_output_dir" in last
+    assert (out / "eval_results.txt").read_text() == "earlier results"
+    assert (out / "checkpoint").exists()
