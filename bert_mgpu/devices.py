@@ -72,12 +72,12 @@ def visible_gpu_names(num_visible, cuda_visible_devices):
     if cuda_visible_devices is None:
         return tuple(str(i) for i in range(num_visible))
     listed = tuple(x.strip() for x in cuda_visible_devices.split(",") if x.strip())
-    if num_visible and len(listed) > num_visible:
+    if len(listed) > num_visible:
         raise UserError(
-            f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} lists {len(listed)} devices but only "
-            f"{num_visible} GPU(s) exist; fix the list"
+            f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} lists {len(listed)} device(s) but CUDA found only "
+            f"{num_visible} of them; fix the list (`nvidia-smi -L` shows the devices this machine has)"
         )
-    return listed[:num_visible] if num_visible else ()
+    return listed
 
 
 def plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):

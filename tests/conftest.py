@@ -65,12 +65,12 @@ def google_release(tmp_path_factory):
     return directory
 
 
-def run_script(name, *args, check=True):
+def run_script(name, *args, check=True, env=None):
     """Run a top-level script as a user does (no GPU visible); on an unexpected failure show its stderr."""
     import subprocess
 
     proc = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+                          timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc

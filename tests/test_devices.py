@@ -52,8 +52,10 @@ def test_visible_names_empty_and_unset():
     assert devices.visible_gpu_names(0, "") == ()
     assert devices.visible_gpu_names(0, None) == ()
     assert devices.visible_gpu_names(2, None) == ("0", "1")
-    with pytest.raises(UserError, match="lists 3 devices but only 2 GPU"):
+    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=0,1,7 lists 3 device\(s\) but CUDA found only 2"):
         devices.visible_gpu_names(2, "0,1,7")
+    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but CUDA found only 0"):
+        devices.visible_gpu_names(0, "5,7")  # devices that do not exist: CUDA shows none
 
 
 def test_strategy_on_two_logical_cpus():

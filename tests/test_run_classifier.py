@@ -102,11 +102,23 @@ def bad_release(tmp_path, **overrides):
     ("too_many_gpus", r"--n_gpus=2 but only 0 GPU\(s\) are visible"),
     ("negative_gpus", r"--n_gpus=-1 is invalid"),
     ("seq_over_positions", r"--max_seq_length=100 is over the model's position table"),
+    ("nul_byte", r"train.tsv:3: NUL byte at column 8; is it a binary or UTF-16 file\?"),
+    ("invalid_utf8", r"train.tsv:4: invalid UTF-8 at byte 10 of the line \(invalid start byte\); .*"
+                     r"--invalid_utf8=replace"),
+    ("unclosed_quote", r"train.csv:3: a quote opened on this line never closes"),
+    ("empty_text", r"train.tsv:3: empty text in column 2"),
+    ("labels_differ", r"train.tsv:3: label 'neg' is not one of bad, pos"),
+    ("towers_zero", r"--towers_per_gpu=0 is invalid"),
+    ("cuda_names_missing_devices", r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but CUDA found only 0"),
+    ("output_dir_is_a_file", r"--output_dir=.*keep.txt is a file, not a directory"),
+    ("output_dir_not_writable", r"--output_dir=/sys/kernel is not writable"),
+    ("config_of_another_model", r"bert_config.json: model_type='roberta' is not BERT"),
+    ("auto_batch_without_limit", r"--auto_batch_size on CPU needs --memory_limit_mb"),
 ])
 def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, google_release):
     import re
 
-    d, release, extra = tmp_path / "d", google_release, []
+    d, release, extra, env = tmp_path / "d", google_release, [], None
     d.mkdir()
     write_tsv(d / "train.tsv", sentiment_rows(20))
     write_tsv(d / "dev.tsv", sentiment_rows(5))
@@ -129,11 +141,37 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
         extra = ["--n_gpus=-1"]
     elif case == "seq_over_positions":
         extra = ["--max_seq_length=100"]
+    elif case == "nul_byte":
+        write_tsv(d / "train.tsv", [("pos", "good"), ("neg", "bad\x00film")])
+    elif case == "invalid_utf8":
+        (d / "train.tsv").write_bytes(b"label\ttext\npos\tgood\nneg\tbad\npos\tfine \xff film\n")
+    elif case == "unclosed_quote":
+        (d / "train.csv").write_text('label,text\npos,good\nneg,"bad film\npos,fine\n')
+        (d / "dev.csv").write_text("label,text\npos,good\n")
+        extra = ["--task_name=csv"]
+    elif case == "empty_text":
+        write_tsv(d / "train.tsv", [("pos", "good"), ("neg", "  ")])
+    elif case == "labels_differ":
+        write_tsv(d / "train.tsv", [("pos", "good"), ("neg", "bad")])
+        extra = ["--labels=bad,pos"]
+    elif case == "towers_zero":
+        extra = ["--towers_per_gpu=0"]
+    elif case == "cuda_names_missing_devices":
+        extra, env = ["--n_gpus=1"], {"CUDA_VISIBLE_DEVICES": "5,7"}
+    elif case == "config_of_another_model":
+        release = bad_release(tmp_path)
+        with open(os.path.join(release, "bert_config.json")) as f:
+            cfg = json.load(f)
+        with open(os.path.join(release, "bert_config.json"), "w") as f:
+            json.dump({**cfg, "model_type": "roberta"}, f)
+    elif case == "auto_batch_without_limit":
+        extra = ["--auto_batch_size"]
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("already here")
-    args = common(str(d), release, str(out), "--do_train", "--do_eval") + extra
-    proc = run(*args, check=False)
+    target = {"output_dir_is_a_file": out / "keep.txt", "output_dir_not_writable": "/sys/kernel"}.get(case, out)
+    args = common(str(d), release, str(target), "--do_train", "--do_eval") + extra
+    proc = run_script("run_classifier_mgpu.py", *args, check=False, env=env)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     ours = [line for line in proc.stderr.splitlines() if line.startswith("run_classifier_mgpu.py: error:")]
