@@ -124,3 +124,39 @@ def test_config_from_another_architecture_is_refused(tmp_path):
 def test_missing_checkpoint():
     with pytest.raises(UserError, match="nowhere/bert_model.ckpt: checkpoint not found"):
         checkpoints.load_pretrained("/nowhere/bert_model.ckpt")
+
+
+def test_keras_file_with_code_is_refused_without_running_it(tmp_path):
+    """A keras-hub preset whose config carries Python bytecode (a Lambda) loads in Keras' safe mode: refused."""
+    import base64
+    import json
+    import marshal
+
+    flag = tmp_path / "ran"
+    code = (lambda x: open(str(flag), "w").write("pwned") and x).__code__  # noqa: E731
+    preset = tmp_path / "preset"
+    preset.mkdir()
+    (preset / "config.json").write_text(json.dumps({
+        "module": "keras.layers", "class_name": "Lambda", "registered_name": None,
+        "config": {"name": "evil", "function": {"class_name": "__lambda__", "config": {
+            "code": base64.b64encode(marshal.dumps(code)).decode(), "defaults": None, "closure": None}}}}))
+    with pytest.raises(UserError, match="not a loadable keras-hub BERT preset"):
+        checkpoints.load_pretrained(str(preset))
+    assert not flag.exists()
+
+
+def test_no_code_path_unpickles_or_loads_unsafely():
+    """The package and scripts never call what executes a file's content: pickle, torch.load,
+    numpy's allow_pickle, Keras' safe_mode=False."""
+    import glob
+    import os
+    import re
+
+    from conftest import ROOT
+
+    sources = glob.glob(os.path.join(ROOT, "bert_mgpu", "*.py")) + glob.glob(os.path.join(ROOT, "*.py"))
+    assert len(sources) > 20
+    unsafe = re.compile(r"import pickle|pickle\.load|torch\.load|allow_pickle\s*=\s*True|safe_mode\s*=\s*False|"
+                        r"enable_unsafe_deserialization|np\.load\(|numpy\.load\(")
+    found = [(path, line) for path in sources for line in open(path, encoding="utf-8") if unsafe.search(line)]
+    assert found == []

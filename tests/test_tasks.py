@@ -84,3 +84,28 @@ def test_tfds_dataset_by_name_from_local_data(tmp_path):
         examples = task.get_examples(None, "dev")  # dev is read from the split named for it
     assert len(examples) == 7
     assert all(isinstance(e.text_a, str) and e.label in ("neg", "pos") for e in examples)
+
+
+def test_invalid_utf8_replaced_and_counted_by_flag(tmp_path, caplog):
+    import logging
+
+    (tmp_path / "train.tsv").write_bytes(b"label\ttext\npos\tgood \xff film\nneg\tbad\npos\tfine \xc3(\n")
+    with pytest.raises(UserError, match=r"train.tsv:2: invalid UTF-8 at byte 10 of the line"):
+        get_task("tsv").get_examples(str(tmp_path), "train")
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        examples = get_task("tsv", invalid_utf8="replace").get_examples(str(tmp_path), "train")
+    assert [e.text_a for e in examples] == ["good \ufffd film", "bad", "fine \ufffd("]
+    assert "invalid UTF-8 replaced by U+FFFD on 2 line(s), the first at line 2" in caplog.text
+
+
+def test_nul_quote_and_empty_text_name_the_line(tmp_path):
+    cases = {"nul": (b"label\ttext\npos\tok\nneg\tb\x00d\n", "tsv", r"train.tsv:3: NUL byte at column 6"),
+             "quote": (b'label,text\npos,"never closed\nneg,bad\n', "csv",
+                       r"train.csv:2: a quote opened on this line never closes"),
+             "empty": (b"label\ttext\npos\t\n", "tsv", r"train.tsv:2: empty text in column 2")}
+    for name, (data, kind, message) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / f"train.{kind}").write_bytes(data)
+        with pytest.raises(UserError, match=message):
+            get_task(kind).get_examples(str(d), "train")
