@@ -88,6 +88,10 @@ flags.DEFINE_bool("deterministic", False, "Deterministic ops: a resumed run ends
                   "uninterrupted one (same seed, same devices, step budget).")
 flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
                      "gradients (0: never).")
+flags.DEFINE_bool("auto_batch_size", False, "Micro-batch: the largest per tower that fits (98% of GPU memory, "
+                  "or --memory_limit_mb) and divides --train_batch_size.")
+flags.DEFINE_integer("memory_limit_mb", None, "--auto_batch_size: memory a training step may take (required "
+                     "on CPU: all towers together; on GPU: per tower).")
 flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other flags "
                   "(its checkpoints are removed).")
 
@@ -158,6 +162,9 @@ def run():
         pre = bert_mgpu.BertPretrainer.from_config(config, FLAGS.vocab_file, True if FLAGS.do_lower_case is None
                                                    else FLAGS.do_lower_case, towers, FLAGS.precision, FLAGS.nsp)
     pre.config.check_seq_length(FLAGS.max_seq_length)
+    if FLAGS.auto_batch_size and FLAGS.do_train:
+        pre.auto_batch_size(FLAGS.train_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
+                            FLAGS.memory_limit_mb, FLAGS.gpu_memory_per_tower_mb)
     files = expand_files(FLAGS.input_file)
     held_out = FLAGS.validation_input_file
     if (FLAGS.do_validation or FLAGS.do_eval) and not held_out:

@@ -23,7 +23,7 @@ setup(
     ],
     extras_require={
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the library.
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=5,<6"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=5,<6"],
     },
     entry_points={"console_scripts": [f"{m}={m}:_console" for m in (
         "run_classifier_mgpu", "run_pretraining_mgpu", "create_pretraining_data", "build_vocab")]},

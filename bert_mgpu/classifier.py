@@ -164,7 +164,7 @@ class BertClassifier:
             log.info("auto batch size: %d per tower, as found for %s", before["per_tower_batch"], output_dir)
             return before["per_tower_batch"]
         plan = self.towers.plan
-        limit = memory_limit_mb or memory.default_limit_mb(plan, memory_per_tower_mb)
+        limit = memory_limit_mb if memory_limit_mb is not None else memory.default_limit_mb(plan, memory_per_tower_mb)
         with self.towers.strategy.scope():
             optimizer = optimization.create_optimizer(1e-5, 10, 0, float16=self.policy == "mixed_float16")
             optimizer.build(self.model.trainable_variables)  # its slots take memory during training too

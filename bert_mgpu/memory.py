@@ -78,6 +78,17 @@ def classifier_batch(global_batch, seq_length, token_id=5):
     return features, np.zeros(global_batch, np.int32)
 
 
+def pretraining_batch(global_batch, seq_length, max_predictions, token_id=5):
+    """A worst-case pretraining batch: full sequences, every prediction slot used."""
+    ids = np.full((global_batch, seq_length), token_id, np.int32)
+    positions = np.tile(np.arange(1, max_predictions + 1, dtype=np.int32) % seq_length, (global_batch, 1))
+    features = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool),
+                "mask_positions": positions}
+    labels = {"masked_lm_ids": np.full_like(positions, token_id), "masked_lm_weights": np.ones(positions.shape,
+              np.float32), "next_sentence_labels": np.zeros(global_batch, np.int32)}
+    return features, labels
+
+
 def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     """Largest per-tower batch whose training step fits under `limit_mb` (see the module docstring).
 
@@ -99,7 +110,7 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
         return peak <= limit_mb
 
     best = largest_fitting(fits, cap)
-    shown = ", ".join(f"{b}: {'OOM' if p is None else f'{p:.0f} MiB'}" for b, p in sorted(trials))
+    shown = ", ".join(f"{b}: {'OOM' if p is None else f'{p:.1f} MiB'}" for b, p in sorted(trials))
     if not best:
         raise UserError(f"not even one sequence per tower fits in {limit_mb:.0f} MiB (peaks {shown}); "
                         "use a shorter --max_seq_length")

@@ -23,7 +23,7 @@ import time
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, guards, optimization, pretraining_model, run_dir
+from bert_mgpu import checkpoints, guards, memory, optimization, pretraining_model, run_dir
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -261,6 +261,25 @@ class BertPretrainer:
         writer.close()
         self.trainer = trainer
         return result
+
+    def auto_batch_size(self, global_batch, max_seq_length, max_predictions_per_seq, memory_limit_mb=None,
+                        memory_per_tower_mb=None):
+        """Set the towers' micro-batch to the largest that fits (memory.py) and divides the global batch
+        into whole accumulation steps; returns it."""
+        plan = self.towers.plan
+        limit = memory_limit_mb if memory_limit_mb is not None else memory.default_limit_mb(plan, memory_per_tower_mb)
+        with self.towers.strategy.scope():
+            opt = optimization.create_optimizer(1e-5, 10, 0, float16=self.policy == "mixed_float16")
+            opt.build(self.model.trainable_variables)  # its slots take memory during training too
+        probe = Trainer(self.towers.strategy, self.model, opt, loss_fn=pretraining_model.pretraining_loss)
+        fits, _ = memory.find_batch_size(
+            probe, lambda n: memory.pretraining_batch(n, max_seq_length, max_predictions_per_seq), plan, limit,
+            cap=max(1, global_batch // self.towers.count))
+        micro = max(m for m in range(1, fits + 1) if global_batch % (m * self.towers.count) == 0)
+        log.info("micro-batch %d per tower (%d fits), %d accumulation steps", micro, fits,
+                 global_batch // (micro * self.towers.count))
+        self.towers.set_batch(micro)
+        return micro
 
     def _validate(self, trainer, validation, step, writer, verbose):
         stats = trainer.evaluate(validation.data.dataset(validation.batch_size, training=False),

@@ -226,3 +226,42 @@ def test_hugging_face_pretraining_heads_give_its_logits(tmp_path):
                  token_type_ids=torch.tensor((np.arange(10) > 5)[None], dtype=torch.long))
     np.testing.assert_allclose(ours["mlm_logits"].numpy()[0], out.prediction_logits.numpy()[0, [2, 7]], atol=1e-4)
     np.testing.assert_allclose(ours["nsp_logits"].numpy(), out.seq_relationship_logits.numpy(), atol=1e-4)
+
+
+def test_sigterm_saves_where_it_stopped_and_the_rerun_finishes(text, tmp_path):
+    import signal
+
+    import tensorflow as tf
+
+    class SignalClock(FakeClock):
+        def __call__(self):
+            t = super().__call__()
+            if t == 12.0:  # a few steps in
+                os.kill(os.getpid(), signal.SIGTERM)
+            return t
+
+    budget = Budget(num_train_steps=8, warmup_proportion=0.25)
+    pre = new_pretrainer(text)
+    pre.fit(text_data(pre, text), str(tmp_path), budget, learning_rate=1e-3, verbose=False, clock=SignalClock())
+    assert pre.stop == "interrupted by SIGTERM; rerun to resume"
+    stopped = int(pre.trainer.step.numpy())
+    assert 1 <= stopped < 8 and tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{stopped}")
+    again = new_pretrainer(text)
+    again.fit(text_data(again, text), str(tmp_path), budget, learning_rate=1e-3, verbose=False)
+    assert again.stop == "reached 8 steps" and int(again.trainer.step.numpy()) == 8
+
+
+
+def test_auto_batch_size_picks_a_micro_batch_that_fits_and_divides(text, caplog, monkeypatch):
+    from bert_mgpu import memory
+
+    pre = new_pretrainer(text, micro=1)
+    with caplog.at_level(logging.INFO, "bert_mgpu"):
+        micro = pre.auto_batch_size(global_batch=24, max_seq_length=32, max_predictions_per_seq=6,
+                                    memory_limit_mb=1e6)  # real trials; no limit: the cap (24 / 2 towers) fits
+    assert micro == 12 and pre.towers.plan.per_tower_batch == 12
+    assert "micro-batch 12 per tower (12 fits), 1 accumulation steps" in caplog.text
+    trials = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto batch size")][-1]
+    assert "trials 1: " in trials and "12: " in trials
+    monkeypatch.setattr(memory, "find_batch_size", lambda *a, **k: (5, []))  # say 5 fit: 12 = 3 x 4
+    assert pre.auto_batch_size(24, 32, 6, memory_limit_mb=1.0) == 4 and pre.towers.plan.per_tower_batch == 4

@@ -181,3 +181,19 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
 
 def test_tiny_config_sanity():
     assert tiny_config(38).hidden_size == 32  # the fixtures above assume it
+
+
+def test_auto_batch_size_trains_with_the_largest_batch_that_fits(data, google_release, tmp_path):
+    import re
+
+    out = tmp_path / "auto"
+    proc = run(*common(data, google_release, str(out), "--do_train", "--auto_batch_size", "--memory_limit_mb=8",
+                       "--num_train_epochs=0.25"))
+    found = re.search(r"auto batch size: (\d+) per tower fits in 8 MiB \(trials (.*)\)", proc.stderr)
+    assert found, proc.stderr[-2000:]
+    best = int(found.group(1))
+    peaks = {int(b): float(p) for b, p in re.findall(r"(\d+): ([\d.]+) MiB", found.group(2))}
+    assert peaks[best] <= 8 < peaks[best + 1]  # the edge, measured on both sides
+    run_info = json.load(open(out / "bert_mgpu.json"))
+    assert run_info["settings"]["per_tower_batch"] == best
+    assert run_info["global_step"] == int(640 / (2 * best) * 0.25)  # trained with it: 2 towers, 1/4 epoch

@@ -83,3 +83,4 @@ def test_bad_input_is_one_line(pretrained, tmp_path, extra, message):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("run_pretraining_mgpu.py: error: ") and message in last, last
     assert "Traceback" not in proc.stderr
+
