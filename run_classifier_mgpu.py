@@ -13,6 +13,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up 
 
 from absl import app, flags  # noqa: E402
 
+from bert_mgpu.cli import define_reliability_flags  # noqa: E402
+
 FLAGS = flags.FLAGS
 # google-research/bert's flags
 flags.DEFINE_string("data_dir", None, "Directory with the task's train/dev/test files.")
@@ -58,17 +60,8 @@ flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
 flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
 flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
-# reliability
-flags.DEFINE_bool("deterministic", False, "Deterministic ops: a resumed run ends bit-identical to an "
-                  "uninterrupted one (same seed, same devices).")
-flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
-                     "gradients (0: never).")
-flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other flags "
-                  "(its checkpoints are removed).")
-flags.DEFINE_bool("auto_batch_size", False, "Train with the largest per-tower batch that fits (98% of GPU "
-                  "memory, or --memory_limit_mb).")
-flags.DEFINE_integer("memory_limit_mb", None, "--auto_batch_size: memory a training step may take (required "
-                     "on CPU: all towers together; on GPU: per tower).")
+# reliability (shared with the other script)
+define_reliability_flags("Train with the largest per-tower batch that fits")
 flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "
                   "line, or replace it by U+FFFD and count the lines.")
 

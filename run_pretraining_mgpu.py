@@ -20,6 +20,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
+from bert_mgpu.cli import define_reliability_flags  # noqa: E402
+
 FLAGS = flags.FLAGS
 # google-research/bert's flags
 flags.DEFINE_string("bert_config_file", None, "Model shape (from scratch; default: beside --init_checkpoint).")
@@ -83,17 +85,8 @@ flags.DEFINE_float("early_stop_time", None, "Minutes after which a validation lo
 flags.DEFINE_float("early_stop_eval_loss", None, "... this stops the run.")
 flags.DEFINE_integer("log_every", 10, "Log every this many steps.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, masks, dropout).")
-# reliability
-flags.DEFINE_bool("deterministic", False, "Deterministic ops: a resumed run ends bit-identical to an "
-                  "uninterrupted one (same seed, same devices, step budget).")
-flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
-                     "gradients (0: never).")
-flags.DEFINE_bool("auto_batch_size", False, "Micro-batch: the largest per tower that fits (98% of GPU memory, "
-                  "or --memory_limit_mb) and divides --train_batch_size.")
-flags.DEFINE_integer("memory_limit_mb", None, "--auto_batch_size: memory a training step may take (required "
-                     "on CPU: all towers together; on GPU: per tower).")
-flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other flags "
-                  "(its checkpoints are removed).")
+# reliability (shared with the other script)
+define_reliability_flags("Micro-batch: the largest per tower that fits and divides --train_batch_size")
 
 
 def _data(files, tokenizer):
