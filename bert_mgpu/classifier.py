@@ -163,15 +163,9 @@ class BertClassifier:
             self.towers.set_batch(before["per_tower_batch"])
             log.info("auto batch size: %d per tower, as found for %s", before["per_tower_batch"], output_dir)
             return before["per_tower_batch"]
-        plan = self.towers.plan
-        limit = memory_limit_mb if memory_limit_mb is not None else memory.default_limit_mb(plan, memory_per_tower_mb)
-        with self.towers.strategy.scope():
-            optimizer = optimization.create_optimizer(1e-5, 10, 0, float16=self.policy == "mixed_float16")
-            optimizer.build(self.model.trainable_variables)  # its slots take memory during training too
-        probe = Trainer(self.towers.strategy, self.model, optimizer)
-        best, _ = memory.find_batch_size(
-            probe, lambda n: memory.classifier_batch(n, self.max_seq_length), plan, limit)
-        del probe, optimizer
+        best = memory.find_for_model(self.towers, self.model, self.policy,
+                                     lambda n: memory.classifier_batch(n, self.max_seq_length),
+                                     memory_limit_mb=memory_limit_mb, memory_per_tower_mb=memory_per_tower_mb)
         self.towers.set_batch(best)
         return best
 

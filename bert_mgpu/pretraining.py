@@ -110,6 +110,7 @@ class BertPretrainer:
         self.model, self.tokenizer, self.config, self.towers, self.policy = model, tokenizer, config, towers, policy
         self.history = []  # one dict per logged step and per validation, for notebooks and tests
         self.stop = None  # why the last fit stopped
+        self.settings = None  # what the last fit was run with (compared when an output_dir is reused)
 
     @classmethod
     def _build(cls, config, tokenizer, towers, precision, nsp):
@@ -266,14 +267,10 @@ class BertPretrainer:
                         memory_per_tower_mb=None):
         """Set the towers' micro-batch to the largest that fits (memory.py) and divides the global batch
         into whole accumulation steps; returns it."""
-        plan = self.towers.plan
-        limit = memory_limit_mb if memory_limit_mb is not None else memory.default_limit_mb(plan, memory_per_tower_mb)
-        with self.towers.strategy.scope():
-            opt = optimization.create_optimizer(1e-5, 10, 0, float16=self.policy == "mixed_float16")
-            opt.build(self.model.trainable_variables)  # its slots take memory during training too
-        probe = Trainer(self.towers.strategy, self.model, opt, loss_fn=pretraining_model.pretraining_loss)
-        fits, _ = memory.find_batch_size(
-            probe, lambda n: memory.pretraining_batch(n, max_seq_length, max_predictions_per_seq), plan, limit,
+        fits = memory.find_for_model(
+            self.towers, self.model, self.policy,
+            lambda n: memory.pretraining_batch(n, max_seq_length, max_predictions_per_seq),
+            pretraining_model.pretraining_loss, memory_limit_mb, memory_per_tower_mb,
             cap=max(1, global_batch // self.towers.count))
         micro = max(m for m in range(1, fits + 1) if global_batch % (m * self.towers.count) == 0)
         log.info("micro-batch %d per tower (%d fits), %d accumulation steps", micro, fits,
@@ -326,5 +323,5 @@ class BertPretrainer:
     def _write_run(self, directory, step, data=None):
         run = {"kind": "pretraining", "do_lower_case": self.tokenizer.do_lower_case, "global_step": step,
                "max_seq_length": data.max_seq_length if data else None, "nsp": self.model.nsp_head is not None,
-               "settings": getattr(self, "settings", None)}
+               "settings": self.settings}
         checkpoints.write_run_files(directory, run, self.config, self.tokenizer.vocab_file)
