@@ -185,6 +185,26 @@ def make_strategy(plan):
     return tf.distribute.MirroredStrategy(devices=list(plan.devices), cross_device_ops=cross)
 
 
+def all_reduce(reduce_op, values, options=None):
+    """`ReplicaContext.all_reduce` of a list of tensors, from inside a tower, for values never differentiated.
+
+    TensorFlow's own wraps the reduce in `tf.custom_gradient`, whose graph-mode gradient is registered in
+    a process-wide registry that is never emptied; its closure keeps the whole traced training step alive
+    (measured: ~19 MiB per new model in a notebook). A merge_call to the strategy's batch_reduce_to is the
+    same reduction (what the custom-gradient wrapper runs inside) with nothing left behind.
+    """
+    import tensorflow as tf
+
+    def reduce(strategy, *flat):
+        # Per-tower values go back to their towers; a plain tensor (one tower) stays on its device.
+        pairs = [(v, v.device if isinstance(v, tf.Tensor) else v) for v in flat]
+        return strategy.extended.batch_reduce_to(reduce_op, pairs, options)
+
+    flat = tf.nest.flatten(values)
+    reduced = tf.distribute.get_replica_context().merge_call(reduce, args=tuple(flat))
+    return tf.nest.pack_sequence_as(values, list(reduced))
+
+
 def multi_worker_strategy():
     """Across machines: TensorFlow's MultiWorkerMirroredStrategy, cluster taken from TF_CONFIG."""
     import tensorflow as tf

@@ -90,7 +90,24 @@ def _tower_averaged(base):
     return TowerAveraged
 
 
-class FusedAdamW(keras.optimizers.AdamW):
+class _Skippable:
+    """An optimizer whose step can be made a no-op by arithmetic: while `_keep` is 0.0 (set by
+    `SkippingLossScaleOptimizer` around `apply`), the learning rate is 0 and the moments do not move, so
+    weights, slots and weight decay come out bit-identical; while it is 1.0 the step is the usual one."""
+
+    _keep = None
+
+    def _get_current_learning_rate(self):
+        lr = super()._get_current_learning_rate()
+        return lr if self._keep is None else lr * tf.cast(self._keep, tf.float32)
+
+    def _moment_rate(self, beta, dtype):
+        """1 - beta, or 0 while the step is skipped."""
+        rate = 1.0 - tf.cast(beta, dtype)
+        return rate if self._keep is None else rate * tf.cast(self._keep, dtype)
+
+
+class FusedAdamW(_Skippable, keras.optimizers.AdamW):
     """Keras' AdamW with each variable's Adam update in one kernel (TensorFlow's ResourceApplyAdam).
 
     Keras writes the update as seven elementwise ops, each a pass over the variable and its two slots;
@@ -100,36 +117,92 @@ class FusedAdamW(keras.optimizers.AdamW):
 
     def update_step(self, gradient, variable, learning_rate):
         if isinstance(gradient, tf.IndexedSlices) or self.amsgrad:
+            if self._keep is not None:
+                raise NotImplementedError("sparse or AMSGrad updates under SkippingLossScaleOptimizer")
             return super().update_step(gradient, variable, learning_rate)
         dtype = variable.dtype
         index = self._get_variable_index(variable)
         m, v = self._momentums[index].value, self._velocities[index].value
         step = tf.cast(self.iterations + 1, dtype)
         handle = lambda t: t.handle  # noqa: E731  (inside a strategy update: this device's copy)
+        # The kernel moves m by (g - m) * (1 - beta1): beta = 1 - rate keeps m (and v) where they are.
         tf.raw_ops.ResourceApplyAdam(
             var=handle(variable.value if isinstance(variable, keras.Variable) else variable),
             m=handle(m), v=handle(v),
             beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
             beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype), beta1=tf.cast(self.beta_1, dtype),
-            beta2=tf.cast(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
+            lr=tf.cast(learning_rate, dtype), beta1=1.0 - self._moment_rate(self.beta_1, dtype),
+            beta2=1.0 - self._moment_rate(self.beta_2, dtype), epsilon=tf.cast(self.epsilon, dtype),
             grad=tf.cast(gradient, dtype), use_locking=False)
 
 
+class SkippableLamb(_Skippable, keras.optimizers.Lamb):
+    """Keras' Lamb (the same formula, line for line), with moments that stand still on a skipped step."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        dtype = variable.dtype
+        lr, gradient = tf.cast(learning_rate, dtype), tf.cast(gradient, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        self.assign_add(m, (gradient - m) * self._moment_rate(self.beta_1, dtype))
+        self.assign_add(v, (tf.square(gradient) - v) * self._moment_rate(self.beta_2, dtype))
+        m_hat = m / (1.0 - tf.pow(tf.cast(self.beta_1, dtype), step))
+        update = m_hat / (tf.sqrt(v / (1.0 - tf.pow(tf.cast(self.beta_2, dtype), step))) + self.epsilon)
+        w_norm, u_norm = tf.norm(variable), tf.norm(update)
+        ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
+        self.assign_sub(variable, ratio * lr * update)
+
+
+class SkippingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """Keras' dynamic loss scaling, with the skip of a non-finite step done without `tf.cond`.
+
+    Same rule as Keras: a step whose gradients are not all finite changes no weight, no slot and not
+    the schedule, and halves the scale; `dynamic_growth_steps` finite steps in a row double it. Keras
+    branches with `tf.cond`, and TensorFlow keeps every traced branch function for the life of the
+    process (tensorflow/tensorflow#62854), a leak per new model in a notebook. Here the gradients are
+    unscaled with `multiply_no_nan` by 1/scale or 0, and the inner optimizer's step is multiplied away
+    (see `_Skippable`), so the step is one straight-line graph.
+    """
+
+    def _tf_apply(self, grads, trainable_variables=None):
+        def cross_replica(distribution, grads, variables):
+            finite = distribution.experimental_local_results(
+                distribution.extended.call_for_each_replica(self.check_finite, args=(grads,)))[0]
+            distribution.extended.call_for_each_replica(self._guarded_apply, args=(grads, variables, finite))
+            count = tf.where(finite, self.step_counter + 1, 0)
+            grow = tf.logical_and(finite, count >= self.dynamic_growth_steps)
+            self.dynamic_scale.assign(self.dynamic_scale * tf.where(grow, 2.0, tf.where(finite, 1.0, 0.5)))
+            self.step_counter.assign(tf.where(grow, tf.zeros_like(count), count))
+
+        tf.distribute.get_replica_context().merge_call(cross_replica, args=(grads, trainable_variables))
+
+    def _guarded_apply(self, grads, variables, finite):
+        inner = self.inner_optimizer
+        factor = tf.where(finite, 1.0 / self.dynamic_scale, 0.0)
+        grads = [None if g is None else tf.math.multiply_no_nan(g, tf.cast(factor, g.dtype)) for g in grads]
+        inner._keep = tf.cast(finite, tf.float32)
+        try:
+            inner.apply(grads, variables)
+        finally:
+            inner._keep = None
+        inner.iterations.assign_sub(1 - tf.cast(finite, inner.iterations.dtype))  # apply() counted it
+
+
 TowerAveragedAdamW = _tower_averaged(FusedAdamW)
-TowerAveragedLamb = _tower_averaged(keras.optimizers.Lamb)
+TowerAveragedLamb = _tower_averaged(SkippableLamb)
 OPTIMIZERS = {"adamw": TowerAveragedAdamW, "lamb": TowerAveragedLamb}
 
 
 def create_optimizer(learning_rate, num_train_steps=None, num_warmup_steps=0, weight_decay=0.01,
                      float16=False, optimizer="adamw", beta_1=0.9, beta_2=0.999, epsilon=1e-6,
-                     schedule=None, clipnorm=1.0):
+                     schedule=None, clipnorm=1.0, initial_scale=None):
     """google-bert's optimizer (or LAMB), wrapped for loss scaling.
 
     `schedule` overrides the step-based warmup + linear decay (e.g. a TimeBasedDecay). Every precision
-    gets Keras' LossScaleOptimizer, because it is also what skips a step whose gradients are not finite:
-    under mixed_float16 its scale is dynamic (starting at 2**15); otherwise the scale starts at 1 and the
-    wrapper only guards against NaN/Inf.
+    gets the loss-scale wrapper, because it is also what skips a step whose gradients are not finite:
+    under mixed_float16 its scale is dynamic (starting at 2**15, or `initial_scale`); otherwise the scale
+    starts at 1 and the wrapper only guards against NaN/Inf.
     """
     if optimizer not in OPTIMIZERS:
         raise UserError(f"--optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
@@ -141,5 +214,5 @@ def create_optimizer(learning_rate, num_train_steps=None, num_warmup_steps=0, we
     )
     inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
     if float16:
-        return keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0**15)
-    return keras.optimizers.LossScaleOptimizer(inner, initial_scale=1.0, dynamic_growth_steps=2**30)
+        return SkippingLossScaleOptimizer(inner, initial_scale=initial_scale or 2.0**15)
+    return SkippingLossScaleOptimizer(inner, initial_scale=initial_scale or 1.0, dynamic_growth_steps=2**30)

@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import guards
+from bert_mgpu import devices, guards
 
 
 def classification_loss(model, features, labels, training=True):
@@ -37,6 +37,9 @@ class Trainer:
         float32. bytes_per_pack: gradients go in packs of about this size, so the all-reduce of the first
         packs can start while later gradients are still being computed (see docs/gpu_scaling.md)."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        if optimizer is not None and not optimizer.built:
+            with strategy.scope():  # here, not in the first traced step, whose graph its variables would keep
+                optimizer.build(model.trainable_variables)
         if allreduce_dtype is None:
             computes = getattr(getattr(model, "backbone", model), "compute_dtype", None)
             allreduce_dtype = "float16" if computes == "float16" else "float32"
@@ -86,7 +89,7 @@ class Trainer:
         # Variables the loss does not reach (the pooler when pretraining without NSP) are left alone.
         used = [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None]
         grads = [tf.cast(g, self.allreduce_dtype) for g, _ in used]
-        grads = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, grads, self._comm)
+        grads = devices.all_reduce(tf.distribute.ReduceOp.MEAN, grads, self._comm)
         grads = [tf.cast(g, v.dtype) for g, (_, v) in zip(grads, used)]
         self.optimizer.apply(grads, [v for _, v in used])
         return loss, stats, tf.shape(tf.nest.flatten(labels)[0])[:1]
@@ -126,8 +129,8 @@ class Trainer:
         def replica(features, labels):
             loss, _, grads = self._grads_fn(features, labels)
             grads = [g for g in grads if g is not None]
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, loss + tf.add_n(
-                [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads]))
+            return devices.all_reduce(tf.distribute.ReduceOp.SUM, [loss + tf.add_n(
+                [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])])[0]
 
         if getattr(self, "_probe_fn", None) is None:
             self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),

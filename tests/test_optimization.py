@@ -1,4 +1,5 @@
-"""FusedAdamW takes exactly Keras AdamW's steps, alone and on mirrored towers."""
+"""FusedAdamW and SkippableLamb take Keras' AdamW and Lamb steps, alone and on mirrored towers; the loss-scale
+wrapper skips a non-finite step leaving every weight and slot bit-identical, with no tf.cond in the graph."""
 
 import keras
 import numpy as np
@@ -8,36 +9,85 @@ import tensorflow as tf
 from bert_mgpu import devices, optimization
 
 
-def _steps(opt_class, towers=None, steps=3):
+def _steps(opt_class, towers=None, steps=3, poison=(), drop=(), graphs=None):
+    """Weights after `steps` updates with random gradients; steps in `poison` get a NaN and an Inf, steps
+    in `drop` are left out.
+    `opt_class` is an optimizer class, or a function of a learning rate making a wrapped one."""
     rng = np.random.default_rng(0)
     init = [rng.normal(size=(5, 3)).astype("float32"), rng.normal(size=(3,)).astype("float32")]
     grads = [[rng.normal(size=w.shape).astype("float32") for w in init] for _ in range(steps)]
+    for i in poison:
+        grads[i][0][1, 2], grads[i][1][0] = np.nan, np.inf
+    grads = [g for i, g in enumerate(grads) if i not in drop]
     strategy = devices.make_strategy(devices.plan_devices(0, towers, 1, ())) if towers else tf.distribute.get_strategy()
     with strategy.scope():
         variables = [keras.Variable(w) for w in init]
-        opt = opt_class(learning_rate=0.01, weight_decay=0.1, epsilon=1e-6)
-        opt.exclude_from_weight_decay(var_names=["bias"])
+        if isinstance(opt_class, type):
+            opt = opt_class(learning_rate=0.01, weight_decay=0.1, epsilon=1e-6)
+            opt.exclude_from_weight_decay(var_names=["bias"])
+        else:
+            opt = opt_class(0.01)
         opt.build(variables)
+
+    scale = getattr(opt, "dynamic_scale", 1.0)  # what the loss (so the gradients) would be multiplied by
 
     @tf.function
     def apply(g):
-        strategy.run(lambda: opt.apply(list(g), variables))
+        strategy.run(lambda: opt.apply([x * scale for x in g], variables))
 
     for g in grads:
         apply([tf.constant(x) for x in g])
+    if graphs is not None:
+        graphs.append(apply.get_concrete_function([tf.constant(x) for x in grads[0]]).graph)
     copies = [strategy.experimental_local_results(v.value) for v in variables]
     for c in copies:
         for other in c[1:]:
             np.testing.assert_array_equal(other.numpy(), c[0].numpy())
-    return [v.numpy() for v in variables]
+    return [v.numpy() for v in variables], opt
 
 
 @pytest.mark.parametrize("opt_class,towers", [(optimization.FusedAdamW, None),
                                               (optimization.TowerAveragedAdamW, 2)])
 def test_fused_adamw_equals_keras_adamw(opt_class, towers):
     """On towers, every tower's copy must take the update (each is fed the same, already averaged grads)."""
-    ref = _steps(keras.optimizers.AdamW)
-    got = _steps(opt_class, towers)
+    ref, _ = _steps(keras.optimizers.AdamW)
+    got, _ = _steps(opt_class, towers)
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # float32 rounding of a reordered formula
-    assert not np.allclose(ref[0], _steps(keras.optimizers.AdamW, steps=0)[0])  # the steps moved them
+    assert not np.allclose(ref[0], _steps(keras.optimizers.AdamW, steps=0)[0][0])  # the steps moved them
+
+
+@pytest.mark.parametrize("towers", [None, 2])
+def test_skippable_lamb_equals_keras_lamb(towers):
+    ref, _ = _steps(keras.optimizers.Lamb)
+    got, _ = _steps(optimization.TowerAveragedLamb if towers else optimization.SkippableLamb, towers)
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(ref[0], _steps(keras.optimizers.Lamb, steps=0)[0][0])
+
+
+def _wrapped(name, float16=True):
+    return lambda lr: optimization.create_optimizer(lr, 10, 2, optimizer=name, float16=float16)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_a_non_finite_step_changes_nothing_and_halves_the_scale(name):
+    """Steps 1, NaN, 2 == steps 1, 2, bit for bit: weights, Adam/LAMB slots, schedule; and no tf.cond."""
+    graphs = []
+    clean, clean_opt = _steps(_wrapped(name), towers=2, steps=3, drop=[1])
+    skipped, opt = _steps(_wrapped(name), towers=2, steps=3, poison=[1], graphs=graphs)
+    for a, b in zip(clean, skipped):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(clean_opt.inner_optimizer.variables, opt.inner_optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())  # iterations, m, v
+    assert int(opt.iterations.numpy()) == 2 and float(opt.dynamic_scale.numpy()) == 2.0**14
+    ops = {op.type for op in graphs[0].get_operations()}
+    assert "AssignVariableOp" in ops and not ops & {"If", "StatelessIf", "While", "StatelessWhile"}, ops
+
+
+def test_the_scale_doubles_after_growth_steps_finite_steps_in_a_row():
+    grown, opt = _steps(lambda lr: optimization.SkippingLossScaleOptimizer(
+        optimization.FusedAdamW(lr), initial_scale=8.0, dynamic_growth_steps=2), towers=2, steps=5, poison=[2])
+    # steps 0, 1 finite: 8 -> 16; step 2 skipped: 8; steps 3, 4 finite: 16
+    assert float(opt.dynamic_scale.numpy()) == 16.0 and int(opt.step_counter.numpy()) == 0
+    assert int(opt.iterations.numpy()) == 4

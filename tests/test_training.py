@@ -1,5 +1,7 @@
 """The training step on towers: 2 towers on 2 logical CPUs equal 1 tower on the same global batch."""
 
+import gc
+
 import keras
 import numpy as np
 import pytest
@@ -25,9 +27,8 @@ def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, u
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2, policy)
-        opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16")
-        if initial_scale is not None:
-            opt = keras.optimizers.LossScaleOptimizer(opt.inner_optimizer, initial_scale=initial_scale)
+        opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16",
+                                            initial_scale=initial_scale)
     trainer = training.Trainer(strategy, model, opt, use_xla=use_xla)
     before = [v.numpy() for v in model.trainable_variables]
     ds = tf.data.Dataset.from_tensors(data or batch()).repeat()
@@ -72,6 +73,23 @@ def test_mixed_float16_trains_with_finite_scale():
     assert trainer.skipped_steps == 0 and trainer.loss_scale == 2.0**15
     assert all(np.isfinite(loss) for loss, _ in results)
     assert max(np.abs(a - b).max() for a, b in zip(before, after)) > 1e-5
+
+
+def test_a_finished_trainer_leaves_no_traced_step_behind():
+    """Notebook use: the traced step (thousands of ops) dies with its trainer. TensorFlow's own
+    ReplicaContext.all_reduce would keep it for the life of the process (see devices.all_reduce)."""
+    from tensorflow.python.framework.func_graph import FuncGraph
+
+    def steps_alive():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, FuncGraph) and o.name == "step")
+
+    alive = steps_alive()
+    for _ in range(2):
+        trainer, _, after, _ = one_step(2, steps=2)
+        assert trainer.step.numpy() == 2 and steps_alive() > alive  # the trainer's own traces, while it lives
+        del trainer
+    assert steps_alive() == alive
 
 
 @pytest.mark.parametrize("n, per_batch", [(7, 4), (13, 8), (1, 4)])
