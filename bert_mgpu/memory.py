@@ -8,7 +8,9 @@ one allocator shared by all logical CPU towers, on the host.
 - GPU: the limit defaults to 98% of each tower's memory: the "fill the card" people do when training BERT
   on an 8 GB GPU, with 2% left for cuDNN workspaces and fragmentation.
 - CPU: nothing fails before the machine swaps, so the user gives the limit (`memory_limit_mb`, for the
-  step's working memory of all towers together).
+  step's working memory of all towers together). XLA-compiled kernels (the fused encoder) take their
+  buffers from the same allocator, so they are counted; steps under ~1 MiB read 0 (TensorFlow's CPU
+  statistics skip them), which only toy models notice.
 
 Example:
     per_tower = find_batch_size(trainer, lambda b: synthetic_batch(...), plan, limit_mb=4096)
