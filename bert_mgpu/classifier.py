@@ -118,8 +118,9 @@ class BertClassifier:
         ckpt = checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
                                                rng=run_dir.rng_states(self.model))
         saved = run_dir.Checkpoints(ckpt, output_dir, self.model.weights)
-        if saved.restore():
-            log.info("resuming from %s at step %d", saved.latest, int(trainer.step.numpy()))
+        restored = saved.restore()
+        if restored:
+            log.info("resuming from %s at step %d", restored, int(trainer.step.numpy()))
         start = int(trainer.step.numpy())
         self._write_run(output_dir, start)
         log.info("training: %d examples, %d steps of %d (%d towers x %d), warmup %d, from step %d",

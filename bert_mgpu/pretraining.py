@@ -191,8 +191,9 @@ class BertPretrainer:
                                                heads=pretraining_model.head_checkpoint_objects(self.model),
                                                elapsed_seconds=elapsed_var, rng=run_dir.rng_states(self.model))
         saved = run_dir.Checkpoints(ckpt, output_dir, self.model.weights)
-        if saved.restore():
-            log.info("resuming from %s at step %d (%.1f s trained)", saved.latest,
+        restored = saved.restore()
+        if restored:
+            log.info("resuming from %s at step %d (%.1f s trained)", restored,
                      int(trainer.step.numpy()), float(elapsed_var.numpy()))
         step, elapsed0 = int(trainer.step.numpy()), float(elapsed_var.numpy())
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",

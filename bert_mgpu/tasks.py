@@ -53,7 +53,7 @@ def _invalid(raw):
 def read_rows(path, delimiter="\t", quotechar=None, invalid_utf8="error"):
     """Rows of a TSV/CSV file, each with its 1-based line number; UserError naming the file and line for
     input that cannot be read right (no file, NUL byte, invalid UTF-8, a quote that never closes)."""
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UserError(f"{path}: file not found")
     try:
         with open(path, "rb") as f:

@@ -1,5 +1,6 @@
 """Crash and resume as on a shared GPU box: SIGTERM saves and exits 0; `kill -9` at a random moment loses
-only the steps since the last checkpoint; with --deterministic the resumed run ends bit-identical."""
+only the steps since the last checkpoint; a damaged newest checkpoint costs one more; with --deterministic
+the resumed run ends bit-identical."""
 
 import os
 import random
@@ -75,8 +76,14 @@ def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_r
     killed_at = latest_step(parts)
     assert code == -signal.SIGKILL and f"at step {stopped}" in stderr and killed_at < 40, (code, killed_at)
 
+    # A disk that lost the end of the newest checkpoint: reported, the one before it used, still identical.
+    kept = sorted(int(name.split("-")[1].split(".")[0]) for name in os.listdir(parts) if name.endswith(".index"))
+    previous = kept[-2]
+    with open(os.path.join(parts, f"ckpt-{killed_at}.data-00000-of-00001"), "r+b") as f:
+        f.truncate(os.path.getsize(f.name) // 2)
     proc = run_script("run_classifier_mgpu.py", *args(parts))
-    assert f"resuming from {parts}/ckpt-{killed_at} at step {killed_at}" in proc.stderr
+    assert f"checkpoint {parts}/ckpt-{killed_at} is damaged" in proc.stderr, proc.stderr[-2000:]
+    assert f"resuming from {parts}/ckpt-{previous} at step {previous}" in proc.stderr, proc.stderr[-2000:]
     assert_bit_identical(whole, parts, 40)
     results = [open(os.path.join(d, "eval_results.txt")).read() for d in (whole, parts)]
     assert results[0] == results[1]

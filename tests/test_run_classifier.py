@@ -114,6 +114,7 @@ def bad_release(tmp_path, **overrides):
     ("output_dir_not_writable", r"--output_dir=/sys/kernel is not writable"),
     ("config_of_another_model", r"bert_config.json: model_type='roberta' is not BERT"),
     ("auto_batch_without_limit", r"--auto_batch_size on CPU needs --memory_limit_mb"),
+    ("unreadable_file", r"train.tsv: cannot read \(Is a directory\)"),
 ])
 def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, google_release):
     import re
@@ -166,6 +167,9 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
             json.dump({**cfg, "model_type": "roberta"}, f)
     elif case == "auto_batch_without_limit":
         extra = ["--auto_batch_size"]
+    elif case == "unreadable_file":  # (the tests run as root, whom file permissions do not stop)
+        os.remove(d / "train.tsv")
+        (d / "train.tsv").mkdir()
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("already here")
