@@ -3,7 +3,8 @@
 Tokenization runs inside tf.data in parallel (ragged tensors, no Python per example). Pairs are truncated
 as google-bert's `_truncate_seq_pair` (always shorten the longer segment), which is what tf-text's
 RoundRobinTrimmer computes. Batches group similar lengths and are padded only to their own longest
-example, not to max_seq_length. Every element carries its input position (`index`) so evaluation and
+example rounded up to a multiple of 8, not to max_seq_length: every distinct batch length costs a trace
+and an XLA compile of the fused kernels (seconds each), and GPU tensor cores want multiples of 8. Every element carries its input position (`index`) so evaluation and
 prediction can put outputs back in input order whatever the bucketing, batch and tower count.
 """
 
@@ -49,7 +50,7 @@ def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
 
 
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data"):
+                 source="data", pad_to_multiple=8):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and drops partial batches (every step has the full global
@@ -84,8 +85,11 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     )
 
     def to_model_inputs(batch):
-        ids = batch["token_ids"]
-        features = {"token_ids": ids, "segment_ids": batch["segment_ids"],
+        length = tf.shape(batch["token_ids"])[1]
+        rounded = tf.minimum((length + pad_to_multiple - 1) // pad_to_multiple * pad_to_multiple, max_seq_length)
+        extra = [[0, 0], [0, tf.maximum(rounded, length) - length]]
+        ids = tf.pad(batch["token_ids"], extra, constant_values=tokenizer.pad_id)
+        features = {"token_ids": ids, "segment_ids": tf.pad(batch["segment_ids"], extra),
                     "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
         return features, batch["label"], batch["index"]
 

@@ -48,14 +48,19 @@ def test_pair_truncation_equals_google(tok):
         assert segs[:n].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1)
 
 
-def test_batches_padded_to_their_longest_not_max_seq_length(tok):
-    examples = [Example(str(i), words(3 + (i % 5)), None, "x") for i in range(40)]
-    widths = [f["token_ids"].shape[1] for f, _, _ in make_dataset(examples, tok, ["x"], 128, 8, training=False)]
-    assert max(widths) == 9 and sum(f for f in widths) < 128 * len(widths) / 10
-    for features, _, _ in make_dataset(examples, tok, ["x"], 128, 8, training=False):
+def test_batches_padded_to_their_longest_rounded_to_8_not_max_seq_length(tok):
+    examples = [Example(str(i), words(3 + (i % 20)), None, "x") for i in range(80)]
+    batches = list(make_dataset(examples, tok, ["x"], 128, 8, training=False))
+    widths = sorted({f["token_ids"].shape[1] for f, _, _ in batches})
+    assert set(widths) <= {8, 16, 24} and 24 in widths  # lengths 5..24, each batch rounded up to 8s
+    for features, _, _ in batches:
         mask = features["padding_mask"].numpy()
-        assert mask[:, -1].any()  # every batch has an example that fills it
+        longest = mask.sum(1).max()
+        assert features["token_ids"].shape[1] == -(-longest // 8) * 8  # its longest example, rounded up
         assert (mask == (features["token_ids"].numpy() != 0)).all()
+        assert (features["segment_ids"].numpy()[~mask] == 0).all()
+    (short, _, _), = make_dataset([Example("0", words(50))], tok, None, 30, 4, training=False)
+    assert short["token_ids"].shape == (1, 30)  # never past max_seq_length
 
 
 def test_single_sentence_truncated_to_max_seq_length(tok):
