@@ -113,7 +113,6 @@ class BertClassifier:
         with strategy.scope():
             optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
                                                       float16=self.policy == "mixed_float16")
-            optimizer.build(self.model.trainable_variables)
         trainer = Trainer(strategy, self.model, optimizer, use_xla)
         ckpt = checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
                                                rng=run_dir.rng_states(self.model))

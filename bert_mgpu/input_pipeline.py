@@ -4,8 +4,9 @@ Tokenization runs inside tf.data in parallel (ragged tensors, no Python per exam
 as google-bert's `_truncate_seq_pair` (always shorten the longer segment), which is what tf-text's
 RoundRobinTrimmer computes. Batches group similar lengths and are padded only to their own longest
 example rounded up to a multiple of 8, not to max_seq_length: every distinct batch length costs a trace
-and an XLA compile of the fused kernels (seconds each), and GPU tensor cores want multiples of 8. Every element carries its input position (`index`) so evaluation and
-prediction can put outputs back in input order whatever the bucketing, batch and tower count.
+and an XLA compile of the fused kernels (seconds each), and GPU tensor cores want multiples of 8. Every
+element carries its input position (`index`) so evaluation and prediction can put outputs back in input
+order whatever the bucketing, batch and tower count.
 """
 
 import numpy as np

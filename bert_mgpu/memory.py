@@ -93,14 +93,13 @@ def pretraining_batch(global_batch, seq_length, max_predictions, token_id=5):
 
 def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit_mb=None,
                    memory_per_tower_mb=None, cap=4096):
-    """`find_batch_size` for a model on its towers, with a throwaway optimizer built first (its slots take
-    memory during training too). Returns the largest per-tower batch that fits."""
+    """`find_batch_size` for a model on its towers, with a throwaway optimizer (the Trainer builds it, and its
+    slots take memory during training too). Returns the largest per-tower batch that fits."""
     from bert_mgpu import optimization, training
 
     limit = memory_limit_mb if memory_limit_mb is not None else default_limit_mb(towers.plan, memory_per_tower_mb)
     with towers.strategy.scope():
         optimizer = optimization.create_optimizer(1e-5, 10, 0, float16=policy == "mixed_float16")
-        optimizer.build(model.trainable_variables)
     probe = training.Trainer(towers.strategy, model, optimizer, loss_fn=loss_fn or training.classification_loss)
     best, _ = find_batch_size(probe, make_batch, towers.plan, limit, cap)
     return best
