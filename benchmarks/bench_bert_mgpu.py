@@ -10,7 +10,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
 
 
-def main(case, towers=1, fused=True):
+def build(case, towers=1, fused=True):
+    """(towers, model, trainer, dataset) for a case: the model, optimizer and input of the benchmark."""
     spec = common.CASES[case]
     shape = common.SHAPES[spec["shape"]]
     from bert_mgpu.devices import Towers
@@ -59,7 +60,22 @@ def main(case, towers=1, fused=True):
             labels = d["labels"]
         ds = tf.data.Dataset.from_tensor_slices((features, labels, np.arange(len(ids), dtype=np.int32)))
         ds = ds.repeat().batch(common.BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    return tw, model, trainer, ds
 
+
+def setup(case, towers=1, fused=True):
+    """(trainer, iterator of distributed training batches) for a training case (profile_step.py)."""
+    tw, _, trainer, ds = build(case, towers, fused)
+    return trainer, iter(tw.strategy.experimental_distribute_dataset(ds.map(lambda f, y, i: (f, y))))
+
+
+def main(case, towers=1, fused=True):
+    spec = common.CASES[case]
+    shape = common.SHAPES[spec["shape"]]
+    import numpy as np
+    import tensorflow as tf
+
+    tw, model, trainer, ds = build(case, towers, fused)
     lengths_of = lambda f: np.asarray(f["padding_mask"]).sum(1)  # noqa: E731
     if spec["mode"] == "predict":
         if spec["data"] == "full":
@@ -88,7 +104,7 @@ def main(case, towers=1, fused=True):
             meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))
     name = "bert_mgpu" if towers == 1 else f"bert_mgpu_{towers}towers"
     common.emit(meter.result(name if fused else name + "_unfused", case, shape, spec["mode"],
-                             precision=policy, towers=towers, fused=fused))
+                             precision="mixed_bfloat16", towers=towers, fused=fused))
 
 
 if __name__ == "__main__":

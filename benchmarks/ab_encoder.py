@@ -1,0 +1,86 @@
+"""Is a change to the fused encoder faster? Forward+backward of two versions, interleaved in one process.
+
+Separate processes differ by up to 2x on these machines (NOTES.md item 6: some runs sit idle on thread
+wake-ups), so a change is measured against the version before it in the same process, call after call,
+on the same backbone and batch: the ratio of medians is what the change is worth.
+
+Usage:
+    git show HEAD:bert_mgpu/fused_encoder.py > /tmp/before.py
+    python benchmarks/ab_encoder.py /tmp/before.py [--shape minilm] [--length 128] [--reps 12]
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import common  # noqa: E402
+
+
+def load_other(path):
+    """The other fused_encoder.py as a module; its gradient names renamed so both can be registered."""
+    source = open(path).read().replace('"BertMgpu', '"BertMgpuOther')
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("other_fused_encoder", f.name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("other", help="another version of bert_mgpu/fused_encoder.py")
+    ap.add_argument("--shape", default="minilm", choices=sorted(common.SHAPES))
+    ap.add_argument("--length", type=int, default=common.SEQ)
+    ap.add_argument("--reps", type=int, default=12)
+    args = ap.parse_args()
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_mgpu import fused_encoder
+    from bert_mgpu.config import BertConfig
+    from bert_mgpu.modeling import build_backbone
+
+    shape = common.SHAPES[args.shape]
+    config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                        intermediate_size=shape["inter"], hidden_act="gelu", max_position_embeddings=512)
+    backbone = build_backbone(config, "mixed_bfloat16")
+    d = common.synthetic(common.BATCH, seq=args.length)
+    features = {k: tf.constant(d[k]) for k in ("token_ids", "segment_ids", "padding_mask")}
+
+    def step_of(module):
+        encoder = module.FusedBertEncoder(backbone, pooled_only=True)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                pooled = encoder(features, training=True)["pooled_output"]
+                loss = tf.reduce_sum(tf.cast(pooled, tf.float32) ** 2)
+            return tape.gradient(loss, backbone.trainable_variables)  # all of them, none pruned
+
+        return step
+
+    steps = {"other": step_of(load_other(args.other)), "this": step_of(fused_encoder)}
+    times = {name: [] for name in steps}
+    for _ in range(3):
+        for step in steps.values():
+            step()[-1].numpy()
+    for _ in range(args.reps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()[-1].numpy()
+            times[name].append(time.perf_counter() - start)
+    for name, t in times.items():
+        print(f"{name}: median {1000 * np.median(t):.1f} ms, min {1000 * min(t):.1f} ms")
+    print(f"this / other (medians): {np.median(times['this']) / np.median(times['other']):.3f}")
+
+
+if __name__ == "__main__":
+    main()
