@@ -6,7 +6,8 @@ separate elementwise kernels. On CPUs that is most of a training step (profile i
 This layer computes the same function with:
   - one [tokens, 3*hidden] matmul for query, key and value, and plain 2-D matmuls everywhere else;
   - the padding mask turned into one additive bias, shared by every layer;
-  - dropout masks from 16 random bits per element (rate exact to 1/65536), not a float32 uniform;
+  - dropout from a counter-based hash, 32 bits an element (rate exact to 2**-32), not a float32 uniform;
+    on the attention probabilities, mask and multiply in one kernel whose backward recomputes the mask;
   - bias+GELU and bias+dropout+residual+LayerNorm each compiled by XLA into one fused kernel, while the
     matmuls and the softmax stay on TensorFlow's oneDNN kernels (XLA's CPU matmuls are slower here).
 
@@ -25,13 +26,55 @@ import tensorflow as tf
 _NEG = {"float16": -3e4}
 
 
-def _dropout_mask(shape, rate, seed, dtype):
-    """1/(1-rate) where kept, 0 where dropped, from 16 random bits per element (4 per 64-bit draw)."""
+def _mix64(z):
+    """SplitMix64's finalizer: a bijection of uint64 whose every output bit depends on every input bit."""
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, 30)) * tf.constant(0xBF58476D1CE4E5B9, tf.uint64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, 27)) * tf.constant(0x94D049BB133111EB, tf.uint64)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, 31))
+
+
+def _keep(shape, rate, seed):
+    """Bool mask of `shape`, each element kept with probability 1 - rate (exact to 2**-32).
+
+    Counter-based: element i's 32 bits are half of SplitMix64's output for counter i // 2 under a key
+    mixed from `seed` (int32 [2]). Nothing is stored between calls, and the same seed gives the same
+    mask, which is how the dropout gradient below recomputes it. TensorFlow's stateless Philox drew
+    16 bits an element at 4x the time (benchmarks/NOTES.md, item 10).
+    """
     n = tf.reduce_prod(shape)
-    draws = tf.random.stateless_uniform([(n + 3) // 4], seed, minval=None, maxval=None, dtype=tf.int64)
-    bits = tf.reshape(tf.reshape(tf.bitcast(draws, tf.uint16), [-1])[:n], shape)
-    keep = bits >= tf.constant(int(round(rate * 65536)), tf.uint16)
-    return tf.where(keep, tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
+    key = _mix64(tf.bitcast(tf.cast(seed, tf.int32), tf.uint64))
+    counter = tf.cast(tf.range((n + 1) // 2, dtype=tf.int64), tf.uint64)
+    bits = tf.reshape(tf.bitcast(_mix64(counter * tf.constant(0x9E3779B97F4A7C15, tf.uint64) + key), tf.uint32),
+                      [-1])[:n]
+    threshold = tf.cast(tf.cast(rate, tf.float64) * 2.0**32, tf.uint32)
+    return tf.reshape(bits >= threshold, shape)
+
+
+@tf.function(jit_compile=True)
+def _dropout_mask(shape, rate, seed, dtype):
+    """1/(1-rate) (rounded to dtype) where kept, 0 where dropped: for the fused kernels that take a mask."""
+    return tf.where(_keep(shape, rate, seed), tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
+
+
+@tf.function(jit_compile=True)
+def _dropout_kernel(x, rate, seed):
+    scaled = tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), x.dtype)
+    return tf.where(_keep(tf.shape(x), rate, seed), scaled, tf.zeros_like(x))
+
+
+@tf.RegisterGradient("BertMgpuDropout")
+def _dropout_gradient(op, dy, *_):
+    _, _, rate, seed = op.inputs
+    return None, _dropout_kernel(dy, rate, seed), None, None
+
+
+@tf.function
+def _dropout(x, rate, seed):
+    """Dropout of x in one kernel, no mask kept: the backward is dropout of dy under the same seed."""
+    rate = tf.constant(rate, tf.float32)
+    y = tf.stop_gradient(_dropout_kernel(x, rate, seed))
+    with tf.compat.v1.get_default_graph().gradient_override_map({"IdentityN": "BertMgpuDropout"}):
+        return tf.identity_n([y, x, rate, seed])[0]
 
 
 def _layer_norm(x, gamma, beta, eps):
@@ -229,7 +272,8 @@ class FusedBertEncoder(keras.layers.Layer):
             q = tf.transpose(tf.reshape(tf.matmul(h, w_q) + b_q, [batch, -1, heads, size]), [0, 2, 1, 3])
         q = q * scale
         probs = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) + bias)  # [B, H, L, L]
-        probs = probs * self._mask(tf.shape(probs), training)
+        if training and self.rate > 0.0:
+            probs = _dropout(probs, self.rate, tf.cast(self.seed_generator.next(), tf.int32))
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
         out = tf.matmul(context, self._w(att._output_dense.kernel, [hidden, hidden]))
         mask = self._mask(tf.shape(out), training)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu.fused_encoder import FusedBertEncoder, _bias_gelu_exact, _bias_gelu_tanh, _bias_relu, _dropout_mask
+from bert_mgpu.fused_encoder import (FusedBertEncoder, _bias_gelu_exact, _bias_gelu_tanh, _bias_relu, _dropout,
+                                     _dropout_mask)
 from bert_mgpu.modeling import build_backbone
 from conftest import tiny_config
 
@@ -56,9 +57,43 @@ def test_dropout_mask_rate_and_scale():
     assert mask.shape == (64, 129, 31)
     assert set(np.unique(mask)) == {0.0, np.float32(1 / 0.9)}
     dropped = float((mask == 0).mean())
-    assert abs(dropped - 0.1) < 0.003  # 256k draws: 4 standard deviations
-    other = _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 7]), tf.float32).numpy()
-    assert (mask != other).mean() > 0.1
+    assert abs(dropped - 0.1) < 0.0024  # 256k draws: 4 standard deviations
+    np.testing.assert_array_equal(mask, _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]),
+                                                      tf.float32))  # the same seed, the same mask
+
+
+def test_dropout_masks_look_independent():
+    """The hash's streams: no correlation between seeds one apart, between the two halves of one 64-bit
+    draw (neighbouring elements), or along rows; odd sizes and rates other than 0.1 too."""
+    n = 1 << 20
+    sd = lambda p: 4 * (p * (1 - p) / n) ** 0.5  # noqa: E731  (4 standard deviations)
+    a = _dropout_mask(tf.constant([n]), 0.1, tf.constant([7, 0]), tf.float32).numpy() == 0
+    b = _dropout_mask(tf.constant([n]), 0.1, tf.constant([7, 1]), tf.float32).numpy() == 0
+    assert abs((a & b).mean() - 0.01) < sd(0.01)
+    assert abs((a[0::2] & a[1::2]).mean() - 0.01) < 2 * sd(0.01)
+    assert abs((a[:-1] & a[1:]).mean() - 0.01) < sd(0.01)
+    rows = a.reshape(1024, 1024)
+    assert abs((rows[:-1] & rows[1:]).mean() - 0.01) < sd(0.01)
+    for rate, size in ((0.5, 99_999), (0.02, 1_000_001)):
+        m = _dropout_mask(tf.constant([size]), rate, tf.constant([1, 2]), tf.float32).numpy()
+        assert abs((m == 0).mean() - rate) < 4 * (rate * (1 - rate) / size) ** 0.5
+
+
+def test_attention_dropout_backward_reuses_the_forward_mask():
+    x = tf.constant(np.random.default_rng(0).uniform(0.5, 1.5, (4, 3, 16, 16)), tf.float32)
+    dy = tf.constant(np.random.default_rng(1).normal(size=(4, 3, 16, 16)), tf.float32)
+    for run in (lambda f: f(), lambda f: tf.function(f)()):
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = _dropout(x, 0.25, tf.constant([3, 9]))
+            return y, tape.gradient(y, x, output_gradients=dy)
+
+        y, dx = run(step)
+        kept = y.numpy() != 0
+        assert 0.2 < 1 - kept.mean() < 0.3
+        np.testing.assert_allclose(y.numpy()[kept], x.numpy()[kept] / 0.75, rtol=1e-6)
+        np.testing.assert_allclose(dx, np.where(kept, dy / 0.75, 0.0), rtol=1e-6)
 
 
 def test_training_mode_drops_and_changes_each_call():
