@@ -13,6 +13,7 @@ DOCS   := data/python_docs
 PRE    ?= output/pretrain_minilm
 SCRATCH ?= output/pretrain_scratch
 MINUTES ?= 6
+ROUNDS ?= 2
 
 .PHONY: demo test venv assets clean pretrain-demo scratch-demo bench
 
@@ -91,4 +92,4 @@ clean:
 
 # bert_mgpu vs keras-hub fit vs transformers (bf16 autocast), same shapes, data and batch: table + JSON.
 bench: assets
-	$(PY) benchmarks/bench.py --out benchmarks/results.json
+	$(PY) benchmarks/bench.py --rounds $(ROUNDS) --out benchmarks/results.json
