@@ -8,6 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
+from bert_mgpu.devices import distribute_dataset  # noqa: E402  (input as the library distributes it)
 
 
 def build(case, towers=1, fused=True):
@@ -66,7 +67,7 @@ def build(case, towers=1, fused=True):
 def setup(case, towers=1, fused=True):
     """(trainer, iterator of distributed training batches) for a training case (profile_step.py)."""
     tw, _, trainer, ds = build(case, towers, fused)
-    return trainer, iter(tw.strategy.experimental_distribute_dataset(ds.map(lambda f, y, i: (f, y))))
+    return trainer, iter(distribute_dataset(tw.strategy, ds.map(lambda f, y, i: (f, y))))
 
 
 def main(case, towers=1, fused=True):
@@ -81,7 +82,7 @@ def main(case, towers=1, fused=True):
         if spec["data"] == "full":
             ds = ds.take(spec["warmup"] + spec["steps"])
             meter = common.Meter(spec["warmup"])
-            dist = tw.strategy.experimental_distribute_dataset(ds)
+            dist = distribute_dataset(tw.strategy, ds)
             fn = None
             for batch in dist:
                 fn = fn or tf.function(lambda b: tw.strategy.run(
@@ -97,7 +98,7 @@ def main(case, towers=1, fused=True):
             meter.step(lengths)
     else:
         meter = common.Meter(spec["warmup"])
-        dist = iter(tw.strategy.experimental_distribute_dataset(ds.map(lambda f, y, i: (f, y))))
+        dist = iter(distribute_dataset(tw.strategy, ds.map(lambda f, y, i: (f, y))))
         for _ in range(spec["warmup"] + spec["steps"]):
             batch = next(dist)
             trainer.train_step(batch)

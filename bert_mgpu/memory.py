@@ -22,6 +22,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from bert_mgpu import devices
 from bert_mgpu.errors import UserError
 
 log = logging.getLogger("bert_mgpu")
@@ -114,7 +115,7 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
 
     def fits(per_tower):
         batch = make_batch(per_tower * trainer.strategy.num_replicas_in_sync)
-        dist = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch))))
+        dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
         reset_peak(plan)
         try:
             trainer.probe_step(dist)

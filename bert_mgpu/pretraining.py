@@ -23,7 +23,7 @@ import time
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, guards, memory, optimization, pretraining_model, run_dir
+from bert_mgpu import checkpoints, devices, guards, memory, optimization, pretraining_model, run_dir
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -197,7 +197,7 @@ class BertPretrainer:
         step, elapsed0 = int(trainer.step.numpy()), float(elapsed_var.numpy())
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",
                  global_batch, self.towers.count, micro, accum, step)
-        dist = strategy.experimental_distribute_dataset(data.dataset(global_batch, True, step * global_batch))
+        dist = devices.distribute_dataset(strategy, data.dataset(global_batch, True, step * global_batch))
         trainer.input_spec, it = dist.element_spec, iter(dist)  # one trace for every step (see Trainer)
         writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
         steps_per_epoch = lambda: max(1, data.count() // global_batch)  # noqa: E731

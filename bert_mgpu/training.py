@@ -163,7 +163,7 @@ class Trainer:
         SIGTERM or Ctrl-C end the loop after the step under way with `on_save()`; `self.interrupted`
         then names the signal. `max_consecutive_skips` non-finite steps in a row raise RunError.
         """
-        dist = self.strategy.experimental_distribute_dataset(dataset)
+        dist = devices.distribute_dataset(self.strategy, dataset)
         self.input_spec, it = dist.element_spec, iter(dist)
         start = int(self.step.numpy())
         skips = guards.SkipGuard(max_consecutive_skips)
@@ -216,7 +216,7 @@ class Trainer:
 
             self._eval_fn = tf.function(step, reduce_retracing=True)
         totals, count, batches = {}, 0.0, 0
-        for batch in self.strategy.experimental_distribute_dataset(dataset):
+        for batch in devices.distribute_dataset(self.strategy, dataset):
             if max_steps is not None and batches >= max_steps:
                 break
             sums, n = self._eval_fn(batch)
@@ -230,7 +230,7 @@ class Trainer:
     # ------------------------------------------------------------------ prediction
     def predict_logits(self, dataset):
         """(logits [N, C], labels [N]) for a dataset of (features, label, index), in input order."""
-        dist = self.strategy.experimental_distribute_dataset(dataset)
+        dist = devices.distribute_dataset(self.strategy, dataset)
         if self._predict_fn is None:
             def step(batch):
                 features, labels, index = batch
