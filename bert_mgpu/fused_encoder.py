@@ -68,13 +68,22 @@ def _dropout_gradient(op, dy, *_):
     return None, _dropout_kernel(dy, rate, seed), None, None
 
 
+def _with_gradient(name, y, *inputs):
+    """y as a function of `inputs` whose gradient is the one registered as `name`, not autodiff's.
+
+    A gradient override on an identity, registered once at import: `tf.custom_gradient` would register
+    a new gradient closure per trace, and those keep traced steps alive (benchmarks/NOTES.md, item 7).
+    The callers are tf.functions, so the override holds when they are called eagerly too.
+    """
+    with tf.compat.v1.get_default_graph().gradient_override_map({"IdentityN": name}):
+        return tf.identity_n([tf.stop_gradient(y), *inputs])[0]
+
+
 @tf.function
 def _dropout(x, rate, seed):
     """Dropout of x in one kernel, no mask kept: the backward is dropout of dy under the same seed."""
     rate = tf.constant(rate, tf.float32)
-    y = tf.stop_gradient(_dropout_kernel(x, rate, seed))
-    with tf.compat.v1.get_default_graph().gradient_override_map({"IdentityN": "BertMgpuDropout"}):
-        return tf.identity_n([y, x, rate, seed])[0]
+    return _with_gradient("BertMgpuDropout", _dropout_kernel(x, rate, seed), x, rate, seed)
 
 
 def _layer_norm(x, gamma, beta, eps):
@@ -108,9 +117,7 @@ def _bias_activation(name, value, slope):
     Differentiating the XLA kernel instead makes its forward write out the float32 intermediates the
     gradient needs, then runs a backward kernel over them: GELU on [4096, 1536] in bfloat16 took
     12.8 ms forward and backward, against 7 ms this way, whose backward reads only x and b
-    (benchmarks/NOTES.md, item 8). The gradient is attached by a gradient override on an identity,
-    registered once here, so no per-call gradient closure keeps traced steps alive as
-    `tf.custom_gradient` would. The outer tf.function makes the override hold when called eagerly too.
+    (benchmarks/NOTES.md, item 8).
     """
     f32 = lambda t: tf.cast(t, tf.float32)  # noqa: E731
 
@@ -129,9 +136,7 @@ def _bias_activation(name, value, slope):
 
     @tf.function
     def bias_activation(x, b):
-        y = tf.stop_gradient(forward(x, b))
-        with tf.compat.v1.get_default_graph().gradient_override_map({"IdentityN": f"BertMgpuBias{name}"}):
-            return tf.identity_n([y, x, b])[0]
+        return _with_gradient(f"BertMgpuBias{name}", forward(x, b), x, b)
 
     return bias_activation
 
