@@ -3,7 +3,9 @@
 Ops run one at a time (`inter_op_parallelism_threads=1`), so the sums add up to the step's wall time and
 no op's time is counted twice.
 
-Usage: python benchmarks/profile_step.py CASE [--steps 3] [--top 25]   (CASE: a, c or d; see common.py)
+Usage: python benchmarks/profile_step.py CASE [--steps 3] [--top 25]   (CASE: a, c, d or eb; see common.py)
+
+For eb a "step" is one whole prediction pass over the Rotten Tomatoes dev set (after a warm-up pass).
 """
 
 import argparse
@@ -51,7 +53,7 @@ def op_times(logdir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["a", "c", "d"])
+    ap.add_argument("case", choices=["a", "c", "d", "eb"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -60,13 +62,18 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import bench_bert_mgpu
 
-    trainer, dist = bench_bert_mgpu.setup(args.case)
-    for _ in range(3):
-        trainer.train_step(next(dist))
+    if args.case == "eb":
+        _, _, trainer, ds = bench_bert_mgpu.build(args.case)
+        step = lambda: trainer.predict_logits(ds)  # noqa: E731
+    else:
+        trainer, dist = bench_bert_mgpu.setup(args.case)
+        step = lambda: trainer.train_step(next(dist))  # noqa: E731
+    for _ in range(1 if args.case == "eb" else 3):
+        step()
     logdir = tempfile.mkdtemp(prefix="bert_mgpu_profile_")
     tf.profiler.experimental.start(logdir)
     for _ in range(args.steps):
-        trainer.train_step(next(dist))
+        step()
     tf.profiler.experimental.stop()
     totals, span = op_times(logdir)
     ops = sum(totals.values())

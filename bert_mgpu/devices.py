@@ -206,21 +206,69 @@ def all_reduce(reduce_op, values, options=None):
 
 
 def distribute_dataset(strategy, dataset):
-    """`strategy.experimental_distribute_dataset(dataset)`, with tf.data's autotuning off.
+    """Global batches of `dataset` split across the towers: an iterable of per-tower values.
 
-    Dropping a distributed iterator waits for the host pipeline's autotuning thread, which sleeps in a
-    timed wait that cancellation does not cut short: 2.5 s, 7.6 s, up to 17 s measured, in 3 of 8 runs
-    of `benchmarks/iterator_stall.py`, at the end of every evaluation, prediction and `fit` that hits it.
-    Without autotuning, 1 of 22 runs stalled (the towers' own pipelines, which TensorFlow builds with
-    default options, still autotune). Autotuning only sizes the parallelism and buffers of pipelines
-    that are light next to a BERT step: after this change the Rotten Tomatoes training benchmark read
-    190-203 ex/s and its prediction pass 2.4-2.9 s, as fast as before (benchmarks/NOTES.md, item 11).
+    Used instead of `strategy.experimental_distribute_dataset`, whose iterator stalls when it is dropped.
+    TensorFlow's MultiDeviceIterator builds one pipeline per tower with default tf.data options, so each
+    runs tf.data's autotuning thread, and dropping the iterator waits for that thread's timed sleep, which
+    cancellation does not cut short and which grows with the iterator's age: 2.5 s, 7.6 s, 17 s, and 59 s
+    at the end of a 2-tower `make demo` measured (benchmarks/NOTES.md, items 11 and 12). Here one plain
+    host iterator, autotuning off, reads the global batch, and one traced function cuts it into
+    contiguous slices, one on each tower's device (sizes differ by at most one row in a partial batch;
+    a tower may get none). Under MultiWorkerMirroredStrategy every worker reads the same batches and
+    keeps its own towers' slices, as tf.distribute's data sharding does.
+
+    Example:
+        for batch in distribute_dataset(strategy, dataset):   # batch: PerReplica values
+            strategy.run(step, args=(batch,))
     """
     import tensorflow as tf
 
     options = tf.data.Options()
     options.autotune.enabled = False
-    return strategy.experimental_distribute_dataset(dataset.with_options(options))
+    return TowerBatches(strategy, dataset.with_options(options))
+
+
+class TowerBatches:
+    """What `distribute_dataset` returns: iterable, with the `element_spec` to trace a step once."""
+
+    def __init__(self, strategy, dataset):
+        import tensorflow as tf
+        from tensorflow.python.distribute import values as tf_values
+
+        self.strategy, self.dataset = strategy, dataset
+        # Global ids of this worker's towers (0..n-1 on one machine), in the order of their devices.
+        self._ids = tuple(strategy.experimental_local_results(
+            strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)))
+        total, self._places = strategy.num_replicas_in_sync, strategy.extended.worker_devices
+
+        def rows(t, i):
+            n = tf.shape(t)[0]
+            size, extra = n // total, n % total
+            start = i * size + tf.minimum(i, extra)
+            return t[start:start + size + tf.cast(i < extra, tf.int32)]
+
+        self._split = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)
+                                                 for i in self._ids], input_signature=[dataset.element_spec])
+        def tower_spec(spec):  # a static global batch divisible by the towers stays static per tower
+            rows = spec.shape[0] if spec.shape.rank else None
+            rows = rows // total if rows is not None and rows % total == 0 else None
+            spec = tf.TensorSpec([rows] + spec.shape[1:], spec.dtype) if spec.shape.rank else spec
+            return tf_values.PerReplicaSpec(*[spec] * len(self._ids))
+
+        self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)
+
+    def __iter__(self):
+        import tensorflow as tf
+
+        def place(part, device):  # a function's outputs come back on the host; move each to its tower
+            with tf.device(device):
+                return tf.nest.map_structure(tf.identity, part)
+
+        for batch in self.dataset:
+            parts = {i: place(p, d) for i, p, d in zip(self._ids, self._split(batch), self._places)}
+            yield self.strategy.experimental_distribute_values_from_function(
+                lambda ctx: parts[ctx.replica_id_in_sync_group])
 
 
 def multi_worker_strategy():

@@ -27,6 +27,24 @@ from bert_mgpu.modeling import ACTIVATIONS, build_backbone
 log = logging.getLogger("bert_mgpu")
 
 
+class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
+    """keras-hub's MaskedLMHead, projecting onto the word embeddings with one `transpose_b` matmul.
+
+    keras-hub's reverse embedding transposes the [vocab, hidden] table in every forward pass and the
+    gradient back in every backward pass; the matmul reads the table as it is stored
+    (benchmarks/NOTES.md, item 13). Same variables, same result.
+    """
+
+    def call(self, inputs, mask_positions):
+        x = keras.ops.take_along_axis(inputs, keras.ops.expand_dims(mask_positions, -1), axis=1)
+        x = self._intermediate_layer_norm(self._intermediate_dense(x))
+        table = tf.cast(self.token_embedding.embeddings, self.compute_dtype)
+        rows = tf.reshape(x, [-1, tf.shape(x)[-1]])
+        logits = tf.matmul(rows, table, transpose_b=True)
+        logits = tf.reshape(logits, tf.concat([tf.shape(x)[:-1], [-1]], 0)) + tf.cast(self._bias, self.compute_dtype)
+        return self.activation(logits) if self.activation is not None else logits
+
+
 def build_pretrainer(config, policy="float32", nsp=True, fused=True):
     """Functional model: inputs + `mask_positions` -> {"mlm_logits", "nsp_logits" (if nsp)}, float32.
 
@@ -46,7 +64,7 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
         positions = keras.ops.cumsum(keras.ops.ones_like(positions), axis=1) - 1
     else:
         encoded = backbone({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
-    mlm_head = keras_hub.layers.MaskedLMHead(
+    mlm_head = TiedMaskedLMHead(
         vocabulary_size=config.vocab_size, token_embedding=backbone.token_embedding,
         intermediate_activation=ACTIVATIONS[config.hidden_act], layer_norm_epsilon=1e-12,
         kernel_initializer=init, dtype=keras.DTypePolicy(policy), name="mlm_head")

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -71,3 +72,43 @@ def test_configure_refuses_more_towers_than_started_devices():
     tf.constant(1.0)  # make sure the runtime has started
     with pytest.raises(UserError, match="already started with 2 logical CPU device"):
         devices.configure_devices(devices.plan_devices(0, 3, 4, ()))
+
+
+def _two_towers():
+    return devices.make_strategy(devices.plan_devices(0, 2, 4, ()))
+
+
+def test_distribute_dataset_splits_each_global_batch_across_the_towers():
+    strategy = _two_towers()
+    ds = tf.data.Dataset.range(11).map(lambda i: ({"ids": tf.fill([3], i)}, i)).batch(4)
+    dist = devices.distribute_dataset(strategy, ds)
+    assert dist.dataset.options().autotune.enabled is False  # no autotuning thread to wait for on drop
+    seen = []
+    for features, labels in dist:
+        parts = strategy.experimental_local_results(labels)
+        ids = strategy.experimental_local_results(features["ids"])
+        assert [p.device.split("/")[-1] for p in parts] == ["device:CPU:0", "device:CPU:1"]
+        for p, i in zip(parts, ids):
+            np.testing.assert_array_equal(i.numpy(), np.repeat(p.numpy()[:, None], 3, axis=1))
+        seen.append([p.numpy().tolist() for p in parts])
+    # contiguous halves, the partial last batch 2 + 1
+    assert seen == [[[0, 1], [2, 3]], [[4, 5], [6, 7]], [[8, 9], [10]]]
+
+
+def test_distribute_dataset_traces_a_step_once_and_leaves_a_tower_empty_when_rows_run_out():
+    strategy = _two_towers()
+    ds = tf.data.Dataset.range(9).batch(4)  # batches of 4, 4, 1: the last gives tower 1 nothing
+    dist = devices.distribute_dataset(strategy, ds)
+    step = tf.function(lambda b: strategy.run(lambda x: tf.stack([tf.size(x, tf.int64), tf.reduce_sum(x)]),
+                                              args=(b,)), input_signature=[dist.element_spec])
+    out = [[r.numpy().tolist() for r in strategy.experimental_local_results(step(b))] for b in dist]
+    assert out == [[[2, 1], [2, 5]], [[2, 9], [2, 13]], [[1, 8], [0, 0]]]
+    assert step.experimental_get_tracing_count() == 1
+
+
+def test_distribute_dataset_keeps_a_static_batch_static_per_tower():
+    strategy = _two_towers()
+    fixed = devices.distribute_dataset(strategy, tf.data.Dataset.range(16).batch(4, drop_remainder=True))
+    assert [s.shape.as_list() for s in fixed.element_spec._value_specs] == [[2], [2]]
+    odd = devices.distribute_dataset(strategy, tf.data.Dataset.range(15).batch(3, drop_remainder=True))
+    assert [s.shape.as_list() for s in odd.element_spec._value_specs] == [[None], [None]]

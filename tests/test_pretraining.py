@@ -265,3 +265,32 @@ def test_auto_batch_size_picks_a_micro_batch_that_fits_and_divides(text, caplog,
     assert "trials 1: " in trials and "12: " in trials
     monkeypatch.setattr(memory, "find_batch_size", lambda *a, **k: (5, []))  # say 5 fit: 12 = 3 x 4
     assert pre.auto_batch_size(24, 32, 6, memory_limit_mb=1.0) == 4 and pre.towers.plan.per_tower_batch == 4
+
+
+@pytest.mark.parametrize("policy, tol", [("float32", 1e-5), ("mixed_bfloat16", 1e-2)])
+def test_tied_head_matches_keras_hub_head_and_its_gradients(policy, tol):
+    import keras_hub
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(3)
+    table = keras_hub.layers.ReversibleEmbedding(50, 16, dtype=keras.DTypePolicy(policy))
+    table.build((None,))
+    kw = dict(vocabulary_size=50, token_embedding=table, intermediate_activation="gelu",
+              layer_norm_epsilon=1e-12, dtype=keras.DTypePolicy(policy))
+    ours, theirs = pretraining_model.TiedMaskedLMHead(**kw), keras_hub.layers.MaskedLMHead(**kw)
+    hidden = tf.random.normal([3, 7, 16])
+    positions = tf.constant([[0, 2, 6], [1, 1, 5], [3, 4, 0]])
+    ours(hidden, mask_positions=positions), theirs(hidden, mask_positions=positions)  # build
+    theirs.set_weights(ours.get_weights())
+    results = []
+    for head in (ours, theirs):
+        with tf.GradientTape() as tape:
+            tape.watch(hidden)
+            logits = tf.cast(head(hidden, mask_positions=positions), tf.float32)
+            loss = tf.reduce_sum(tf.sin(logits))
+        results.append([logits] + tape.gradient(loss, [hidden, table.embeddings] + head.trainable_weights))
+    assert results[0][0].shape == (3, 3, 50)
+    assert float(tf.math.reduce_std(results[0][0])) > 0.1
+    for a, b in zip(*results):
+        a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
+        np.testing.assert_allclose(a, b, atol=tol * max(1.0, np.abs(b).max()), rtol=tol)

@@ -1,0 +1,65 @@
+"""A/B of the masked-LM head, forward and backward, in one process (benchmarks/NOTES.md, item 13).
+
+keras-hub's MaskedLMHead against bert_mgpu's TiedMaskedLMHead, same weights, at case (c)'s shape
+(batch 32, length 128, 20 predictions, hidden 384, the 30522-word vocabulary), mixed_bfloat16, both
+traced; calls interleaved so drift in the machine's speed hits both alike.
+
+Usage: python benchmarks/ab_mlm_head.py [--reps 30]
+"""
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    import keras
+    import keras_hub
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_mgpu.pretraining_model import TiedMaskedLMHead
+
+    policy = keras.DTypePolicy("mixed_bfloat16")
+    table = keras_hub.layers.ReversibleEmbedding(30522, 384, dtype=policy)
+    table.build((None,))
+    kw = dict(vocabulary_size=30522, token_embedding=table, intermediate_activation="gelu",
+              layer_norm_epsilon=1e-12, dtype=policy)
+    heads = {"keras-hub": keras_hub.layers.MaskedLMHead(**kw), "bert_mgpu": TiedMaskedLMHead(**kw)}
+    hidden = tf.cast(tf.random.normal([32, 128, 384]), tf.bfloat16)
+    positions = tf.random.uniform([32, 20], 0, 128, tf.int32)
+    labels = tf.random.uniform([32, 20], 0, 30522, tf.int32)
+    steps = {}
+    for name, head in heads.items():
+        def step(head=head):
+            with tf.GradientTape() as tape:
+                tape.watch(hidden)
+                logits = tf.cast(head(hidden, mask_positions=positions), tf.float32)
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+            grads = tape.gradient(loss, [hidden] + head.trainable_weights)
+            return loss + tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
+        steps[name] = tf.function(step)
+    heads["bert_mgpu"].set_weights(heads["keras-hub"].get_weights())
+    for f in steps.values():
+        f().numpy(), f().numpy()  # trace and warm up
+    times = {name: [] for name in steps}
+    for _ in range(args.reps):
+        for name, f in steps.items():
+            start = time.perf_counter()
+            f().numpy()
+            times[name].append(time.perf_counter() - start)
+    med = {name: 1000 * float(np.median(t)) for name, t in times.items()}
+    for name, ms in med.items():
+        print(f"{name:10s} median {ms:6.1f} ms  (min {1000 * min(times[name]):.1f})")
+    print(f"bert_mgpu / keras-hub time: {med['bert_mgpu'] / med['keras-hub']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
