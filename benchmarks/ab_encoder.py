@@ -6,7 +6,9 @@ on the same backbone and batch: the ratio of medians is what the change is worth
 
 Usage:
     git show HEAD:bert_mgpu/fused_encoder.py > /tmp/before.py
-    python benchmarks/ab_encoder.py /tmp/before.py [--shape minilm] [--length 128] [--reps 12]
+    python benchmarks/ab_encoder.py /tmp/before.py [--shape minilm] [--length 128] [--reps 12] [--inference]
+
+--inference times the forward pass alone (training=False), as prediction runs it.
 """
 
 import argparse
@@ -39,6 +41,7 @@ def main():
     ap.add_argument("--shape", default="minilm", choices=sorted(common.SHAPES))
     ap.add_argument("--length", type=int, default=common.SEQ)
     ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--inference", action="store_true", help="forward only, training=False")
     args = ap.parse_args()
     import numpy as np
     import tensorflow as tf
@@ -60,6 +63,8 @@ def main():
 
         @tf.function
         def step():
+            if args.inference:
+                return [encoder(features, training=False)["pooled_output"]]
             with tf.GradientTape() as tape:
                 pooled = encoder(features, training=True)["pooled_output"]
                 loss = tf.reduce_sum(tf.cast(pooled, tf.float32) ** 2)

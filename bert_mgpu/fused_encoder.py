@@ -224,9 +224,10 @@ class FusedBertEncoder(keras.layers.Layer):
         size = hidden // heads
         tokens = batch * length
 
-        x = (tf.gather(bb.token_embedding.embeddings, ids)
-             + bb.position_embedding.position_embeddings[:length]
-             + tf.gather(bb.segment_embedding.embeddings, segments))
+        # The embedding layers gather float32 rows and cast them. Gathering from the variable here
+        # would have Keras cast the whole word-embedding table to bfloat16 first (NOTES.md, item 14).
+        x = (bb.token_embedding(ids) + bb.position_embedding.position_embeddings[:length]
+             + bb.segment_embedding(segments))
         ln = bb.embeddings_layer_norm
         x = _norm(tf.cast(x, dtype), *_read(ln.gamma, ln.beta), ln.epsilon)
         x = tf.reshape(x * self._mask(tf.shape(x), training), [tokens, hidden])

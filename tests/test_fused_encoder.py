@@ -52,6 +52,17 @@ def test_same_outputs_under_mixed_bfloat16():
     assert err.max() < 0.1 and err.mean() < 0.01
 
 
+def test_mixed_precision_never_casts_the_whole_embedding_table():
+    """Each step gathers the rows it needs; a cast of the [vocab, hidden] table would read all of it."""
+    backbone = build_backbone(tiny_config(30), "mixed_bfloat16")
+    encoder = FusedBertEncoder(backbone)
+    x = {k: tf.constant(v) for k, v in _inputs().items()}
+    graph = tf.function(lambda: encoder(x, training=True)).get_concrete_function().graph
+    casts = [op.inputs[0].shape.as_list() for op in graph.get_operations() if op.type == "Cast"]
+    assert casts.count([3, 12, 32]) >= 2  # the word and segment rows gathered, then cast
+    assert [30, 32] not in casts and [2, 32] not in casts  # the word and segment tables
+
+
 def test_dropout_mask_rate_and_scale():
     mask = _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]), tf.float32).numpy()
     assert mask.shape == (64, 129, 31)
