@@ -115,6 +115,25 @@ class FusedAdamW(_Skippable, keras.optimizers.AdamW):
     root); the decoupled weight decay stays Keras' own. Sparse gradients take Keras' path.
     """
 
+    def _apply_weight_decay(self, variables):
+        """Keras' decoupled decay `var -= var * wd * lr` as `var *= 1 - wd * lr`: one multiply of each
+        variable instead of two and a subtract (benchmarks/NOTES.md, item 15). lr is 0 on a skipped
+        step, so the factor is exactly 1."""
+        if self.weight_decay is None:
+            return
+
+        def decay(variable):
+            if self._use_weight_decay(variable):
+                rate = tf.cast(self.weight_decay, variable.dtype) * tf.cast(self.learning_rate, variable.dtype)
+                variable.assign(variable * (1.0 - rate))
+
+        def apply(distribution, variables):
+            for variable in variables:
+                variable = variable.value if isinstance(variable, keras.Variable) else variable
+                distribution.extended.update(variable, decay, group=False)
+
+        tf.__internal__.distribute.interim.maybe_merge_call(apply, self._distribution_strategy, variables)
+
     def update_step(self, gradient, variable, learning_rate):
         if isinstance(gradient, tf.IndexedSlices) or self.amsgrad:
             if self._keep is not None:
@@ -163,13 +182,24 @@ class SkippingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
     process (tensorflow/tensorflow#62854), a leak per new model in a notebook. Here the gradients are
     unscaled with `multiply_no_nan` by 1/scale or 0, and the inner optimizer's step is multiplied away
     (see `_Skippable`), so the step is one straight-line graph.
+
+    `clipnorm` clips the global norm of the unscaled gradients here, not in the inner optimizer: one
+    sum of squares gives the norm and the finiteness (a sum with an Inf or NaN in it is not finite),
+    and one multiply unscales and clips. Keras spends four passes over every gradient on that (a
+    finiteness check, the unscale, the norm, the clip); on the memory-bound optimizer of a short-
+    sequence step they cost more than the multiply (benchmarks/NOTES.md, item 15).
     """
+
+    def __init__(self, inner_optimizer, clipnorm=None, **kwargs):
+        super().__init__(inner_optimizer, **kwargs)
+        if inner_optimizer.global_clipnorm or inner_optimizer.clipnorm or inner_optimizer.clipvalue:
+            raise ValueError("clip in SkippingLossScaleOptimizer(clipnorm=...), not in the inner optimizer")
+        self.clip_global_norm = clipnorm
 
     def _tf_apply(self, grads, trainable_variables=None):
         def cross_replica(distribution, grads, variables):
             finite = distribution.experimental_local_results(
-                distribution.extended.call_for_each_replica(self.check_finite, args=(grads,)))[0]
-            distribution.extended.call_for_each_replica(self._guarded_apply, args=(grads, variables, finite))
+                distribution.extended.call_for_each_replica(self._guarded_apply, args=(grads, variables)))[0]
             count = tf.where(finite, self.step_counter + 1, 0)
             grow = tf.logical_and(finite, count >= self.dynamic_growth_steps)
             self.dynamic_scale.assign(self.dynamic_scale * tf.where(grow, 2.0, tf.where(finite, 1.0, 0.5)))
@@ -177,9 +207,16 @@ class SkippingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
 
         tf.distribute.get_replica_context().merge_call(cross_replica, args=(grads, trainable_variables))
 
-    def _guarded_apply(self, grads, variables, finite):
-        inner = self.inner_optimizer
-        factor = tf.where(finite, 1.0 / self.dynamic_scale, 0.0)
+    def _guarded_apply(self, grads, variables):
+        """Apply the unscaled, clipped gradients, or change nothing if any is not finite; -> finite."""
+        inner, scale = self.inner_optimizer, self.dynamic_scale
+        squares = tf.add_n([2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32)) for g in grads if g is not None])
+        finite = tf.math.is_finite(squares)
+        factor = 1.0 / scale
+        if self.clip_global_norm:
+            norm = tf.sqrt(squares) / scale
+            factor = factor * self.clip_global_norm / tf.maximum(norm, self.clip_global_norm)
+        factor = tf.where(finite, factor, 0.0)
         grads = [None if g is None else tf.math.multiply_no_nan(g, tf.cast(factor, g.dtype)) for g in grads]
         inner._keep = tf.cast(finite, tf.float32)
         try:
@@ -187,6 +224,7 @@ class SkippingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         finally:
             inner._keep = None
         inner.iterations.assign_sub(1 - tf.cast(finite, inner.iterations.dtype))  # apply() counted it
+        return finite
 
 
 TowerAveragedAdamW = _tower_averaged(FusedAdamW)
@@ -210,9 +248,9 @@ def create_optimizer(learning_rate, num_train_steps=None, num_warmup_steps=0, we
         schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
     inner = OPTIMIZERS[optimizer](
         learning_rate=schedule, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
-        global_clipnorm=clipnorm,
     )
     inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
     if float16:
-        return SkippingLossScaleOptimizer(inner, initial_scale=initial_scale or 2.0**15)
-    return SkippingLossScaleOptimizer(inner, initial_scale=initial_scale or 1.0, dynamic_growth_steps=2**30)
+        return SkippingLossScaleOptimizer(inner, clipnorm, initial_scale=initial_scale or 2.0**15)
+    return SkippingLossScaleOptimizer(inner, clipnorm, initial_scale=initial_scale or 1.0,
+                                      dynamic_growth_steps=2**30)

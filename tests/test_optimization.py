@@ -70,6 +70,35 @@ def _wrapped(name, float16=True):
     return lambda lr: optimization.create_optimizer(lr, 10, 2, optimizer=name, float16=float16)
 
 
+def _keras_reference(clipnorm):
+    """Keras' own loss scaling around Keras' AdamW clipping the global norm: what create_optimizer fuses."""
+    def make(lr):
+        inner = keras.optimizers.AdamW(optimization.WarmupLinearDecay(lr, 10, 2), weight_decay=0.01,
+                                       epsilon=1e-6, global_clipnorm=clipnorm)
+        inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
+        return keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0**15)
+    return make
+
+
+@pytest.mark.parametrize("clipnorm,towers", [(1.0, None), (1.0, 2), (None, None)])
+def test_unscale_and_clip_in_one_multiply_equal_keras(clipnorm, towers):
+    """The gradients' global norm is about 4 (18 normal draws) and the loss scale 2**15: clipping acts."""
+    make = lambda lr: optimization.create_optimizer(lr, 10, 2, float16=True, clipnorm=clipnorm)  # noqa: E731
+    got, opt = _steps(make, towers)
+    assert float(opt.dynamic_scale.numpy()) == 2.0**15
+    ref, _ = _steps(_keras_reference(clipnorm))
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    other, _ = _steps(_keras_reference(None if clipnorm else 1.0))
+    assert not np.allclose(got[0], other[0], rtol=1e-3)  # clipping or not changes the result
+
+
+def test_clipping_in_the_inner_optimizer_is_refused():
+    inner = optimization.FusedAdamW(learning_rate=0.1, global_clipnorm=1.0)
+    with pytest.raises(ValueError, match="not in the inner optimizer"):
+        optimization.SkippingLossScaleOptimizer(inner, 1.0)
+
+
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
 def test_a_non_finite_step_changes_nothing_and_halves_the_scale(name):
     """Steps 1, NaN, 2 == steps 1, 2, bit for bit: weights, Adam/LAMB slots, schedule; and no tf.cond."""

@@ -1,0 +1,71 @@
+"""Is a change to the optimizer step faster? Two versions of optimization.py, interleaved in one process.
+
+Both build `create_optimizer` (AdamW, global-norm clipping, the loss-scale wrapper) over the variables of
+a MiniLM-L6 backbone (22.7 M parameters) and apply the same dense float32 gradients, traced, as the
+training step does (benchmarks/NOTES.md, item 15).
+
+Usage:
+    git show HEAD:bert_mgpu/optimization.py > /tmp/before.py
+    python benchmarks/ab_optimizer.py /tmp/before.py [--reps 30]
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import common  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("other", help="another version of bert_mgpu/optimization.py")
+    ap.add_argument("--reps", type=int, default=30)
+    args = ap.parse_args()
+    import numpy as np
+    import tensorflow as tf
+
+    from bert_mgpu import optimization
+    from bert_mgpu.config import BertConfig
+    from bert_mgpu.modeling import build_backbone
+
+    spec = importlib.util.spec_from_file_location("other_optimization", args.other)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    shape = common.SHAPES["minilm"]
+    config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                        num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                        intermediate_size=shape["inter"], hidden_act="gelu", max_position_embeddings=512)
+    rng = np.random.default_rng(0)
+
+    def step_of(opt, variables):
+        return tf.function(lambda g: opt.apply(g, variables))
+
+    steps = {}
+    for name, module in (("other", other), ("this", optimization)):
+        variables = build_backbone(config, "mixed_bfloat16").trainable_variables
+        grads = [tf.constant(rng.normal(scale=1e-3, size=v.shape).astype("float32")) for v in variables]
+        opt = module.create_optimizer(1e-4, 1000, 100)
+        opt.build(variables)
+        steps[name] = (step_of(opt, variables), grads)
+    times = {name: [] for name in steps}
+    for _ in range(3):
+        for f, g in steps.values():
+            f(g)
+    for _ in range(args.reps):
+        for name, (f, g) in steps.items():
+            start = time.perf_counter()
+            f(g)
+            times[name].append(time.perf_counter() - start)
+    print(f"{sum(int(np.prod(g.shape)) for g in steps['this'][1]) / 1e6:.1f} M parameters")
+    for name, t in times.items():
+        print(f"{name}: median {1000 * np.median(t):.1f} ms, min {1000 * min(t):.1f} ms")
+    print(f"this / other (medians): {np.median(times['this']) / np.median(times['other']):.3f}")
+
+
+if __name__ == "__main__":
+    main()
