@@ -1,10 +1,13 @@
-"""A/B of the masked-LM head, forward and backward, in one process (benchmarks/NOTES.md, item 13).
+"""A/B of the masked-LM head and loss, forward and backward, in one process (benchmarks/NOTES.md, 13, 16).
 
-keras-hub's MaskedLMHead against bert_mgpu's TiedMaskedLMHead, same weights, at case (c)'s shape
-(batch 32, length 128, 20 predictions, hidden 384, the 30522-word vocabulary), mixed_bfloat16, both
-traced; calls interleaved so drift in the machine's speed hits both alike.
+At case (c)'s shape (batch 32, length 128, 20 predictions, hidden 384, the 30522-word vocabulary),
+mixed_bfloat16, traced, calls interleaved so drift in the machine's speed hits both alike:
+- `--part head`: keras-hub's MaskedLMHead against bert_mgpu's TiedMaskedLMHead (same weights), each
+  followed by Keras' cross-entropy on float32 logits;
+- `--part loss`: TiedMaskedLMHead, then Keras' cross-entropy and argmax on a float32 copy of the
+  logits (as before item 16) against `sparse_xent` and argmax on the bfloat16 logits.
 
-Usage: python benchmarks/ab_mlm_head.py [--reps 30]
+Usage: python benchmarks/ab_mlm_head.py [--part head|loss] [--reps 30]
 """
 
 import argparse
@@ -18,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=("head", "loss"), default="head")
     ap.add_argument("--reps", type=int, default=30)
     args = ap.parse_args()
     import keras
@@ -25,28 +29,38 @@ def main():
     import numpy as np
     import tensorflow as tf
 
-    from bert_mgpu.pretraining_model import TiedMaskedLMHead
+    from bert_mgpu.pretraining_model import TiedMaskedLMHead, sparse_xent
 
     policy = keras.DTypePolicy("mixed_bfloat16")
     table = keras_hub.layers.ReversibleEmbedding(30522, 384, dtype=policy)
     table.build((None,))
     kw = dict(vocabulary_size=30522, token_embedding=table, intermediate_activation="gelu",
               layer_norm_epsilon=1e-12, dtype=policy)
-    heads = {"keras-hub": keras_hub.layers.MaskedLMHead(**kw), "bert_mgpu": TiedMaskedLMHead(**kw)}
+    if args.part == "head":
+        heads = {"keras-hub": keras_hub.layers.MaskedLMHead(**kw), "bert_mgpu": TiedMaskedLMHead(**kw)}
+    else:
+        heads = {"float32 copy": TiedMaskedLMHead(**kw), "sparse_xent": TiedMaskedLMHead(**kw)}
     hidden = tf.cast(tf.random.normal([32, 128, 384]), tf.bfloat16)
     positions = tf.random.uniform([32, 20], 0, 128, tf.int32)
     labels = tf.random.uniform([32, 20], 0, 30522, tf.int32)
     steps = {}
     for name, head in heads.items():
-        def step(head=head):
+        def step(head=head, name=name):
             with tf.GradientTape() as tape:
                 tape.watch(hidden)
-                logits = tf.cast(head(hidden, mask_positions=positions), tf.float32)
-                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+                logits = head(hidden, mask_positions=positions)
+                if name == "sparse_xent":
+                    per = sparse_xent(tf.reshape(labels, [-1]), tf.reshape(logits, [-1, 30522]))
+                else:
+                    logits = tf.cast(logits, tf.float32)
+                    per = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+                loss = tf.reduce_mean(per)
+                hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32))
             grads = tape.gradient(loss, [hidden] + head.trainable_weights)
-            return loss + tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
+            return loss + hits + tf.add_n([tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])
         steps[name] = tf.function(step)
-    heads["bert_mgpu"].set_weights(heads["keras-hub"].get_weights())
+    first, second = heads
+    heads[second].set_weights(heads[first].get_weights())
     for f in steps.values():
         f().numpy(), f().numpy()  # trace and warm up
     times = {name: [] for name in steps}
@@ -57,8 +71,8 @@ def main():
             times[name].append(time.perf_counter() - start)
     med = {name: 1000 * float(np.median(t)) for name, t in times.items()}
     for name, ms in med.items():
-        print(f"{name:10s} median {ms:6.1f} ms  (min {1000 * min(times[name]):.1f})")
-    print(f"bert_mgpu / keras-hub time: {med['bert_mgpu'] / med['keras-hub']:.3f}")
+        print(f"{name:12s} median {ms:6.1f} ms  (min {1000 * min(times[name]):.1f})")
+    print(f"{second} / {first} time: {med[second] / med[first]:.3f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Ops run one at a time (`inter_op_parallelism_threads=1`), so the sums add up to the step's wall time and
 no op's time is counted twice.
 
-Usage: python benchmarks/profile_step.py CASE [--steps 3] [--top 25]   (CASE: a, c, d or eb; see common.py)
+Usage: python benchmarks/profile_step.py CASE [--steps 3] [--top 25]   (CASE: a, b, c, d or eb; see common.py)
 
 For eb a "step" is one whole prediction pass over the Rotten Tomatoes dev set (after a warm-up pass).
 """
@@ -53,7 +53,7 @@ def op_times(logdir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["a", "c", "d", "eb"])
+    ap.add_argument("case", choices=["a", "b", "c", "d", "eb"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -68,8 +68,10 @@ def main():
     else:
         trainer, dist = bench_bert_mgpu.setup(args.case)
         step = lambda: trainer.train_step(next(dist))  # noqa: E731
-    for _ in range(1 if args.case == "eb" else 3):
-        step()
+    import common
+
+    for _ in range(1 if args.case == "eb" else max(3, common.CASES[args.case]["warmup"])):
+        step()  # (b): every length bucket traced and compiled before the profile
     logdir = tempfile.mkdtemp(prefix="bert_mgpu_profile_")
     tf.profiler.experimental.start(logdir)
     for _ in range(args.steps):

@@ -68,7 +68,7 @@ def _dropout_gradient(op, dy, *_):
     return None, _dropout_kernel(dy, rate, seed), None, None
 
 
-def _with_gradient(name, y, *inputs):
+def with_gradient(name, y, *inputs):
     """y as a function of `inputs` whose gradient is the one registered as `name`, not autodiff's.
 
     A gradient override on an identity, registered once at import: `tf.custom_gradient` would register
@@ -83,7 +83,7 @@ def _with_gradient(name, y, *inputs):
 def _dropout(x, rate, seed):
     """Dropout of x in one kernel, no mask kept: the backward is dropout of dy under the same seed."""
     rate = tf.constant(rate, tf.float32)
-    return _with_gradient("BertMgpuDropout", _dropout_kernel(x, rate, seed), x, rate, seed)
+    return with_gradient("BertMgpuDropout", _dropout_kernel(x, rate, seed), x, rate, seed)
 
 
 def _layer_norm(x, gamma, beta, eps):
@@ -136,7 +136,7 @@ def _bias_activation(name, value, slope):
 
     @tf.function
     def bias_activation(x, b):
-        return _with_gradient(f"BertMgpuBias{name}", forward(x, b), x, b)
+        return with_gradient(f"BertMgpuBias{name}", forward(x, b), x, b)
 
     return bias_activation
 

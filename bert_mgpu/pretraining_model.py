@@ -10,7 +10,7 @@ under those names.
 Example:
     model = build_pretrainer(config, policy="mixed_bfloat16", nsp=True)
     out = model({"token_ids": ids, "segment_ids": segs, "padding_mask": ids != 0, "mask_positions": pos})
-    out["mlm_logits"]  # [batch, predictions, vocab] float32;  out["nsp_logits"]: [batch, 2] float32
+    out["mlm_logits"]  # [batch, predictions, vocab], compute dtype;  out["nsp_logits"]: [batch, 2] float32
 """
 
 import logging
@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.errors import UserError
-from bert_mgpu.fused_encoder import FusedBertEncoder
+from bert_mgpu.fused_encoder import FusedBertEncoder, with_gradient
 from bert_mgpu.modeling import ACTIVATIONS, build_backbone
 
 log = logging.getLogger("bert_mgpu")
@@ -46,7 +46,10 @@ class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
 
 
 def build_pretrainer(config, policy="float32", nsp=True, fused=True):
-    """Functional model: inputs + `mask_positions` -> {"mlm_logits", "nsp_logits" (if nsp)}, float32.
+    """Functional model: inputs + `mask_positions` -> {"mlm_logits", "nsp_logits" (if nsp)}.
+
+    The masked-LM logits stay in the compute dtype (bfloat16 under mixed_bfloat16): `sparse_xent`
+    computes the loss from them in float32 without a float32 copy of [batch, predictions, vocab].
 
     Attributes `.backbone`, `.mlm_head` and `.nsp_head` (None without NSP) address the parts.
     """
@@ -69,7 +72,8 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
         intermediate_activation=ACTIVATIONS[config.hidden_act], layer_norm_epsilon=1e-12,
         kernel_initializer=init, dtype=keras.DTypePolicy(policy), name="mlm_head")
     logits = mlm_head(encoded["sequence_output"], mask_positions=positions)
-    outputs = {"mlm_logits": keras.layers.Activation("linear", dtype="float32", name="mlm_logits")(logits)}
+    outputs = {"mlm_logits": keras.layers.Activation("linear", dtype=keras.DTypePolicy(policy),
+                                                     name="mlm_logits")(logits)}
     nsp_head = None
     if nsp:
         nsp_head = keras.layers.Dense(2, kernel_initializer=init, dtype="float32", name="nsp_head")
@@ -122,6 +126,40 @@ def assign_heads(model, weights, source):
     return fresh
 
 
+@tf.function(jit_compile=True)
+def _logsumexp(logits):
+    x = tf.cast(logits, tf.float32)
+    top = tf.reduce_max(x, axis=-1)
+    return top + tf.math.log(tf.reduce_sum(tf.exp(x - top[:, None]), axis=-1))
+
+
+@tf.function(jit_compile=True)
+def _xent_backward(dloss, logits, lse, labels):
+    x = tf.cast(logits, tf.float32)
+    hit = tf.cast(tf.equal(tf.range(tf.shape(x)[1])[None, :], labels[:, None]), tf.float32)
+    return tf.cast((tf.exp(x - lse[:, None]) - hit) * dloss[:, None], logits.dtype)
+
+
+@tf.RegisterGradient("BertMgpuSparseXent")
+def _xent_gradient(op, dloss, *_):
+    _, logits, labels, lse = op.inputs
+    return None, _xent_backward(dloss, logits, lse, labels), None, None
+
+
+@tf.function
+def sparse_xent(labels, logits):
+    """Cross-entropy [N] of logits [N, vocab] (any float dtype) against integer labels [N], in float32.
+
+    What `sparse_categorical_crossentropy(from_logits=True)` computes, without a float32 copy of the
+    logits: one kernel reads them for the log-sum-exp, and the backward is one kernel writing the
+    gradient in the logits' dtype (benchmarks/NOTES.md, item 16).
+    """
+    labels = tf.cast(labels, tf.int32)
+    lse = _logsumexp(logits)
+    picked = tf.cast(tf.gather(logits, labels, batch_dims=1), tf.float32)
+    return with_gradient("BertMgpuSparseXent", lse - picked, logits, labels, lse)
+
+
 def pretraining_loss(model, features, labels, training=True):
     """google-bert's loss: masked-LM cross-entropy over real predictions (+ NSP cross-entropy).
 
@@ -129,7 +167,9 @@ def pretraining_loss(model, features, labels, training=True):
     """
     out = model(features, training=training)
     ids, weights = labels["masked_lm_ids"], tf.cast(labels["masked_lm_weights"], tf.float32)
-    per = keras.losses.sparse_categorical_crossentropy(ids, out["mlm_logits"], from_logits=True)
+    logits = out["mlm_logits"]
+    per = tf.reshape(sparse_xent(tf.reshape(ids, [-1]), tf.reshape(logits, [-1, tf.shape(logits)[-1]])),
+                     tf.shape(ids))
     denominator = tf.reduce_sum(weights) + 1e-5
     mlm_loss = tf.reduce_sum(per * weights) / denominator
     correct = tf.cast(tf.equal(tf.argmax(out["mlm_logits"], -1, output_type=tf.int32), ids), tf.float32)

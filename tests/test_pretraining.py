@@ -294,3 +294,24 @@ def test_tied_head_matches_keras_hub_head_and_its_gradients(policy, tol):
     for a, b in zip(*results):
         a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
         np.testing.assert_allclose(a, b, atol=tol * max(1.0, np.abs(b).max()), rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sparse_xent_matches_keras_cross_entropy_and_its_gradient(dtype):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(4)
+    logits = tf.cast(tf.constant(rng.normal(scale=3.0, size=(9, 61)).astype("float32")), dtype)
+    labels = tf.constant(np.r_[0, 60, rng.integers(0, 61, 7)].astype("int32"))  # both ends of the vocabulary
+    weights = tf.constant(rng.normal(size=9).astype("float32"))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(logits)
+        ours = pretraining_model.sparse_xent(labels, logits)
+        ref = keras.losses.sparse_categorical_crossentropy(labels, tf.cast(logits, tf.float32), from_logits=True)
+        loss_ours, loss_ref = tf.reduce_sum(ours * weights), tf.reduce_sum(ref * weights)
+    grad_ours, grad_ref = tape.gradient(loss_ours, logits), tape.gradient(loss_ref, logits)
+    assert ours.dtype == tf.float32 and grad_ours.dtype == logits.dtype
+    assert float(tf.reduce_min(ref)) > 0.01 and float(tf.reduce_max(tf.abs(grad_ref))) > 0.1
+    np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tf.cast(grad_ours, tf.float32).numpy(), tf.cast(grad_ref, tf.float32).numpy(),
+                               rtol=1e-6, atol=1e-6)
