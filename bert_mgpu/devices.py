@@ -251,6 +251,8 @@ class TowerBatches:
         self._split = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)
                                                  for i in self._ids], input_signature=[dataset.element_spec])
         def tower_spec(spec):  # a static global batch divisible by the towers stays static per tower
+            if not isinstance(spec, tf.TensorSpec):
+                raise TypeError(f"distribute_dataset splits dense tensors, not {type(spec).__name__}")
             rows = spec.shape[0] if spec.shape.rank else None
             rows = rows // total if rows is not None and rows % total == 0 else None
             spec = tf.TensorSpec([rows] + spec.shape[1:], spec.dtype) if spec.shape.rank else spec
