@@ -242,6 +242,14 @@ class TowerBatches:
             strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)))
         total, self._places = strategy.num_replicas_in_sync, strategy.extended.worker_devices
 
+        def tower_spec(spec):  # a static global batch divisible by the towers stays static per tower
+            if not isinstance(spec, tf.TensorSpec) or not spec.shape.rank:
+                raise TypeError(f"distribute_dataset splits batched dense tensors, not {spec}")
+            rows = spec.shape[0]
+            rows = rows // total if rows is not None and rows % total == 0 else None
+            # PerReplicaSpec is what tf.distribute's own datasets report; TensorFlow exports no name for it.
+            return tf_values.PerReplicaSpec(*[tf.TensorSpec([rows] + spec.shape[1:], spec.dtype)] * len(self._ids))
+
         def rows(t, i):
             n = tf.shape(t)[0]
             size, extra = n // total, n % total
@@ -250,14 +258,6 @@ class TowerBatches:
 
         self._split = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)
                                                  for i in self._ids], input_signature=[dataset.element_spec])
-        def tower_spec(spec):  # a static global batch divisible by the towers stays static per tower
-            if not isinstance(spec, tf.TensorSpec):
-                raise TypeError(f"distribute_dataset splits dense tensors, not {type(spec).__name__}")
-            rows = spec.shape[0] if spec.shape.rank else None
-            rows = rows // total if rows is not None and rows % total == 0 else None
-            spec = tf.TensorSpec([rows] + spec.shape[1:], spec.dtype) if spec.shape.rank else spec
-            return tf_values.PerReplicaSpec(*[spec] * len(self._ids))
-
         self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)
 
     def __iter__(self):

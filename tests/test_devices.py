@@ -112,3 +112,11 @@ def test_distribute_dataset_keeps_a_static_batch_static_per_tower():
     assert [s.shape.as_list() for s in fixed.element_spec._value_specs] == [[2], [2]]
     odd = devices.distribute_dataset(strategy, tf.data.Dataset.range(15).batch(3, drop_remainder=True))
     assert [s.shape.as_list() for s in odd.element_spec._value_specs] == [[None], [None]]
+
+
+def test_distribute_dataset_refuses_what_it_cannot_split():
+    ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]])).batch(2)
+    with pytest.raises(TypeError, match="splits batched dense tensors, not RaggedTensorSpec"):
+        devices.distribute_dataset(_two_towers(), ragged)
+    with pytest.raises(TypeError, match="splits batched dense tensors"):
+        devices.distribute_dataset(_two_towers(), tf.data.Dataset.range(3))  # unbatched scalars
