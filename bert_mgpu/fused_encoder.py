@@ -162,6 +162,13 @@ def _bias_dropout_residual(x, b, mask, residual):
     return (x + b) * mask + residual
 
 
+# For inference, the same activations as TensorFlow ops that grappler folds into oneDNN's matmul with
+# its bias (one _MklNativeFusedMatMul, no pass of its own; benchmarks/NOTES.md, item 18). Training keeps
+# the XLA kernels: their backward needs the pre-activation, which the folded matmul does not give.
+_INFERENCE = {_bias_gelu_exact: lambda z: tf.nn.gelu(z, approximate=False),
+              _bias_gelu_tanh: lambda z: tf.nn.gelu(z, approximate=True), _bias_relu: tf.nn.relu}
+
+
 def _activation_kernel(layer):
     """The fused bias+activation matching the Dense layer's activation (set from the BERT config)."""
     act = layer.activation
@@ -291,7 +298,10 @@ class FusedBertEncoder(keras.layers.Layer):
             x = h = _residual_norm(out, b_out, mask, x, *_read(ln1.gamma, ln1.beta), ln1.epsilon)
 
         inner, outer = layer._feedforward_intermediate_dense, layer._feedforward_output_dense
-        h = act(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias))
+        if training:
+            h = act(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias))
+        else:
+            h = _INFERENCE[act](tf.nn.bias_add(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias)))
         out = tf.matmul(h, self._w(outer.kernel))
         mask = self._mask(tf.shape(out), training)
         if pre_ln:
