@@ -16,7 +16,6 @@ import importlib.util
 import os
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -43,7 +42,6 @@ def main():
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--inference", action="store_true", help="forward only, training=False")
     args = ap.parse_args()
-    import numpy as np
     import tensorflow as tf
 
     from bert_mgpu import fused_encoder
@@ -73,19 +71,7 @@ def main():
         return step
 
     steps = {"other": step_of(load_other(args.other)), "this": step_of(fused_encoder)}
-    times = {name: [] for name in steps}
-    for _ in range(3):
-        for step in steps.values():
-            step()[-1].numpy()
-    for _ in range(args.reps):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()[-1].numpy()
-            times[name].append(time.perf_counter() - start)
-    for name, t in times.items():
-        print(f"{name}: median {1000 * np.median(t):.1f} ms, min {1000 * min(t):.1f} ms")
-    print(f"this / other (medians): {np.median(times['this']) / np.median(times['other']):.3f}")
-
+    common.ab_compare({name: (lambda step=step: step()[-1].numpy()) for name, step in steps.items()}, args.reps)
 
 if __name__ == "__main__":
     main()

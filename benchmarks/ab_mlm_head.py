@@ -13,10 +13,11 @@ Usage: python benchmarks/ab_mlm_head.py [--part head|loss] [--reps 30]
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
 
 
 def main():
@@ -26,7 +27,6 @@ def main():
     args = ap.parse_args()
     import keras
     import keras_hub
-    import numpy as np
     import tensorflow as tf
 
     from bert_mgpu.pretraining_model import TiedMaskedLMHead, sparse_xent
@@ -61,19 +61,7 @@ def main():
         steps[name] = tf.function(step)
     first, second = heads
     heads[second].set_weights(heads[first].get_weights())
-    for f in steps.values():
-        f().numpy(), f().numpy()  # trace and warm up
-    times = {name: [] for name in steps}
-    for _ in range(args.reps):
-        for name, f in steps.items():
-            start = time.perf_counter()
-            f().numpy()
-            times[name].append(time.perf_counter() - start)
-    med = {name: 1000 * float(np.median(t)) for name, t in times.items()}
-    for name, ms in med.items():
-        print(f"{name:12s} median {ms:6.1f} ms  (min {1000 * min(times[name]):.1f})")
-    print(f"{second} / {first} time: {med[second] / med[first]:.3f}")
-
+    common.ab_compare({name: (lambda f=f: f().numpy()) for name, f in steps.items()}, args.reps, warmup=2)
 
 if __name__ == "__main__":
     main()

@@ -13,7 +13,6 @@ import argparse
 import importlib.util
 import os
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -52,20 +51,8 @@ def main():
         opt = module.create_optimizer(1e-4, 1000, 100)
         opt.build(variables)
         steps[name] = (step_of(opt, variables), grads)
-    times = {name: [] for name in steps}
-    for _ in range(3):
-        for f, g in steps.values():
-            f(g)
-    for _ in range(args.reps):
-        for name, (f, g) in steps.items():
-            start = time.perf_counter()
-            f(g)
-            times[name].append(time.perf_counter() - start)
     print(f"{sum(int(np.prod(g.shape)) for g in steps['this'][1]) / 1e6:.1f} M parameters")
-    for name, t in times.items():
-        print(f"{name}: median {1000 * np.median(t):.1f} ms, min {1000 * min(t):.1f} ms")
-    print(f"this / other (medians): {np.median(times['this']) / np.median(times['other']):.3f}")
-
+    common.ab_compare({name: (lambda f=f, g=g: f(g)) for name, (f, g) in steps.items()}, args.reps)
 
 if __name__ == "__main__":
     main()

@@ -56,7 +56,8 @@ def main():
         return one_run(args.towers, args.via)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     for _ in range(args.runs):
-        out = subprocess.run([sys.executable, __file__, "--one", "--towers", str(args.towers), "--via", args.via], capture_output=True, text=True, env=env)
+        out = subprocess.run([sys.executable, __file__, "--one", "--towers", str(args.towers), "--via", args.via],
+                             capture_output=True, text=True, env=env)
         print(next((line for line in out.stdout.splitlines() if line.startswith("dropping")), out.stderr[-300:]))
 
 

@@ -172,7 +172,7 @@ def pretraining_loss(model, features, labels, training=True):
                      tf.shape(ids))
     denominator = tf.reduce_sum(weights) + 1e-5
     mlm_loss = tf.reduce_sum(per * weights) / denominator
-    correct = tf.cast(tf.equal(tf.argmax(out["mlm_logits"], -1, output_type=tf.int32), ids), tf.float32)
+    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), ids), tf.float32)
     stats = {"mlm_loss": mlm_loss, "mlm_accuracy": tf.reduce_sum(correct * weights) / denominator,
              "tokens_per_sequence": tf.reduce_mean(tf.reduce_sum(tf.cast(features["padding_mask"], tf.float32), 1))}
     loss = mlm_loss
