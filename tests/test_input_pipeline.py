@@ -57,6 +57,7 @@ def test_batches_padded_to_their_longest_rounded_to_8_not_max_seq_length(tok):
         mask = features["padding_mask"].numpy()
         longest = mask.sum(1).max()
         assert features["token_ids"].shape[1] == -(-longest // 8) * 8  # its longest example, rounded up
+        assert mask.sum(1).min() > features["token_ids"].shape[1] - 8  # a bucket per width: none padded by 8+
         assert (mask == (features["token_ids"].numpy() != 0)).all()
         assert (features["segment_ids"].numpy()[~mask] == 0).all()
     (short, _, _), = make_dataset([Example("0", words(50))], tok, None, 30, 4, training=False)
