@@ -63,8 +63,8 @@ def main():
     import bench_bert_mgpu
 
     if args.case == "eb":
-        _, _, trainer, ds = bench_bert_mgpu.build(args.case)
-        step = lambda: trainer.predict_logits(ds)  # noqa: E731
+        trainer = bench_bert_mgpu.build(args.case)[2]
+        step = lambda: trainer.predict_logits(bench_bert_mgpu.rt_dataset(args.case))  # noqa: E731
     else:
         trainer, dist = bench_bert_mgpu.setup(args.case)
         step = lambda: trainer.train_step(next(dist))  # noqa: E731

@@ -1,13 +1,20 @@
-"""tf.data input: examples -> tokenized, truncated, length-bucketed batches padded to their longest member.
+"""tf.data input: examples -> tokenized, truncated batches of similar lengths, padded to their longest member.
 
-Tokenization runs inside tf.data in parallel (ragged tensors, no Python per example). Pairs are truncated
-as google-bert's `_truncate_seq_pair` (always shorten the longer segment), which is what tf-text's
-RoundRobinTrimmer computes. Batches group similar lengths and are padded only to their own longest
-example rounded up to a multiple of 8, not to max_seq_length: every distinct batch length costs a trace
-and an XLA compile of the fused kernels (seconds each), and GPU tensor cores want multiples of 8. Every
-element carries its input position (`index`) so evaluation and prediction can put outputs back in input
-order whatever the bucketing, batch and tower count.
+Batches are padded only to their own longest example rounded up to a multiple of 8, not to
+max_seq_length: every distinct batch width costs a trace and an XLA compile of the fused kernels, and GPU
+tensor cores want multiples of 8. Pairs are truncated as google-bert's `_truncate_seq_pair` (always
+shorten the longer segment), which is what tf-text's RoundRobinTrimmer computes.
+
+Training tokenizes inside tf.data in parallel (ragged tensors, no Python per example) and buckets by
+length. Evaluation and prediction tokenize the whole set first, with one traced function kept per
+tokenizer, then sort it by length and cut it into batches: a tf.data iterator instantiates its functions
+anew, recompiling the tokenizer's regular expressions, which cost 0.3 s a pass over Rotten Tomatoes' dev
+set (12% of the pass on these two cores), where tokenizing the set takes 26 ms (benchmarks/NOTES.md,
+item 20). Every element carries its input position (`index`) so evaluation and prediction put outputs
+back in input order whatever the sorting, batch and tower count.
 """
+
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -16,7 +23,7 @@ import tensorflow_text as tf_text
 from bert_mgpu.errors import UserError
 
 # Up to 128 tokens, one bucket per padded width: lengths 8k-7 .. 8k share a bucket and a width of 8k, so no
-# example is padded by 8 or more; above that, buckets 32 wide. Rotten Tomatoes' batches are then 85% real
+# example is padded by 8 or more; above that, buckets 32 wide. Rotten Tomatoes' batches are then 88.5% real
 # tokens, against 81% with the buckets 16, 24, 32, 48, 64, ... (benchmarks/NOTES.md, item 19).
 _BOUNDARIES = tuple(range(9, 130, 8)) + tuple(range(161, 514, 32))
 
@@ -57,15 +64,16 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
                  source="data", pad_to_multiple=8):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
-    training=True shuffles, repeats forever and drops partial batches (every step has the full global
-    batch); the same seed gives the same stream of batches, so a resumed run skips what it has seen;
-    training=False keeps every example once, in buckets, with `index` to restore input order.
+    training=True shuffles, repeats forever and yields only full batches (every step has the full global
+    batch); the same seed gives the same stream of batches, so a resumed run skips what it has seen.
+    training=False keeps every example once, sorted by length, with `index` to restore input order.
     """
     arrays = examples_to_arrays(examples, label_list, source)
     pairs = any(e.text_b is not None for e in examples)
+    if not training:
+        return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple)
     ds = tf.data.Dataset.from_tensor_slices(arrays)
-    if training:
-        ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
 
     def tokenize(batch):
         ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs)
@@ -85,7 +93,7 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
         padded_shapes={"token_ids": [None], "segment_ids": [None], "label": [], "index": []},
         padding_values={"token_ids": tokenizer.pad_id, "segment_ids": 0, "label": 0, "index": 0},
-        drop_remainder=training,
+        drop_remainder=True,
     )
 
     def to_model_inputs(batch):
@@ -99,3 +107,62 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
 
     return ds.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
+
+
+_ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs): traced encode}
+_CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of a large set
+
+
+def _encoder(tokenizer, max_seq_length, pairs):
+    """A traced `encode` kept with the tokenizer, so its kernels (compiled regexes) are built once."""
+    fns = _ENCODERS.setdefault(tokenizer, {})
+    key = (max_seq_length, pairs)
+    if key not in fns:
+        fns[key] = tf.function(lambda a, b: encode(tokenizer, a, b, max_seq_length, pairs),
+                               input_signature=[tf.TensorSpec([None], tf.string)] * 2)
+    return fns[key]
+
+
+def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple):
+    """Every example once: the set tokenized, sorted by length, cut into batches of one padded width.
+
+    Widths are lengths rounded up to pad_to_multiple; a batch never mixes widths, so no example is
+    padded by pad_to_multiple or more. A width's last batch may be partial.
+    """
+    encode_fn = _encoder(tokenizer, max_seq_length, pairs)
+    ids, segs, lengths = [], [], []
+    for i in range(0, len(arrays["index"]), _CHUNK):
+        a, b = encode_fn(arrays["text_a"][i:i + _CHUNK], arrays["text_b"][i:i + _CHUNK])
+        ids.append(a.flat_values.numpy())
+        segs.append(b.flat_values.numpy())
+        lengths.append(a.row_lengths().numpy())
+    lengths = np.concatenate(lengths)
+    order = np.argsort(lengths, kind="stable")
+    widths = np.minimum(-(-lengths[order] // pad_to_multiple) * pad_to_multiple, max_seq_length)
+    ends = np.r_[np.flatnonzero(np.diff(widths)) + 1, len(order)]
+    starts = np.concatenate([np.arange(s, e, batch_size) for s, e in zip(np.r_[0, ends[:-1]], ends)])
+    batch_splits = np.r_[starts, len(order)]
+    row_splits = np.r_[0, np.cumsum(widths)]
+    # Token t of sorted example j moves from its place in the tokenizer's output to row_splits[j] + t.
+    n = lengths[order]
+    within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    source = np.repeat((np.cumsum(lengths) - lengths)[order], n) + within
+    target = np.repeat(row_splits[:-1], n) + within
+
+    def nested(values, pad):
+        out = np.full(row_splits[-1], pad, values.dtype)
+        out[target] = values[source]
+        return tf.RaggedTensor.from_nested_row_splits(out, [batch_splits, row_splits])
+
+    batches = {"token_ids": nested(np.concatenate(ids), tokenizer.pad_id),
+               "segment_ids": nested(np.concatenate(segs), 0),
+               "label": tf.RaggedTensor.from_row_splits(arrays["label"][order], batch_splits),
+               "index": tf.RaggedTensor.from_row_splits(arrays["index"][order], batch_splits)}
+
+    def to_model_inputs(batch):
+        ids = batch["token_ids"].to_tensor()  # every row of a batch has its width: no padding added
+        features = {"token_ids": ids, "segment_ids": batch["segment_ids"].to_tensor(),
+                    "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
+        return features, batch["label"], batch["index"]
+
+    return tf.data.Dataset.from_tensor_slices(batches).map(to_model_inputs).prefetch(tf.data.AUTOTUNE)

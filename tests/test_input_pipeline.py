@@ -84,3 +84,32 @@ def test_unknown_label_and_empty_set(tok):
         make_dataset([Example("train-3", "w1", None, "c")], tok, ["a", "b"], 8, 2, True, source="train")
     with pytest.raises(UserError, match="dev: no examples"):
         make_dataset([], tok, ["a"], 8, 2, False, source="dev")
+
+
+def test_evaluation_and_training_inputs_agree_and_evaluation_is_sorted(tok, monkeypatch):
+    """Evaluation tokenizes the set up front (a traced function, kept per tokenizer) and sorts it; training
+    tokenizes inside tf.data. Both must give each example the same ids, segments, label and mask."""
+    import bert_mgpu.input_pipeline as ip
+
+    monkeypatch.setattr(ip, "_CHUNK", 7)  # several tokenizer calls
+    rng = np.random.default_rng(1)
+    examples = [Example(str(i), words(int(a), i), words(int(b), 2 * i) if i % 3 else "", "ab"[i % 2])
+                for i, (a, b) in enumerate(rng.integers(0, 30, size=(45, 2)))]
+
+    def rows(ds, batches=None):
+        out, widths = {}, []
+        for features, label, index in (ds if batches is None else ds.take(batches)):
+            mask = features["padding_mask"].numpy()
+            widths.append((mask.sum(1).min(), mask.sum(1).max()))
+            for ids, segs, m, y, i in zip(features["token_ids"].numpy(), features["segment_ids"].numpy(), mask,
+                                          label.numpy(), index.numpy()):
+                out[int(i)] = (ids[m].tolist(), segs[m].tolist(), int(y), int(m.sum()))
+        return out, widths
+
+    evaluation, widths = rows(make_dataset(examples, tok, ["a", "b"], 40, 6, training=False))
+    assert sorted(evaluation) == list(range(45))
+    assert widths == sorted(widths)  # shortest first, and no two batches' lengths overlap
+    assert all(hi <= lo_next for (_, hi), (lo_next, _) in zip(widths, widths[1:]))
+    training, _ = rows(make_dataset(examples, tok, ["a", "b"], 40, 6, training=True, seed=0), batches=30)
+    assert len(training) > 30 and all(training[i] == evaluation[i] for i in training)
+    assert evaluation[3][2] == 1 and evaluation[4][2] == 0

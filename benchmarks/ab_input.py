@@ -1,14 +1,17 @@
-"""Are other length buckets faster? Cases (b) and (eb) with two bucket boundary lists, interleaved.
+"""Is another input pipeline faster? Cases (b) and (eb) through two versions of input_pipeline.py, interleaved.
 
 The same model and trainer run both inputs in one process, call after call (as the other A/B scripts,
 since separate processes differ by up to 2x here). Each call is a whole prediction pass over the dev set
 (eb) or `--steps` training steps (b); both inputs see the same examples, so the ratio of medians is the
 ratio of time per example.
 
-Usage: python benchmarks/ab_buckets.py b|eb --old 16,24,32,48,64,96,128,192,256,384 [--reps 8]
+Usage:
+    git show HEAD:bert_mgpu/input_pipeline.py > /tmp/before.py
+    python benchmarks/ab_input.py b|eb /tmp/before.py [--reps 8] [--steps 30] [--reuse]
 """
 
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -19,22 +22,28 @@ import common  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case", choices=["b", "eb"])
-    ap.add_argument("--old", required=True, help="comma-separated boundaries to compare with the current ones")
+    ap.add_argument("other", help="another version of bert_mgpu/input_pipeline.py")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--reuse", action="store_true", help="eb: make each dataset once and iterate it every pass")
     args = ap.parse_args()
     import bench_bert_mgpu
 
-    from bert_mgpu import input_pipeline
     from bert_mgpu.devices import distribute_dataset
 
-    current = input_pipeline._BOUNDARIES
-    input_pipeline._BOUNDARIES = tuple(int(b) for b in args.old.split(","))
-    tw, _, trainer, old = bench_bert_mgpu.build(args.case)
-    input_pipeline._BOUNDARIES = current
-    new = bench_bert_mgpu.build(args.case)[3]
-    if args.case == "eb":
-        calls = {"old": lambda: trainer.predict_logits(old), "new": lambda: trainer.predict_logits(new)}
+    spec = importlib.util.spec_from_file_location("other_input_pipeline", args.other)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    tw, _, trainer, new = bench_bert_mgpu.build(args.case)
+    old = bench_bert_mgpu.rt_dataset(args.case, other.make_dataset)
+    if args.case == "eb":  # each pass makes its dataset (tokenizing is part of it), as bench_bert_mgpu does
+        make = {"old": other.make_dataset, "new": None}
+        if args.reuse:  # or reads it again
+            calls = {name: (lambda ds: lambda: trainer.predict_logits(ds))(bench_bert_mgpu.rt_dataset(args.case, m))
+                     for name, m in make.items()}
+        else:
+            calls = {name: (lambda m: lambda: trainer.predict_logits(bench_bert_mgpu.rt_dataset(args.case, m)))(m)
+                     for name, m in make.items()}
         warmup = 1
     else:
         def steps(it):
