@@ -117,9 +117,9 @@ def emit(result):
 
 
 def ab_compare(calls, reps, warmup=3):
-    """Time two zero-argument calls (each must block until done) interleaved, call after call, and print
-    each one's median and min and the ratio of medians (second / first). The A/B scripts use it: drift in
-    the machine's speed then hits both alike."""
+    """Time zero-argument calls (each must block until done) interleaved, call after call, and print
+    each one's median and min and the ratio of each median to the first's. The A/B scripts use it: drift
+    in the machine's speed then hits all alike."""
     times = {name: [] for name in calls}
     for _ in range(warmup):
         for call in calls.values():
@@ -131,6 +131,7 @@ def ab_compare(calls, reps, warmup=3):
             times[name].append(time.perf_counter() - start)
     for name, t in times.items():
         print(f"{name:12s} median {1000 * np.median(t):6.1f} ms  (min {1000 * min(t):.1f})")
-    first, second = calls
-    print(f"{second} / {first} (medians): {np.median(times[second]) / np.median(times[first]):.3f}")
+    first, *others = calls
+    for other in others:
+        print(f"{other} / {first} (medians): {np.median(times[other]) / np.median(times[first]):.3f}")
 

@@ -250,20 +250,15 @@ class TowerBatches:
             # PerReplicaSpec is what tf.distribute's own datasets report; TensorFlow exports no name for it.
             return tf_values.PerReplicaSpec(*[tf.TensorSpec([rows] + spec.shape[1:], spec.dtype)] * len(self._ids))
 
-        def rows(t, i):
-            n = tf.shape(t)[0]
-            size, extra = n // total, n % total
-            start = i * size + tf.minimum(i, extra)
-            return t[start:start + size + tf.cast(i < extra, tf.int32)]
-
-        self._split = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)
-                                                 for i in self._ids], input_signature=[dataset.element_spec])
-        self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)
+        self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)  # refuses what it cannot cut
+        self._split = _splitter(self._ids, total, dataset.element_spec)
 
     def __iter__(self):
         import tensorflow as tf
 
         def place(part, device):  # a function's outputs come back on the host; move each to its tower
+            if all(t.device == device for t in tf.nest.flatten(part)):  # already there (one CPU tower)
+                return part
             with tf.device(device):
                 return tf.nest.map_structure(tf.identity, part)
 
@@ -271,6 +266,33 @@ class TowerBatches:
             parts = {i: place(p, d) for i, p, d in zip(self._ids, self._split(batch), self._places)}
             yield self.strategy.experimental_distribute_values_from_function(
                 lambda ctx: parts[ctx.replica_id_in_sync_group])
+
+
+_SPLITTERS = {}
+
+
+def _splitter(ids, total, spec):
+    """batch -> [slice for tower i in ids]: a traced function, one per towers and input signature.
+
+    Kept across datasets, because a prediction pass makes a new one: tracing per dataset, and copying a
+    tensor already on its tower, cost 130 ms of a 2.2 s pass (benchmarks/NOTES.md, item 21). One tower
+    takes the batch as it is.
+    """
+    import tensorflow as tf
+
+    if total == 1:
+        return lambda batch: [batch]
+    key = (ids, total, repr(spec))
+    if key not in _SPLITTERS:
+        def rows(t, i):
+            n = tf.shape(t)[0]
+            size, extra = n // total, n % total
+            start = i * size + tf.minimum(i, extra)
+            return t[start:start + size + tf.cast(i < extra, tf.int32)]
+
+        _SPLITTERS[key] = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)
+                                                     for i in ids], input_signature=[spec])
+    return _SPLITTERS[key]
 
 
 def multi_worker_strategy():

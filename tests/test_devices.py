@@ -106,6 +106,16 @@ def test_distribute_dataset_traces_a_step_once_and_leaves_a_tower_empty_when_row
     assert step.experimental_get_tracing_count() == 1
 
 
+def test_distribute_dataset_cuts_every_dataset_of_one_signature_with_one_trace():
+    """A prediction pass makes a new dataset: its split must not be traced again (NOTES.md item 21)."""
+    strategy = _two_towers()
+    first = devices.distribute_dataset(strategy, tf.data.Dataset.range(10, 19).batch(4))
+    second = devices.distribute_dataset(strategy, tf.data.Dataset.range(5).batch(4))
+    got = [[r.numpy().tolist() for r in strategy.experimental_local_results(b)] for d in (first, second) for b in d]
+    assert got == [[[10, 11], [12, 13]], [[14, 15], [16, 17]], [[18], []], [[0, 1], [2, 3]], [[4], []]]
+    assert first._split is second._split and first._split.experimental_get_tracing_count() == 1
+
+
 def test_distribute_dataset_keeps_a_static_batch_static_per_tower():
     strategy = _two_towers()
     fixed = devices.distribute_dataset(strategy, tf.data.Dataset.range(16).batch(4, drop_remainder=True))
