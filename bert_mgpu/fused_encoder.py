@@ -19,6 +19,8 @@ Example:
     outputs = encoder({"token_ids": ids, "segment_ids": segs, "padding_mask": mask}, training=True)
 """
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -196,6 +198,7 @@ class FusedBertEncoder(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(1234, name="dropout_seed")
         self._kernels = [_activation_kernel(layer._feedforward_intermediate_dense)
                          for layer in backbone.transformer_layers]
+        self._frozen = _Frozen()  # see frozen_weights()
 
     def compute_output_spec(self, inputs, training=False):
         ids = inputs["token_ids"]
@@ -213,8 +216,18 @@ class FusedBertEncoder(keras.layers.Layer):
 
     def _w(self, variable, shape=None):
         """The variable's value in the compute dtype: a tensor even when no cast is needed (see `_read`)."""
-        v = tf.cast(_read(variable)[0], self.compute_dtype)
+        copy = self._frozen.copies.get(id(variable)) if self._frozen.active else None
+        v = tf.convert_to_tensor(copy) if copy is not None else tf.cast(_read(variable)[0], self.compute_dtype)
         return v if shape is None else tf.reshape(v, shape)
+
+    def _cast_variables(self):
+        bb = self.backbone
+        dense = [bb.pooled_dense]
+        for layer in bb.transformer_layers:
+            att = layer._self_attention_layer
+            dense += [att._query_dense, att._key_dense, att._value_dense, att._output_dense,
+                      layer._feedforward_intermediate_dense, layer._feedforward_output_dense]
+        return [v for d in dense for v in (d.kernel, d.bias) if v.dtype != self.compute_dtype]
 
     def call(self, inputs, training=False):
         """inputs: token_ids, segment_ids, padding_mask [B, L]; optionally output_positions [B, P].
@@ -307,3 +320,43 @@ class FusedBertEncoder(keras.layers.Layer):
         if pre_ln:
             return _bias_dropout_residual(out, self._w(outer.bias), mask, x)
         return _residual_norm(out, self._w(outer.bias), mask, x, *_read(ln2.gamma, ln2.beta), ln2.epsilon)
+
+
+class _Frozen:
+    """Copies of an encoder's weights in its compute dtype, and whether traced calls read them."""
+
+    def __init__(self):
+        self.copies, self.active, self.refresh = {}, False, None
+
+
+def _refresher(pairs):
+    return tf.function(lambda: [copy.assign(tf.cast(v.value, copy.dtype)) for v, copy in pairs])
+
+
+@contextlib.contextmanager
+def frozen_weights(model):
+    """Within: a model's fused encoders read their weights cast once, not cast again on every call.
+
+    For prediction and evaluation, where the weights do not change: under mixed precision every batch
+    cast each weight matrix to the compute dtype, 113 ms of a 2 s pass over the demo's dev set
+    (benchmarks/NOTES.md, item 22). Entering casts them into copies made beside the variables (under the
+    model's distribution strategy, so each tower has its own); functions traced inside read the copies.
+    Enter it around every call of such a function, as `Trainer.predict_logits` does: entering is what
+    brings the copies up to date. The copies stay allocated (the encoder's matrices in bfloat16: 21 MB for
+    MiniLM-L6, 170 MB for BERT-base, per tower).
+    """
+    encoders = [layer for layer in model._flatten_layers() if isinstance(layer, FusedBertEncoder)]
+    for encoder in encoders:
+        frozen = encoder._frozen
+        if frozen.refresh is None:
+            pairs = [(v, tf.Variable(tf.zeros(v.shape, encoder.compute_dtype), trainable=False))
+                     for v in encoder._cast_variables()]
+            frozen.copies = {id(v): copy for v, copy in pairs}
+            frozen.refresh = _refresher(pairs)
+        frozen.refresh()
+        frozen.active = True
+    try:
+        yield
+    finally:
+        for encoder in encoders:
+            encoder._frozen.active = False

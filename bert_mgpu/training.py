@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import devices, guards
+from bert_mgpu import devices, fused_encoder, guards
 
 
 def classification_loss(model, features, labels, training=True):
@@ -216,13 +216,14 @@ class Trainer:
 
             self._eval_fn = tf.function(step, reduce_retracing=True)
         totals, count, batches = {}, 0.0, 0
-        for batch in devices.distribute_dataset(self.strategy, dataset):
-            if max_steps is not None and batches >= max_steps:
-                break
-            sums, n = self._eval_fn(batch)
-            for k, v in sums.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-            count, batches = count + float(n), batches + 1
+        with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once
+            for batch in devices.distribute_dataset(self.strategy, dataset):
+                if max_steps is not None and batches >= max_steps:
+                    break
+                sums, n = self._eval_fn(batch)
+                for k, v in sums.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+                count, batches = count + float(n), batches + 1
         if not count:
             raise RuntimeError("evaluation data gave no example")
         return {k: v / count for k, v in totals.items()}
@@ -239,7 +240,8 @@ class Trainer:
                 return gather(logits), gather(labels), gather(index)
 
             self._predict_fn = tf.function(step, reduce_retracing=True)
-        parts = [tuple(t.numpy() for t in self._predict_fn(batch)) for batch in dist]
+        with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
+            parts = [tuple(t.numpy() for t in self._predict_fn(batch)) for batch in dist]
         logits, labels, index = (np.concatenate(p) for p in zip(*parts))
         order = np.argsort(index, kind="stable")
         if not np.array_equal(index[order], np.arange(len(index))):

@@ -1,5 +1,6 @@
 """The training step on towers: 2 towers on 2 logical CPUs equal 1 tower on the same global batch."""
 
+import contextlib
 import gc
 
 import keras
@@ -127,3 +128,30 @@ def test_float16_models_all_reduce_in_float16_and_still_match():
     moved = max(np.abs(a - b).max() for a, b in zip(before, half))
     diff = max(np.abs(a - v.numpy()).max() for a, v in zip(half, model.trainable_variables))
     assert moved > 1e-4 and diff < 0.05 * moved
+
+
+@pytest.mark.parametrize("towers", [1, 2])
+def test_prediction_reads_the_weights_cast_once_a_pass_and_never_stale(towers, monkeypatch):
+    """Under mixed precision a pass reads copies of the weights cast at its start (NOTES.md item 22): equal
+    to casting every batch, brought up to date by the next pass after a training step, never checkpointed."""
+    trainer, _, _, _ = one_step(towers, steps=0, policy="mixed_bfloat16")
+    features, labels, index = batch(16, seed=4)
+    ds = tf.data.Dataset.from_tensor_slices((features, labels, index)).batch(8)
+    weights = len(trainer.model.weights)
+
+    def cast_every_batch():  # the same pass with the weights cast in every call, as before
+        with monkeypatch.context() as m:
+            m.setattr(training.fused_encoder, "frozen_weights", lambda model: contextlib.nullcontext())
+            m.setattr(trainer, "_predict_fn", None)
+            return trainer.predict_logits(ds)[0]
+
+    first = trainer.predict_logits(ds)[0]
+    np.testing.assert_array_equal(first, cast_every_batch())
+    encoder = trainer.model.get_layer("fused_encoder")
+    assert len(encoder._frozen.copies) == 2 + 12 * len(encoder.backbone.transformer_layers)
+    assert len(trainer.model.weights) == weights and not encoder._frozen.active
+    trainer.train_step(next(iter(trainer.strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensors(batch()[:2])))))
+    second = trainer.predict_logits(ds)[0]
+    assert np.abs(second - first).max() > 1e-4  # the step moved the weights, and the pass saw it
+    np.testing.assert_array_equal(second, cast_every_batch())
