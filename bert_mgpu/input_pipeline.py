@@ -114,11 +114,17 @@ _CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of
 
 
 def _encoder(tokenizer, max_seq_length, pairs):
-    """A traced `encode` kept with the tokenizer, so its kernels (compiled regexes) are built once."""
+    """A traced `encode` kept with the tokenizer, so its kernels (compiled regexes) are built once.
+
+    The function reaches the tokenizer through a weak reference (it is traced once, at its first call),
+    so the cache entry goes when the tokenizer does: a strong one kept every tokenizer of a notebook's
+    runs alive (tests/test_soak.py).
+    """
     fns = _ENCODERS.setdefault(tokenizer, {})
     key = (max_seq_length, pairs)
     if key not in fns:
-        fns[key] = tf.function(lambda a, b: encode(tokenizer, a, b, max_seq_length, pairs),
+        ref = weakref.ref(tokenizer)
+        fns[key] = tf.function(lambda a, b: encode(ref(), a, b, max_seq_length, pairs),
                                input_signature=[tf.TensorSpec([None], tf.string)] * 2)
     return fns[key]
 
