@@ -110,8 +110,8 @@ def main(case, towers=1, fused=True):
             meter.step(lengths)
     else:
         if spec["data"] == "rt":
-            # XLA compiles the fused kernels once per batch width: the warm-up also runs one step of each
-            # width the timed steps will meet (one at step 108 of 120 would otherwise be compiled in them).
+            # The warm-up also runs one step of each batch width the timed steps will meet, so no shape's
+            # first step is timed (measured, NOTES.md item 23: only the first few widths' cost extra).
             seen, first = set(), []
             for i, (f, y, _) in enumerate(ds.take(spec["warmup"] + spec["steps"])):
                 width = int(f["token_ids"].shape[1])
