@@ -34,26 +34,29 @@ def main():
     spec = importlib.util.spec_from_file_location("other_input_pipeline", args.other)
     other = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other)
-    tw, _, trainer, new = bench_bert_mgpu.build(args.case)
-    old = bench_bert_mgpu.rt_dataset(args.case, other.make_dataset)
-    if args.case == "eb":  # each pass makes its dataset (tokenizing is part of it), as bench_bert_mgpu does
-        make = {"old": other.make_dataset, "new": None}
-        if args.reuse:  # or reads it again
-            calls = {name: (lambda ds: lambda: trainer.predict_logits(ds))(bench_bert_mgpu.rt_dataset(args.case, m))
-                     for name, m in make.items()}
-        else:
-            calls = {name: (lambda m: lambda: trainer.predict_logits(bench_bert_mgpu.rt_dataset(args.case, m)))(m)
-                     for name, m in make.items()}
+    tw, _, trainer, _ = bench_bert_mgpu.build(args.case)
+    versions = {"old": other.make_dataset, "new": None}  # None: the current input_pipeline
+    if args.case == "eb":
+        def pass_with(make_dataset):  # each pass makes its dataset (tokenizing is part of it), as the bench does
+            if args.reuse:  # or make it once and read it again every pass
+                made = bench_bert_mgpu.rt_dataset(args.case, make_dataset)
+                return lambda: trainer.predict_logits(made)
+            return lambda: trainer.predict_logits(bench_bert_mgpu.rt_dataset(args.case, make_dataset))
+
+        calls = {name: pass_with(make) for name, make in versions.items()}
         warmup = 1
     else:
-        def steps(it):
+        def steps_with(make_dataset):
+            it = iter(distribute_dataset(tw.strategy, bench_bert_mgpu.rt_dataset(args.case, make_dataset)
+                                         .map(lambda f, y, i: (f, y))))
+
             def run():
                 for _ in range(args.steps):
                     loss = trainer.train_step(next(it))[0]
                 float(loss)  # blocks until the last step is done
             return run
-        iters = [iter(distribute_dataset(tw.strategy, ds.map(lambda f, y, i: (f, y)))) for ds in (old, new)]
-        calls = {"old": steps(iters[0]), "new": steps(iters[1])}
+
+        calls = {name: steps_with(make) for name, make in versions.items()}
         warmup = 4  # every bucket traced before timing
     common.ab_compare(calls, args.reps, warmup)
 

@@ -3,6 +3,7 @@
 Usage: python benchmarks/bench_bert_mgpu.py CASE [TOWERS] [--no-fused]
 """
 
+import functools
 import os
 import sys
 
@@ -15,20 +16,22 @@ def rt_dataset(case, make_dataset=None):
     """Rotten Tomatoes for a case, through bert_mgpu's input pipeline (or another make_dataset)."""
     from bert_mgpu import input_pipeline
     from bert_mgpu.tasks import Example
-    from bert_mgpu.tokenization import FullTokenizer
 
     spec = common.CASES[case]
-    if not _TOKENIZER:  # one, as an application keeps its tokenizer
-        _TOKENIZER.append(FullTokenizer(common.VOCAB, do_lower_case=True))
     split = "dev" if spec["mode"] == "predict" else "train"
     examples = [Example(str(i), text, None, str(label))
                 for i, (text, label) in enumerate(common.rotten_tomatoes(split))]
     make_dataset = make_dataset or input_pipeline.make_dataset
-    return make_dataset(examples, _TOKENIZER[0], ["0", "1"], common.SEQ, common.BATCH,
+    return make_dataset(examples, _tokenizer(), ["0", "1"], common.SEQ, common.BATCH,
                         training=spec["mode"] != "predict", seed=0)
 
 
-_TOKENIZER = []
+@functools.lru_cache(maxsize=None)
+def _tokenizer():
+    """One, as an application keeps its tokenizer."""
+    from bert_mgpu.tokenization import FullTokenizer
+
+    return FullTokenizer(common.VOCAB, do_lower_case=True)
 
 
 def build(case, towers=1, fused=True):
