@@ -120,3 +120,17 @@ def test_the_scale_doubles_after_growth_steps_finite_steps_in_a_row():
     # steps 0, 1 finite: 8 -> 16; step 2 skipped: 8; steps 3, 4 finite: 16
     assert float(opt.dynamic_scale.numpy()) == 16.0 and int(opt.step_counter.numpy()) == 0
     assert int(opt.iterations.numpy()) == 4
+
+
+def test_wrapped_adamw_is_one_xla_program_per_tower_traced_once():
+    """create_optimizer's AdamW step: one XLA-compiled call on each tower's device, no per-variable Adam
+    kernel; its trace takes the variables as arguments, so other variables of the same shapes reuse it."""
+    graphs = []
+    _steps(_wrapped("adamw"), towers=2, steps=1, graphs=graphs)
+    ops = graphs[0].get_operations()
+    calls = [op for op in ops if op.type == "StatefulPartitionedCall" and op.node_def.attr["_XlaMustCompile"].b]
+    assert sorted(op.device.rsplit("/", 1)[-1] for op in calls) == ["device:CPU:0", "device:CPU:1"]
+    assert "ResourceApplyAdam" not in {op.type for op in ops}
+    traces = optimization._adamw_program.experimental_get_tracing_count()
+    _steps(_wrapped("adamw"), towers=2, steps=2)  # new variables, optimizer and step function
+    assert optimization._adamw_program.experimental_get_tracing_count() == traces
