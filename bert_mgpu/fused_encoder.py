@@ -88,11 +88,22 @@ def _dropout(x, rate, seed):
     return with_gradient("BertMgpuDropout", _dropout_kernel(x, rate, seed), x, rate, seed)
 
 
+def _row_mean(t):
+    """Mean over the last axis, taken as a mean of means of 32 values: XLA's CPU backend fuses such a
+    reduction with the work that feeds it, where a one-level mean made it write that input out in
+    float32 first (benchmarks/NOTES.md, item 26)."""
+    size = t.shape[-1]
+    if size % 32:
+        return tf.reduce_mean(t, axis=-1, keepdims=True)
+    parts = tf.reshape(t, tf.concat([tf.shape(t)[:-1], [size // 32, 32]], 0))
+    return tf.reduce_mean(tf.reduce_mean(parts, axis=-1), axis=-1, keepdims=True)
+
+
 def _layer_norm(x, gamma, beta, eps):
     """LayerNorm in float32 (as Keras computes it under mixed precision), returned in x's dtype."""
     x32 = tf.cast(x, tf.float32)
-    mean, var = tf.nn.moments(x32, axes=[-1], keepdims=True)
-    y = (x32 - mean) * tf.math.rsqrt(var + eps) * gamma + beta
+    centered = x32 - _row_mean(x32)
+    y = centered * tf.math.rsqrt(_row_mean(tf.square(centered)) + eps) * gamma + beta
     return tf.cast(y, x.dtype)
 
 
