@@ -7,7 +7,8 @@ This layer computes the same function with:
   - one [tokens, 3*hidden] matmul for query, key and value, and plain 2-D matmuls everywhere else;
   - the padding mask turned into one additive bias, shared by every layer;
   - dropout from a counter-based hash, 32 bits an element (rate exact to 2**-32), not a float32 uniform;
-    on the attention probabilities, mask and multiply in one kernel whose backward recomputes the mask;
+    on the attention probabilities, mask and multiply in one kernel, and one backward kernel that
+    recomputes the mask and takes softmax's backward with it;
   - bias+GELU and bias+dropout+residual+LayerNorm each compiled by XLA into one fused kernel, while the
     matmuls and the softmax stay on TensorFlow's oneDNN kernels (XLA's CPU matmuls are slower here).
 
@@ -64,10 +65,29 @@ def _dropout_kernel(x, rate, seed):
     return tf.where(_keep(tf.shape(x), rate, seed), scaled, tf.zeros_like(x))
 
 
-@tf.RegisterGradient("BertMgpuDropout")
-def _dropout_gradient(op, dy, *_):
-    _, _, rate, seed = op.inputs
-    return None, _dropout_kernel(dy, rate, seed), None, None
+@tf.function(jit_compile=True)
+def _softmax_dropout_backward(dy, probs, rate, seed):
+    """d scores of dropout(softmax(scores)): the mask recomputed from `seed`, then softmax's backward
+    probs * (dp - rowsum(dp * probs)), in float32, in one kernel (autodiff ran the dropout's kernel
+    and four passes of TensorFlow ops, in bfloat16 under mixed precision; NOTES.md, item 27)."""
+    dp = tf.where(_keep(tf.shape(dy), rate, seed), tf.cast(dy, tf.float32) / (1.0 - rate), 0.0)
+    p = tf.cast(probs, tf.float32)
+    return tf.cast(p * (dp - tf.reduce_sum(dp * p, axis=-1, keepdims=True)), dy.dtype)
+
+
+@tf.RegisterGradient("BertMgpuSoftmaxDropout")
+def _softmax_dropout_gradient(op, dy, *_):
+    _, _, probs, rate, seed = op.inputs
+    return None, _softmax_dropout_backward(dy, probs, rate, seed), None, None, None
+
+
+@tf.function
+def _softmax_dropout(scores, rate, seed):
+    """dropout(softmax(scores)) over the last axis, no mask kept; the backward is
+    `_softmax_dropout_backward`, which recomputes the mask from the same seed."""
+    probs = tf.nn.softmax(scores)
+    rate = tf.constant(rate, tf.float32)
+    return with_gradient("BertMgpuSoftmaxDropout", _dropout_kernel(probs, rate, seed), scores, probs, rate, seed)
 
 
 def with_gradient(name, y, *inputs):
@@ -81,29 +101,23 @@ def with_gradient(name, y, *inputs):
         return tf.identity_n([tf.stop_gradient(y), *inputs])[0]
 
 
-@tf.function
-def _dropout(x, rate, seed):
-    """Dropout of x in one kernel, no mask kept: the backward is dropout of dy under the same seed."""
-    rate = tf.constant(rate, tf.float32)
-    return with_gradient("BertMgpuDropout", _dropout_kernel(x, rate, seed), x, rate, seed)
-
-
-def _row_mean(t):
-    """Mean over the last axis, taken as a mean of means of 32 values: XLA's CPU backend fuses such a
-    reduction with the work that feeds it, where a one-level mean made it write that input out in
-    float32 first (benchmarks/NOTES.md, item 26)."""
+def _row_sum(t, block):
+    """Sum over the last axis (kept), as a sum of sums of `block` values when the axis divides: XLA's
+    CPU backend fuses such a reduction with the work that feeds it, where a one-level sum made it
+    write that input out in float32 first (benchmarks/NOTES.md, item 26)."""
     size = t.shape[-1]
-    if size % 32:
-        return tf.reduce_mean(t, axis=-1, keepdims=True)
-    parts = tf.reshape(t, tf.concat([tf.shape(t)[:-1], [size // 32, 32]], 0))
-    return tf.reduce_mean(tf.reduce_mean(parts, axis=-1), axis=-1, keepdims=True)
+    if size % block:
+        return tf.reduce_sum(t, axis=-1, keepdims=True)
+    parts = tf.reshape(t, tf.concat([tf.shape(t)[:-1], [size // block, block]], 0))
+    return tf.reduce_sum(tf.reduce_sum(parts, axis=-1), axis=-1, keepdims=True)
 
 
 def _layer_norm(x, gamma, beta, eps):
     """LayerNorm in float32 (as Keras computes it under mixed precision), returned in x's dtype."""
     x32 = tf.cast(x, tf.float32)
-    centered = x32 - _row_mean(x32)
-    y = centered * tf.math.rsqrt(_row_mean(tf.square(centered)) + eps) * gamma + beta
+    size = x32.shape[-1]
+    centered = x32 - _row_sum(x32, 32) / size
+    y = centered * tf.math.rsqrt(_row_sum(tf.square(centered), 32) / size + eps) * gamma + beta
     return tf.cast(y, x.dtype)
 
 
@@ -308,9 +322,11 @@ class FusedBertEncoder(keras.layers.Layer):
             x, h = pick(x), pick(h)
             q = tf.transpose(tf.reshape(tf.matmul(h, w_q) + b_q, [batch, -1, heads, size]), [0, 2, 1, 3])
         q = q * scale
-        probs = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) + bias)  # [B, H, L, L]
+        scores = tf.matmul(q, k, transpose_b=True) + bias  # [B, H, L, L]
         if training and self.rate > 0.0:
-            probs = _dropout(probs, self.rate, tf.cast(self.seed_generator.next(), tf.int32))
+            probs = _softmax_dropout(scores, self.rate, tf.cast(self.seed_generator.next(), tf.int32))
+        else:
+            probs = tf.nn.softmax(scores)
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
         out = tf.matmul(context, self._w(att._output_dense.kernel, [hidden, hidden]))
         mask = self._mask(tf.shape(out), training)

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from bert_mgpu.fused_encoder import (_INFERENCE, FusedBertEncoder, _bias_gelu_exact, _bias_gelu_tanh, _bias_relu,
-                                     _dropout, _dropout_mask)
+                                     _dropout_mask, _softmax_dropout)
 from bert_mgpu.modeling import build_backbone
 from conftest import tiny_config
 
@@ -102,21 +102,29 @@ def test_dropout_masks_look_independent():
         assert abs((m == 0).mean() - rate) < 4 * (rate * (1 - rate) / size) ** 0.5
 
 
-def test_attention_dropout_backward_reuses_the_forward_mask():
-    x = tf.constant(np.random.default_rng(0).uniform(0.5, 1.5, (4, 3, 16, 16)), tf.float32)
-    dy = tf.constant(np.random.default_rng(1).normal(size=(4, 3, 16, 16)), tf.float32)
-    for run in (lambda f: f(), lambda f: tf.function(f)()):
-        def step():
+@pytest.mark.parametrize("length", [16, 12])
+def test_attention_softmax_dropout_backward_reuses_the_forward_mask(length):
+    """The hand-written backward equals autodiff of softmax then the same mask, in float32 and bfloat16."""
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(scale=2.0, size=(4, 3, length, length)), tf.float32)
+    dy = tf.constant(rng.normal(size=(4, 3, length, length)), tf.float32)
+    for dtype, tol in ((tf.float32, 1e-5), (tf.bfloat16, 2e-2)):
+        for run in (lambda f: f(), lambda f: tf.function(f)()):
+            def step():
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = _softmax_dropout(tf.cast(x, dtype), 0.25, tf.constant([3, 9]))
+                return y, tape.gradient(y, x, output_gradients=tf.cast(dy, dtype))
+
+            y, dx = run(step)
+            kept = y.numpy() != 0  # softmax is positive: a zero is a dropped element
+            assert 0.2 < 1 - kept.mean() < 0.3
             with tf.GradientTape() as tape:
                 tape.watch(x)
-                y = _dropout(x, 0.25, tf.constant([3, 9]))
-            return y, tape.gradient(y, x, output_gradients=dy)
-
-        y, dx = run(step)
-        kept = y.numpy() != 0
-        assert 0.2 < 1 - kept.mean() < 0.3
-        np.testing.assert_allclose(y.numpy()[kept], x.numpy()[kept] / 0.75, rtol=1e-6)
-        np.testing.assert_allclose(dx, np.where(kept, dy / 0.75, 0.0), rtol=1e-6)
+                ref = tf.where(kept, tf.nn.softmax(x) / 0.75, 0.0)
+            np.testing.assert_allclose(tf.cast(y, tf.float32), ref, rtol=tol, atol=tol / 10)
+            np.testing.assert_allclose(tf.cast(dx, tf.float32), tape.gradient(ref, x, output_gradients=dy),
+                                       rtol=tol, atol=tol)
 
 
 def test_training_mode_drops_and_changes_each_call():
