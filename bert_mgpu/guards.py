@@ -64,8 +64,11 @@ class SkipGuard:
 
 
 def tower_of(message):
-    """The tower index an out-of-memory message names (`.../device:GPU:3`), or None."""
-    found = re.findall(r"device:(?:GPU|CPU):(\d+)", message or "")
+    """The tower index an out-of-memory message names (`.../device:GPU:3`), or None.
+
+    An XLA kernel's message names no device; then the op's replica prefix (`node replica_1/...`) does,
+    for every tower but the first (tf.distribute gives the first replica's ops no prefix)."""
+    found = re.findall(r"device:(?:GPU|CPU):(\d+)", message or "") or re.findall(r"node replica_(\d+)/", message or "")
     return int(found[-1]) if found else None
 
 

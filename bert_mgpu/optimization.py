@@ -112,7 +112,9 @@ class FusedAdamW(_Skippable, keras.optimizers.AdamW):
 
     Keras writes the update as seven elementwise ops, each a pass over the variable and its two slots;
     the fused kernel makes one. Same formula (Adam with bias correction and epsilon outside the square
-    root); the decoupled weight decay stays Keras' own. Sparse gradients take Keras' path.
+    root); the decoupled weight decay stays Keras' own. Sparse gradients take Keras' path. Under
+    `create_optimizer`'s loss-scale wrapper the whole step runs instead as one XLA program per device
+    (`SkippingLossScaleOptimizer._fused_adamw_apply`); this per-variable path is for other uses.
     """
 
     def _apply_weight_decay(self, variables):

@@ -43,6 +43,9 @@ def test_out_of_memory_names_tower_batch_length_and_a_batch_to_try():
         "tower (with 2 accumulation steps to keep the global batch), a shorter --max_seq_length, or "
         "--auto_batch_size")
     assert "even one sequence does not fit" in str(guards.out_of_memory(error, 1, 512))
+    xla = ("Graph execution error:\n\nDetected at node replica_1/bert_classifier_1/fused_encoder_1/PartitionedCall "
+           "defined at (most recent call last):\nOut of memory while trying to allocate 256.00MiB.")
+    assert guards.tower_of(xla) == 1 and guards.tower_of(xla.replace("replica_1/", "")) is None
 
 
 def poisoned_loss(model, features, labels, training=True):
