@@ -179,8 +179,8 @@ class BertPretrainer:
                 learning_rate, schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
                 optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm)
             elapsed_var = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
-        self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch, "towers": self.towers.count,
-                         "learning_rate": learning_rate, "optimizer": optimizer, "beta_1": beta_1, "beta_2": beta_2,
+        self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch,
+                         "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer, "beta_1": beta_1, "beta_2": beta_2,
                          "epsilon": epsilon, "weight_decay": weight_decay, "clipnorm": clipnorm,
                          "precision": self.policy, **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)

@@ -135,7 +135,8 @@ class Checkpoints:
 
     def non_finite(self):
         """Names of weights holding NaN or Inf (empty when all are finite)."""
-        return [getattr(v, "path", v.name) for v in self.weights if not np.all(np.isfinite(np.asarray(v.numpy(), np.float32)))]
+        return [getattr(v, "path", v.name) for v in self.weights
+                if not np.all(np.isfinite(np.asarray(v.numpy(), np.float32)))]
 
     def save(self, step):
         bad = self.non_finite()

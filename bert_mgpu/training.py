@@ -4,8 +4,9 @@ One step: every tower computes its loss and gradients on its slice of the global
 micro-batches run one after another when memory is short), the gradients are averaged over towers
 explicitly (`all_reduce(MEAN)`), and the optimizer applies that mean once, to the mirrored variables of
 every tower. What the loss is comes from `loss_fn(model, features, labels, training) -> (loss, stats)`,
-so the same step trains the classifier and the pretraining heads. Loss scaling (mixed_float16) and the skip of non-finite steps are the
-optimizer's (see optimization.py); skips are counted as attempted steps minus applied ones.
+so the same step trains the classifier and the pretraining heads. Loss scaling (mixed_float16) and the skip
+of non-finite steps are the optimizer's (see optimization.py); skips are counted as attempted steps minus
+applied ones.
 
 A run stops cleanly (see guards.py): on SIGTERM/Ctrl-C after the step under way, with a checkpoint; after
 too many non-finite steps in a row; and on out-of-memory with a message naming tower, batch and length.
