@@ -258,9 +258,10 @@ class FusedBertEncoder(keras.layers.Layer):
         """inputs: token_ids, segment_ids, padding_mask [B, L]; optionally output_positions [B, P].
 
         With output_positions (or pooled_only, which means P = 0), "sequence_output" is [B, P, hidden] at
-        those positions only: the last layer then computes queries, attention output and feed-forward for those rows (and [CLS], for the
-        pooler) alone, since no other row of it reaches a loss. For a classifier (P = 0) or a masked LM
-        (P = predictions) that skips most of one layer with the same results.
+        those positions only: the last layer then computes queries, attention output and feed-forward for
+        those rows (and [CLS], for the pooler) alone, since no other row of it reaches a loss. For a
+        classifier (P = 0) or a masked LM (P = predictions) that skips most of one layer with the same
+        results.
         """
         bb, dtype = self.backbone, self.compute_dtype
         ids, segments = inputs["token_ids"], inputs["segment_ids"]
