@@ -101,23 +101,11 @@ def with_gradient(name, y, *inputs):
         return tf.identity_n([tf.stop_gradient(y), *inputs])[0]
 
 
-def _row_sum(t, block):
-    """Sum over the last axis (kept), as a sum of sums of `block` values when the axis divides: XLA's
-    CPU backend fuses such a reduction with the work that feeds it, where a one-level sum made it
-    write that input out in float32 first (benchmarks/NOTES.md, item 26)."""
-    size = t.shape[-1]
-    if size % block:
-        return tf.reduce_sum(t, axis=-1, keepdims=True)
-    parts = tf.reshape(t, tf.concat([tf.shape(t)[:-1], [size // block, block]], 0))
-    return tf.reduce_sum(tf.reduce_sum(parts, axis=-1), axis=-1, keepdims=True)
-
-
 def _layer_norm(x, gamma, beta, eps):
     """LayerNorm in float32 (as Keras computes it under mixed precision), returned in x's dtype."""
     x32 = tf.cast(x, tf.float32)
-    size = x32.shape[-1]
-    centered = x32 - _row_sum(x32, 32) / size
-    y = centered * tf.math.rsqrt(_row_sum(tf.square(centered), 32) / size + eps) * gamma + beta
+    mean, var = tf.nn.moments(x32, axes=[-1], keepdims=True)
+    y = (x32 - mean) * tf.math.rsqrt(var + eps) * gamma + beta
     return tf.cast(y, x.dtype)
 
 
