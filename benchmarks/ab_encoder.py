@@ -11,8 +11,11 @@ Usage:
 
 --inference times the forward pass alone (training=False), as prediction runs it. --dev-set times a pass
 over the Rotten Tomatoes dev set's batches as case (eb) makes them (every batch width, in one traced
-function) instead of one batch of --length: a fixed length hid a cost of the dev set's shapes once
-(NOTES.md, items 26 and 28).
+function) instead of one batch of --length.
+
+One process holds both versions' kernels, so it misses what acts on a whole process: item 26 of NOTES.md
+read neutral here and 10% slower in alternated whole (eb) processes (item 28). Confirm a change that
+passes here with alternated `bench_bert_mgpu.py` processes.
 """
 
 import argparse
