@@ -247,8 +247,8 @@ class SkippingLossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
         TensorFlow's L2Loss (inside the program XLA wrote each squared gradient out before reducing it,
         and the step took 32.3 ms against the per-variable 28.0), and unscale, clip, skip, decay and
         Adam run as one program: 29.5 -> 22.9 ms for MiniLM's 22.7 M parameters (benchmarks/NOTES.md,
-        item 24). Each device updates its own copies of the mirrored
-        variables with the same all-reduced gradients, as `extended.update` does.
+        item 24). Each device updates its own copies of the mirrored variables with the same all-reduced
+        gradients, as `extended.update` does.
         """
         inner = self.inner_optimizer
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
