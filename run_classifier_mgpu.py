@@ -50,6 +50,8 @@ flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredS
 flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
                   "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else float32.")
 flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
+flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
+                  "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
 flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
 flags.DEFINE_list("labels", None, "Label set, comma-separated (default: the labels of the training data).")
 flags.DEFINE_string("text_column", "text", "tsv/csv/tfds: column of the (first) text.")
@@ -106,7 +108,7 @@ def run():
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
     clf = bert_mgpu.BertClassifier.from_pretrained(
         init, labels, towers, FLAGS.precision, FLAGS.max_seq_length, FLAGS.do_lower_case,
-        FLAGS.bert_config_file, FLAGS.vocab_file, task=task.name)
+        FLAGS.bert_config_file, FLAGS.vocab_file, task=task.name, fused_encoder=FLAGS.fused_encoder)
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
             clf.auto_batch_size(FLAGS.memory_limit_mb, FLAGS.output_dir, FLAGS.gpu_memory_per_tower_mb)

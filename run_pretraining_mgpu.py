@@ -57,6 +57,8 @@ flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when
 flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")
 flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"], "As the classifier.")
 flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
+flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
+                  "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
 flags.DEFINE_bool("dry_run", False, "Print the device plan, precision and accumulation, then exit.")
 flags.DEFINE_integer("train_micro_batch_size_per_gpu", None, "Per-tower micro-batch (default: global / towers).")
 # optimizer and schedule
@@ -140,7 +142,7 @@ def run():
     init = FLAGS.init_checkpoint or (FLAGS.output_dir if resume or not FLAGS.do_train else None)
     if init:
         pre = bert_mgpu.BertPretrainer.from_pretrained(init, towers, FLAGS.precision, FLAGS.nsp, FLAGS.do_lower_case,
-                                                       FLAGS.bert_config_file, FLAGS.vocab_file)
+                                                       FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.fused_encoder)
         if FLAGS.encoder_ln_mode and FLAGS.encoder_ln_mode != pre.config.encoder_ln_mode:
             raise UserError(f"--encoder_ln_mode={FLAGS.encoder_ln_mode} but {init} is "
                             f"{pre.config.encoder_ln_mode}; the layer-norm placement is part of the checkpoint")
@@ -153,7 +155,8 @@ def run():
 
             config = dataclasses.replace(config, encoder_ln_mode=FLAGS.encoder_ln_mode)
         pre = bert_mgpu.BertPretrainer.from_config(config, FLAGS.vocab_file, True if FLAGS.do_lower_case is None
-                                                   else FLAGS.do_lower_case, towers, FLAGS.precision, FLAGS.nsp)
+                                                   else FLAGS.do_lower_case, towers, FLAGS.precision, FLAGS.nsp,
+                                                   FLAGS.fused_encoder)
     pre.config.check_seq_length(FLAGS.max_seq_length)
     if FLAGS.auto_batch_size and FLAGS.do_train:
         pre.auto_batch_size(FLAGS.train_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,

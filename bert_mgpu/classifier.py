@@ -39,16 +39,22 @@ def examples_digest(examples):
 
 
 class BertClassifier:
-    def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None):
+    def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None,
+                 fused_encoder=True):
         self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
+        self.fused_encoder = fused_encoder
         self.global_step, self.interrupted, self.settings = 0, None, None
         self._predictor = Trainer(towers.strategy, model)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint, labels=None, towers=None, precision="auto", max_seq_length=128,
-                        do_lower_case=None, bert_config_file=None, vocab_file=None, task=None):
-        """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh."""
+                        do_lower_case=None, bert_config_file=None, vocab_file=None, task=None, fused_encoder=True):
+        """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh.
+
+        fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
+        tested against, and slower; the variables and checkpoints are the same.
+        """
         towers = towers or Towers()
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         run = pre.run or {}
@@ -68,7 +74,7 @@ class BertClassifier:
         policy, why = resolve_precision(precision, towers.plan)
         log.info("precision: %s (%s)", policy, why)
         with towers.strategy.scope():
-            model = build_classifier(config, len(labels), policy)
+            model = build_classifier(config, len(labels), policy, fused=fused_encoder)
         unused = checkpoints.assign_encoder(model.backbone, pre.weights, init_checkpoint)
         log.info("loaded %s checkpoint %s (%d encoder tensors)", pre.kind, init_checkpoint,
                  len(model.backbone.weights))
@@ -79,7 +85,7 @@ class BertClassifier:
             log.info("classifier head restored from %s", pre.ckpt_prefix)
         else:
             log.info("classifier head (%d labels) is freshly initialized", len(labels))
-        clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task)
+        clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task, fused_encoder)
         own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
         clf.global_step = int(run.get("global_step", 0)) if own else 0
         return clf
@@ -106,7 +112,7 @@ class BertClassifier:
             "num_train_epochs": epochs, "learning_rate": learning_rate, "warmup_proportion": warmup_proportion,
             "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
-            "precision": self.policy, **(settings or {})}
+            "precision": self.policy, "fused_encoder": self.fused_encoder, **(settings or {})}
         run_dir.check_same_run(output_dir, self.settings, overwrite)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy

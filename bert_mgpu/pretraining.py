@@ -106,36 +106,42 @@ class Validation:
 
 
 class BertPretrainer:
-    def __init__(self, model, tokenizer, config, towers, policy):
+    def __init__(self, model, tokenizer, config, towers, policy, fused_encoder=True):
         self.model, self.tokenizer, self.config, self.towers, self.policy = model, tokenizer, config, towers, policy
+        self.fused_encoder = fused_encoder
         self.history = []  # one dict per logged step and per validation, for notebooks and tests
         self.stop = None  # why the last fit stopped
         self.settings = None  # what the last fit was run with (compared when an output_dir is reused)
 
     @classmethod
-    def _build(cls, config, tokenizer, towers, precision, nsp):
+    def _build(cls, config, tokenizer, towers, precision, nsp, fused_encoder):
         towers = towers or Towers()
         config.check_vocab(tokenizer.vocab_file, tokenizer.vocab_size)
         policy, why = resolve_precision(precision, towers.plan)
         log.info("precision: %s (%s)", policy, why)
         with towers.strategy.scope():
-            model = pretraining_model.build_pretrainer(config, policy, nsp)
-        return cls(model, tokenizer, config, towers, policy)
+            model = pretraining_model.build_pretrainer(config, policy, nsp, fused=fused_encoder)
+        return cls(model, tokenizer, config, towers, policy, fused_encoder)
 
     @classmethod
-    def from_config(cls, bert_config, vocab_file, do_lower_case=True, towers=None, precision="auto", nsp=True):
-        """A randomly initialized BERT (google-bert's truncated-normal init) for pretraining from scratch."""
+    def from_config(cls, bert_config, vocab_file, do_lower_case=True, towers=None, precision="auto", nsp=True,
+                    fused_encoder=True):
+        """A randomly initialized BERT (google-bert's truncated-normal init) for pretraining from scratch.
+
+        fused_encoder=False runs keras-hub's BertBackbone as it is (the reference; slower), here and in
+        `from_pretrained`.
+        """
         config = bert_config if isinstance(bert_config, BertConfig) else BertConfig.from_json_file(bert_config)
-        return cls._build(config, FullTokenizer(vocab_file, do_lower_case), towers, precision, nsp)
+        return cls._build(config, FullTokenizer(vocab_file, do_lower_case), towers, precision, nsp, fused_encoder)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint, towers=None, precision="auto", nsp=True, do_lower_case=None,
-                        bert_config_file=None, vocab_file=None):
+                        bert_config_file=None, vocab_file=None, fused_encoder=True):
         """Continue pretraining any checkpoint the classifier reads; heads it lacks start fresh (logged)."""
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         lower = do_lower_case if do_lower_case is not None else (
             True if pre.do_lower_case is None else bool(pre.do_lower_case))
-        self = cls._build(pre.config, FullTokenizer(pre.vocab_file, lower), towers, precision, nsp)
+        self = cls._build(pre.config, FullTokenizer(pre.vocab_file, lower), towers, precision, nsp, fused_encoder)
         checkpoints.assign_encoder(self.model.backbone, pre.weights, init_checkpoint)
         fresh = pretraining_model.assign_heads(self.model, pre.weights, init_checkpoint)
         log.info("loaded %s checkpoint %s; heads loaded: %s", pre.kind, init_checkpoint,
@@ -182,7 +188,8 @@ class BertPretrainer:
         self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch,
                          "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
                          "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
-                         "clipnorm": clipnorm, "precision": self.policy, **(settings or {})}
+                         "clipnorm": clipnorm, "precision": self.policy, "fused_encoder": self.fused_encoder,
+                         **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
         run_dir.check_same_run(output_dir, self.settings, overwrite)
         trainer = Trainer(strategy, self.model, opt, use_xla, pretraining_model.pretraining_loss, accum)

@@ -76,6 +76,22 @@ def test_predict_only_from_the_output_directory_on_one_tower(trained, data):
                                atol=1e-5)
 
 
+def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(trained, data):
+    """--fused_encoder=false runs keras-hub's BertBackbone on the same checkpoint: the same probabilities."""
+    out, args, _ = trained
+    before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    pred_dir = os.path.join(out, "predict_reference")
+    run("--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={out}", f"--output_dir={pred_dir}",
+        "--do_predict", "--n_gpus=0", "--predict_batch_size=4", "--precision=float32", "--max_seq_length=32",
+        "--fused_encoder=false")
+    np.testing.assert_allclose(np.loadtxt(os.path.join(pred_dir, "test_results.tsv"), delimiter="\t"), before,
+                               atol=1e-5)
+    files = sorted(os.listdir(out))
+    proc = run(*args, "--fused_encoder=false", check=False)
+    assert proc.returncode == 1 and "--fused_encoder=True -> False" in proc.stderr, proc.stderr[-2000:]
+    assert sorted(os.listdir(out)) == files
+
+
 def test_dry_run_prints_the_plan():
     proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=3", "--train_batch_size=16")
     assert "3 tower(s) on CPU" in proc.stdout and "global batch = 16 x 3 = 48" in proc.stdout

@@ -65,6 +65,22 @@ def test_rerun_resumes_and_finds_the_budget_spent(pretrained):
     assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
 
 
+def test_reference_encoder_evaluates_the_same(pretrained, tmp_path):
+    """--fused_encoder=false (keras-hub's BertBackbone as it is) on the same weights: the same eval numbers."""
+    d, out, args, _ = pretrained
+    keep = ("--input_file", "--vocab_file", "--max_seq_length", "--max_predictions_per_seq", "--towers_per_gpu",
+            "--precision")
+    base = [a for a in args if a.split("=")[0] in keep] + [f"--init_checkpoint={out}", "--do_eval=true"]
+    results = []
+    for fused in ("true", "false"):
+        o = tmp_path / fused
+        run_script("run_pretraining_mgpu.py", *base, f"--output_dir={o}", f"--fused_encoder={fused}")
+        results.append(dict(line.split(" = ") for line in open(o / "eval_results.txt").read().splitlines()))
+    assert float(results[0]["masked_lm_loss"]) > 0
+    for key in ("masked_lm_loss", "masked_lm_accuracy", "next_sentence_loss", "next_sentence_accuracy"):
+        assert abs(float(results[0][key]) - float(results[1][key])) < 1e-5, (key, results)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--input_file=/nonexistent/*.tfrecord"], "/nonexistent/*.tfrecord: no such input file"),
     (["--max_seq_length=64"], "records have input_ids of length 32 but --max_seq_length=64"),
