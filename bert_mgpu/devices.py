@@ -11,6 +11,7 @@ Example:
 """
 
 import dataclasses
+import functools
 import os
 import shutil
 import subprocess
@@ -203,6 +204,32 @@ def all_reduce(reduce_op, values, options=None):
     flat = tf.nest.flatten(values)
     reduced = tf.distribute.get_replica_context().merge_call(reduce, args=tuple(flat))
     return tf.nest.pack_sequence_as(values, list(reduced))
+
+
+def per_tower_seeds(model):
+    """Make each tower draw its own random numbers (dropout masks) from `model`'s Keras seed generators.
+
+    Keras keeps a SeedGenerator's state as one copy per replica (aggregation "none"), stepped in lockstep,
+    so under MirroredStrategy every tower drew the same dropout masks: N towers of B examples trained with
+    the dropout noise of one tower's B. Here each generator's seeds get the replica id added to their
+    first word (the second is the counter Keras steps). Replica 0, and calls outside a strategy, draw
+    Keras' own seeds, so one tower computes what it did before; the state variables, and with them the
+    checkpoints, stay as they are. Safe to call more than once.
+    """
+    import tensorflow as tf
+
+    def tower_next(generator, ordered=True):
+        seed = type(generator).next(generator, ordered)
+        context = tf.distribute.get_replica_context()
+        replica = 0 if context is None else context.replica_id_in_sync_group
+        if isinstance(replica, int) and replica == 0:
+            return seed
+        return seed + tf.stack([tf.cast(replica, seed.dtype), tf.zeros([], seed.dtype)])
+
+    for layer in model._flatten_layers():
+        for generator in getattr(layer, "_seed_generators", ()):
+            generator.next = functools.partial(tower_next, generator)
+    return model
 
 
 def distribute_dataset(strategy, dataset):

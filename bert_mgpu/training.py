@@ -38,6 +38,7 @@ class Trainer:
         float32. bytes_per_pack: gradients go in packs of about this size, so the all-reduce of the first
         packs can start while later gradients are still being computed (see docs/gpu_scaling.md)."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        devices.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
             with strategy.scope():  # here, not in the first traced step, whose graph its variables would keep
                 optimizer.build(model.trainable_variables)

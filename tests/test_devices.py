@@ -130,3 +130,36 @@ def test_distribute_dataset_refuses_what_it_cannot_split():
         devices.distribute_dataset(_two_towers(), ragged)
     with pytest.raises(TypeError, match="splits batched dense tensors"):
         devices.distribute_dataset(_two_towers(), tf.data.Dataset.range(3))  # unbatched scalars
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_own(fused):
+    import keras
+
+    from bert_mgpu import modeling, run_dir
+    from conftest import tiny_config
+
+    strategy = devices.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38), 2, "float32", fused=fused)  # dropout 0.1
+    ids = np.tile(np.arange(2, 14, dtype=np.int32), (8, 1))  # every row the same, 4 on each tower
+    batch = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(
+        {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}))))
+    states = {k: v.numpy() for k, v in run_dir.rng_states(model).items()}
+
+    def towers_logits():  # a new trace each time: the seeds are drawn when the step is traced
+        step = tf.function(lambda b: strategy.run(lambda f: model(f, training=True), args=(b,)))
+        out = [t.numpy() for t in strategy.experimental_local_results(step(batch))]
+        for k, v in run_dir.rng_states(model).items():
+            v.assign(states[k])
+        return out
+
+    keras_own = towers_logits()
+    assert not np.allclose(keras_own[0][0], keras_own[0][1])  # dropout is on: rows of one tower differ
+    np.testing.assert_array_equal(keras_own[0], keras_own[1])  # Keras alone: the towers drop the same units
+    devices.per_tower_seeds(model)
+    devices.per_tower_seeds(model)  # a second call changes nothing
+    tower_0, tower_1 = towers_logits()
+    np.testing.assert_array_equal(tower_0, keras_own[0])
+    assert np.abs(tower_1 - tower_0).max() > 1e-3
