@@ -112,7 +112,7 @@ class BertClassifier:
             "num_train_epochs": epochs, "learning_rate": learning_rate, "warmup_proportion": warmup_proportion,
             "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
-            "precision": self.policy, "fused_encoder": self.fused_encoder, **(settings or {})}
+            "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
         run_dir.check_same_run(output_dir, self.settings, overwrite)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy

@@ -188,8 +188,8 @@ class BertPretrainer:
         self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch,
                          "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
                          "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
-                         "clipnorm": clipnorm, "precision": self.policy, "fused_encoder": self.fused_encoder,
-                         **(settings or {})}
+                         "clipnorm": clipnorm, "precision": self.policy,
+                         **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
         run_dir.check_same_run(output_dir, self.settings, overwrite)
         trainer = Trainer(strategy, self.model, opt, use_xla, pretraining_model.pretraining_loss, accum)

@@ -83,6 +83,12 @@ def check_same_run(directory, settings, overwrite=False):
     log.warning("--overwrite_output_dir: removed the checkpoints of the earlier run (%s)", "; ".join(changed))
 
 
+def encoder_setting(fused_encoder):
+    """The run setting for --fused_encoder: recorded only when false, so run directories written before
+    the flag existed (all fused) still resume, and a fused run is never resumed unfused or back."""
+    return {} if fused_encoder else {"fused_encoder": False}
+
+
 def rng_states(model):
     """The model's random-generator state variables (dropout seeds), in a stable order."""
     return {f"s{i}": v for i, v in enumerate(

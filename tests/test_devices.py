@@ -148,7 +148,7 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
         {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}))))
     states = {k: v.numpy() for k, v in run_dir.rng_states(model).items()}
 
-    def towers_logits():  # a new trace each time: the seeds are drawn when the step is traced
+    def towers_logits():  # traced anew each time: per_tower_seeds acts on the traced step
         step = tf.function(lambda b: strategy.run(lambda f: model(f, training=True), args=(b,)))
         out = [t.numpy() for t in strategy.experimental_local_results(step(batch))]
         for k, v in run_dir.rng_states(model).items():

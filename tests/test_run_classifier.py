@@ -88,7 +88,7 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
                                atol=1e-5)
     files = sorted(os.listdir(out))
     proc = run(*args, "--fused_encoder=false", check=False)
-    assert proc.returncode == 1 and "--fused_encoder=True -> False" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 1 and "--fused_encoder=None -> False" in proc.stderr, proc.stderr[-2000:]
     assert sorted(os.listdir(out)) == files
 
 
