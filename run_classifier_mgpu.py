@@ -111,7 +111,8 @@ def run():
         FLAGS.bert_config_file, FLAGS.vocab_file, task=task.name, fused_encoder=FLAGS.fused_encoder)
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
-            clf.auto_batch_size(FLAGS.memory_limit_mb, FLAGS.output_dir, FLAGS.gpu_memory_per_tower_mb)
+            clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
+                                memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
         settings = {name: getattr(FLAGS, name) for name in (
             "task_name", "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
         clf.fit(train, FLAGS.output_dir, FLAGS.num_train_epochs, FLAGS.learning_rate, FLAGS.warmup_proportion,

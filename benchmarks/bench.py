@@ -4,7 +4,8 @@ Runs every (case, system) in its own process, one after another, `--rounds` time
 then prints one table of each one's best run and writes every run to JSON. Best of rounds, because runs
 of the same code differed by up to 4x here: TensorFlow can stall for seconds when an input iterator is
 dropped (benchmarks/NOTES.md, item 11), in anchors' `fit`/`predict` as in ours. Ratios are
-bert_mgpu / anchor from this run.
+bert_mgpu / anchor from this run. Every system computes in the same precision, chosen for the machine
+(`common.precision()`: bf16 only on CPUs with bf16 hardware), and the table says which.
 
 Usage: python benchmarks/bench.py [--cases a,b,c,d,ea,eb] [--rounds 2] [--out benchmarks/results.json]
 """
@@ -44,7 +45,7 @@ def matmul_peak():
 
 def run(script_args, case, timeout=1800):
     cmd = [sys.executable, os.path.join(HERE, script_args[0]), case, *script_args[1:]]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", BENCH_PRECISION=common.precision())
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -100,7 +101,8 @@ def main():
     cases = args.cases.split(",")
     started = time.time()
     peak = matmul_peak()
-    print(f"matmul peak: bf16 {peak['bfloat16'] / 1e12:.2f} TFLOP/s, fp32 {peak['float32'] / 1e12:.2f}", flush=True)
+    print(f"matmul peak: bf16 {peak['bfloat16'] / 1e12:.2f} TFLOP/s, fp32 {peak['float32'] / 1e12:.2f}; "
+          f"every system in {common.precision()}", flush=True)
     jobs = [(c, s, SYSTEMS[s]) for c in cases for s in args.systems.split(",")]
     if "a" in cases:  # the cost of replication (2 towers on the same 2 cores), and of keras-hub's own layers
         jobs.append(("a", "bert_mgpu_2towers", ["bench_bert_mgpu.py", "2"]))
@@ -115,7 +117,7 @@ def main():
             shown = r.get("error") or f"{r['examples_per_s']:.1f} ex/s"
             print(f"  round {round_}  {case:3s} {name:20s} {shown}", flush=True)
     results = best_of(runs)
-    report = table(results, peak)
+    report = f"every system in {common.precision()} on this CPU\n\n" + table(results, peak)
     one = next((r for r in results if r.get("system") == "bert_mgpu" and r.get("case") == "a"), {})
     two = next((r for r in results if r.get("system") == "bert_mgpu_2towers"), {})
     if "examples_per_s" in one and "examples_per_s" in two:
@@ -123,6 +125,7 @@ def main():
                    f"{two['examples_per_s'] / one['examples_per_s']:.2f}")
     print("\n" + report)
     meta = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "precision": common.precision(),
             "matmul_peak_flops": peak, "minutes": (time.time() - started) / 60, "rounds": args.rounds,
             "cases": {k: v["title"] for k, v in common.CASES.items()}}
     with open(args.out, "w") as f:

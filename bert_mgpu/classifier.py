@@ -159,7 +159,7 @@ class BertClassifier:
         else:
             log.info("trained to step %d; checkpoint %s", self.global_step, saved.latest)
 
-    def auto_batch_size(self, memory_limit_mb=None, output_dir=None, memory_per_tower_mb=None):
+    def auto_batch_size(self, memory_limit_mb=None, output_dir=None, memory_per_tower_mb=None, use_xla=False):
         """Set the per-tower training batch to the largest that fits (see memory.py) and return it.
 
         A run in output_dir that already found one keeps it, so resuming trains as it started.
@@ -171,7 +171,8 @@ class BertClassifier:
             return before["per_tower_batch"]
         best = memory.find_for_model(self.towers, self.model, self.policy,
                                      lambda n: memory.classifier_batch(n, self.max_seq_length),
-                                     memory_limit_mb=memory_limit_mb, memory_per_tower_mb=memory_per_tower_mb)
+                                     memory_limit_mb=memory_limit_mb, memory_per_tower_mb=memory_per_tower_mb,
+                                     use_xla=use_xla)
         self.towers.set_batch(best)
         return best
 

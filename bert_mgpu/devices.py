@@ -102,13 +102,13 @@ def plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
     return DevicePlan("GPU", tuple(range(n_gpus)), visible_gpus[:n_gpus], towers_per_gpu, per_tower_batch)
 
 
-def gpu_memory_mb(cuda_name):
-    """Total memory of one CUDA device from nvidia-smi, or None when it cannot be read."""
+def gpu_memory_mb(cuda_name, field="memory.total"):
+    """One CUDA device's memory (`memory.total` or `memory.free`, MiB) from nvidia-smi, or None."""
     if not shutil.which("nvidia-smi"):
         return None
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", cuda_name],
+            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", cuda_name],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout
         return int(out.split()[0])
@@ -124,6 +124,21 @@ def discover_visible_gpus():
     return visible_gpu_names(len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
+def keep_cpu_memory_statistics(environ=None):
+    """Before TensorFlow's first op: make its CPU allocator keep memory statistics (--auto_batch_size reads
+    them). Where oneDNN is off, TensorFlow's default CPU allocator keeps none; its BFC allocator
+    (TF_CPU_ALLOCATOR_USE_BFC) does, capped at the machine's memory instead of its default 64 GiB. Where
+    oneDNN is on, its own allocator keeps them. A user's own setting is left alone."""
+    from bert_mgpu import _compat
+
+    env = os.environ if environ is None else environ
+    if "TF_CPU_ALLOCATOR_USE_BFC" in env or _compat.onednn_enabled():
+        return
+    env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+    physical_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    env.setdefault("TF_CPU_BFC_MEM_LIMIT_IN_MB", str(physical_mb))
+
+
 def configure_devices(plan, memory_per_tower_mb=None):
     """Make TensorFlow expose exactly the plan's towers as logical devices (before any op runs).
 
@@ -133,6 +148,7 @@ def configure_devices(plan, memory_per_tower_mb=None):
     """
     import tensorflow as tf
 
+    keep_cpu_memory_statistics()
     try:
         _apply_plan(tf, plan, memory_per_tower_mb)
     except RuntimeError:  # the runtime is already initialized: check what it has
@@ -160,18 +176,21 @@ def _apply_plan(tf, plan, memory_per_tower_mb):
         if plan.towers_per_device == 1:
             tf.config.experimental.set_memory_growth(dev, True)
             continue
-        per_tower = memory_per_tower_mb
-        if per_tower is None:
-            total = gpu_memory_mb(name)
-            if total is None:
-                raise UserError(
-                    f"cannot read the memory of CUDA device {name}; pass --gpu_memory_per_tower_mb "
-                    "to split it into towers"
-                )
-            per_tower = int(total * 0.92 / plan.towers_per_device)
+        per_tower = tower_memory_limit_mb(plan, name, memory_per_tower_mb)
         tf.config.set_logical_device_configuration(
             dev, [tf.config.LogicalDeviceConfiguration(memory_limit=per_tower)] * plan.towers_per_device
         )
+
+
+def tower_memory_limit_mb(plan, cuda_name, memory_per_tower_mb=None):
+    """The memory_limit of each logical device when towers share a GPU: the flag, or 92% of the GPU split."""
+    if memory_per_tower_mb:
+        return int(memory_per_tower_mb)
+    total = gpu_memory_mb(cuda_name)
+    if total is None:
+        raise UserError(f"cannot read the memory of CUDA device {cuda_name}; pass --gpu_memory_per_tower_mb "
+                        "to split it into towers")
+    return int(total * 0.92 / plan.towers_per_device)
 
 
 def make_strategy(plan):
@@ -293,6 +312,17 @@ class TowerBatches:
             parts = {i: place(p, d) for i, p, d in zip(self._ids, self._split(batch), self._places)}
             yield self.strategy.experimental_distribute_values_from_function(
                 lambda ctx: parts[ctx.replica_id_in_sync_group])
+
+
+def first_tower_only(strategy, batch):
+    """A distributed value giving all of `batch` to the first tower and no rows to the others."""
+    import tensorflow as tf
+
+    def part(ctx):
+        return tf.nest.map_structure(lambda a: tf.constant(a if ctx.replica_id_in_sync_group == 0 else a[:0]),
+                                     batch)
+
+    return strategy.experimental_distribute_values_from_function(part)
 
 
 _SPLITTERS = {}

@@ -1,19 +1,25 @@
 """The largest per-tower batch that fits (`--auto_batch_size`), found by trying real training steps.
 
-A batch size fits when one training step (forward, backward, all-reduce; no weight changes) on sequences
-of max_seq_length real tokens, the worst case, runs without ResourceExhaustedError and its peak memory
-stays under the limit. The peak is TensorFlow's own allocator statistic (`get_memory_info`, reset before
-each trial), so a smaller trial after a larger one still reads its own peak; it works on GPUs and, with
-one allocator shared by all logical CPU towers, on the host.
-- GPU: the limit defaults to 98% of each tower's memory: the "fill the card" people do when training BERT
-  on an 8 GB GPU, with 2% left for cuDNN workspaces and fragmentation.
+A batch size fits when a training step on sequences of max_seq_length real tokens, the worst case, with
+the optimizer's slots and the evaluation copies of the weights allocated, runs without
+ResourceExhaustedError and its peak memory stays under the limit. Each trial runs once to trace and
+compile, then again to be measured. On CPUs the trial is the real training step (all-reduce and update)
+of an optimizer whose learning rate is 0, so no weight changes. On GPUs it is forward and backward on
+the first tower alone with every gradient held in one buffer, as NCCL's pack holds them, and no
+collective (module `find_batch_size`); the optimizer update's temporaries are not measured there.
+
+The peak is TensorFlow's allocator statistic (`get_memory_info`, reset before each trial), so a smaller
+trial after a larger one still reads its own peak. GPUs always keep it. On CPUs, where TensorFlow leaves
+oneDNN off its default allocator keeps none: `devices.keep_cpu_memory_statistics` (run by `Towers`
+before TensorFlow starts) chooses TensorFlow's BFC allocator there, which does. XLA-compiled CPU kernels
+take their buffers from the same allocator.
+- GPU: the limit defaults to 95% of what TensorFlow's allocator may take on a tower (its logical-device
+  split, or what the GPU has free less TensorFlow's reserve), so 5% stays free for cuDNN and fragmentation.
 - CPU: nothing fails before the machine swaps, so the user gives the limit (`memory_limit_mb`, for the
-  step's working memory of all towers together). XLA-compiled kernels (the fused encoder) take their
-  buffers from the same allocator, so they are counted; steps under ~1 MiB read 0 (TensorFlow's CPU
-  statistics skip them), which only toy models notice.
+  memory of all towers together).
 
 Example:
-    per_tower = find_batch_size(trainer, lambda b: synthetic_batch(...), plan, limit_mb=4096)
+    best = find_for_model(towers, model, "float32", lambda n: classifier_batch(n, 128), memory_limit_mb=4096)
 """
 
 import gc
@@ -45,33 +51,70 @@ def largest_fitting(fits, cap=4096):
     return low
 
 
-def peak_mb(plan):
-    """Peak allocator memory (MiB) since the last reset: the largest over the GPU towers' devices, or the
-    host allocator all CPU towers share."""
-    names = [f"GPU:{i}" for i in range(plan.towers)] if plan.device_type == "GPU" else ["CPU:0"]
-    return max(tf.config.experimental.get_memory_info(n)["peak"] for n in names) / 2**20
+class AllocatorPeak:
+    """Peak bytes TensorFlow's allocator held since `reset()`: the largest over the GPU towers' devices, or
+    the host allocator all CPU towers share."""
+
+    def __init__(self, plan):
+        gpus = plan.device_type == "GPU"
+        self.names = [f"GPU:{i}" for i in range(len(plan.physical_ids))] if gpus else ["CPU:0"]
+
+    def reset(self):
+        gc.collect()
+        for name in self.names:
+            tf.config.experimental.reset_memory_stats(name)
+
+    def read_mb(self):
+        return max(tf.config.experimental.get_memory_info(n)["peak"] for n in self.names) / 2**20
 
 
-def reset_peak(plan):
-    gc.collect()
-    names = [f"GPU:{i}" for i in range(plan.towers)] if plan.device_type == "GPU" else ["CPU:0"]
-    for n in names:
-        tf.config.experimental.reset_memory_stats(n)
+def peak_meter(plan):
+    """The allocator statistics a trial reads, or UserError where TensorFlow keeps none."""
+    meter = AllocatorPeak(plan)
+    if plan.device_type == "CPU":
+        try:
+            meter.reset()
+        except ValueError:
+            raise UserError("--auto_batch_size: TensorFlow's CPU allocator keeps no memory statistics in this "
+                            "process (it started before bert_mgpu could choose one that does): create "
+                            "bert_mgpu.Towers before any TensorFlow op, or set TF_CPU_ALLOCATOR_USE_BFC=true "
+                            "before starting Python") from None
+    return meter
 
 
-def default_limit_mb(plan, memory_per_tower_mb=None):
-    """98% of a tower's GPU memory; on CPU there is no default (UserError)."""
+def tensorflow_gpu_cap_mb(free_mb, cc_major, env=None):
+    """What TensorFlow's GPU allocator may take of one whole GPU: the memory free when it starts less the
+    reserve gpu_device.cc's MinSystemMemory keeps for the system (TF_DEVICE_MIN_SYS_MEMORY_IN_MB overrides)."""
+    import os
+
+    env = os.environ if env is None else env
+    if env.get("TF_DEVICE_MIN_SYS_MEMORY_IN_MB"):
+        reserve = float(env["TF_DEVICE_MIN_SYS_MEMORY_IN_MB"])
+    elif free_mb < 2048:
+        reserve = 225
+    else:
+        reserve = 500 if cc_major <= 6 else 1050 if cc_major <= 7 else 1536 if cc_major <= 8 else 1800
+    return max(0.0, free_mb - reserve)
+
+
+def default_limit_mb(plan, memory_per_tower_mb=None, free_mb=None, cc_major=None):
+    """95% of TensorFlow's allocator cap on one tower (module docstring); on CPU there is no default."""
     if plan.device_type != "GPU":
         raise UserError("--auto_batch_size on CPU needs --memory_limit_mb (memory the training step of all "
                         "towers may take)")
-    from bert_mgpu.devices import gpu_memory_mb
+    name = plan.visible_names[0]
+    if plan.towers_per_device > 1 or memory_per_tower_mb:  # logical devices: their memory_limit is the cap
+        cap = devices.tower_memory_limit_mb(plan, name, memory_per_tower_mb)
+    else:
+        free_mb = devices.gpu_memory_mb(name, "memory.free") if free_mb is None else free_mb
+        if free_mb is None:
+            raise UserError(f"cannot read the free memory of CUDA device {name}; pass --memory_limit_mb")
+        if cc_major is None:
+            from bert_mgpu.precision import gpu_capabilities
 
-    total = memory_per_tower_mb or gpu_memory_mb(plan.visible_names[0])
-    if total is None:
-        raise UserError(f"cannot read the memory of CUDA device {plan.visible_names[0]}; pass --memory_limit_mb")
-    if memory_per_tower_mb is None:
-        total /= plan.towers_per_device
-    return 0.98 * total
+            cc_major = gpu_capabilities(plan)[0][0]
+        cap = tensorflow_gpu_cap_mb(free_mb, cc_major)
+    return 0.95 * cap
 
 
 def classifier_batch(global_batch, seq_length, token_id=5):
@@ -93,15 +136,16 @@ def pretraining_batch(global_batch, seq_length, max_predictions, token_id=5):
 
 
 def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit_mb=None,
-                   memory_per_tower_mb=None, cap=4096):
+                   memory_per_tower_mb=None, cap=4096, use_xla=False):
     """`find_batch_size` for a model on its towers, with a throwaway optimizer (the Trainer builds it, and its
     slots take memory during training too). Returns the largest per-tower batch that fits."""
     from bert_mgpu import optimization, training
 
     limit = memory_limit_mb if memory_limit_mb is not None else default_limit_mb(towers.plan, memory_per_tower_mb)
-    with towers.strategy.scope():
-        optimizer = optimization.create_optimizer(1e-5, 10, 0, float16=policy == "mixed_float16")
-    probe = training.Trainer(towers.strategy, model, optimizer, loss_fn=loss_fn or training.classification_loss)
+    with towers.strategy.scope():  # learning rate 0: trials run real steps and change no weight
+        optimizer = optimization.create_optimizer(0.0, 10, 0, float16=policy == "mixed_float16")
+    probe = training.Trainer(towers.strategy, model, optimizer, use_xla=use_xla,
+                             loss_fn=loss_fn or training.classification_loss)
     best, _ = find_batch_size(probe, make_batch, towers.plan, limit, cap)
     return best
 
@@ -109,20 +153,36 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
 def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     """Largest per-tower batch whose training step fits under `limit_mb` (see the module docstring).
 
-    `make_batch(global_batch)` -> a (features, labels) batch of that many examples.
+    `make_batch(global_batch)` -> a (features, labels) batch of that many examples. CPU towers share one
+    memory: a trial is a real training step of all of them, so the trainer's optimizer must have learning
+    rate 0. On GPUs a trial runs on the first tower alone, with no collective: every tower needs the same
+    memory, and a tower out of memory inside NCCL would leave the others waiting forever.
     """
+    from bert_mgpu import fused_encoder
+
     strategy, trials = trainer.strategy, []
+    with strategy.scope(), fused_encoder.frozen_weights(trainer.model):
+        pass  # evaluation's copies of the weights: allocated once, held from then on, so counted
+    alone = plan.device_type == "GPU"
+    if not alone and trainer.learning_rate != 0.0:
+        raise ValueError("find_batch_size runs real training steps on CPU: give the trainer an optimizer "
+                         "with learning rate 0")
+    meter = peak_meter(plan)
+    trial = trainer.probe_step if alone else trainer.train_step
 
     def fits(per_tower):
-        batch = make_batch(per_tower * trainer.strategy.num_replicas_in_sync)
-        dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
-        reset_peak(plan)
+        rows = per_tower if alone else per_tower * strategy.num_replicas_in_sync
+        batch = make_batch(rows)
+        dist = (devices.first_tower_only(strategy, batch) if alone else
+                next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)))))
         try:
-            trainer.probe_step(dist)
+            trial(dist)  # traces and compiles
+            meter.reset()
+            trial(dist)
         except tf.errors.ResourceExhaustedError:
             trials.append((per_tower, None))
             return False
-        peak = peak_mb(plan)
+        peak = meter.read_mb()
         trials.append((per_tower, peak))
         return peak <= limit_mb
 
@@ -131,5 +191,6 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     if not best:
         raise UserError(f"not even one sequence per tower fits in {limit_mb:.0f} MiB (peaks {shown}); "
                         "use a shorter --max_seq_length")
-    log.info("auto batch size: %d per tower fits in %.0f MiB (trials %s)", best, limit_mb, shown)
+    log.info("auto batch size: %d per tower fits in %.0f MiB (trials %s; peaks of %s)", best, limit_mb, shown,
+             "one tower alone" if alone else f"all {strategy.num_replicas_in_sync} tower(s) together")
     return best, trials

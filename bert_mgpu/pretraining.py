@@ -271,14 +271,14 @@ class BertPretrainer:
         return result
 
     def auto_batch_size(self, global_batch, max_seq_length, max_predictions_per_seq, memory_limit_mb=None,
-                        memory_per_tower_mb=None):
+                        memory_per_tower_mb=None, use_xla=False):
         """Set the towers' micro-batch to the largest that fits (memory.py) and divides the global batch
         into whole accumulation steps; returns it."""
         fits = memory.find_for_model(
             self.towers, self.model, self.policy,
             lambda n: memory.pretraining_batch(n, max_seq_length, max_predictions_per_seq),
             pretraining_model.pretraining_loss, memory_limit_mb, memory_per_tower_mb,
-            cap=max(1, global_batch // self.towers.count))
+            cap=max(1, global_batch // self.towers.count), use_xla=use_xla)
         micro = max(m for m in range(1, fits + 1) if global_batch % (m * self.towers.count) == 0)
         log.info("micro-batch %d per tower (%d fits), %d accumulation steps", micro, fits,
                  global_batch // (micro * self.towers.count))

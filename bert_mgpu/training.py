@@ -53,6 +53,7 @@ class Trainer:
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
         self._grads_fn = tf.function(self._loss_and_grads, jit_compile=True) if use_xla else self._loss_and_grads
         self._train_fn = self._predict_fn = self._eval_fn = None
+        self._probe_fn = None
         # The distributed dataset's element_spec (dynamic batch and length): set before the first step,
         # every step runs one trace, so a resumed run computes exactly what an uninterrupted one did
         # (shape-specialized traces would round differently from the generic one they relax into).
@@ -126,15 +127,16 @@ class Trainer:
         return guards.out_of_memory(error, per_tower, length, self.accum_steps)
 
     def probe_step(self, batch):
-        """Forward, backward and all-reduce of one distributed batch without changing any weight: what
-        memory a training step at this size takes (see memory.py). Raises ResourceExhaustedError."""
+        """Forward and backward of one distributed batch on each tower, every gradient held at once in one
+        buffer in the all-reduce dtype (as NCCL's pack holds them), no collective and no update: the memory
+        of one GPU tower's step, measured without the towers waiting on each other (a tower out of memory
+        inside a collective would hang the rest; see memory.py). Raises ResourceExhaustedError."""
         def replica(features, labels):
             loss, _, grads = self._grads_fn(features, labels)
-            grads = [g for g in grads if g is not None]
-            return devices.all_reduce(tf.distribute.ReduceOp.SUM, [loss + tf.add_n(
-                [tf.reduce_sum(tf.cast(g, tf.float32)) for g in grads])])[0]
+            flat = tf.concat([tf.reshape(tf.cast(g, self.allreduce_dtype), [-1]) for g in grads if g is not None], 0)
+            return loss + tf.cast(tf.reduce_sum(flat), loss.dtype)
 
-        if getattr(self, "_probe_fn", None) is None:
+        if self._probe_fn is None:
             self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
                                          reduce_retracing=True)
         return self._probe_fn(batch)

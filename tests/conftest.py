@@ -12,6 +12,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from bert_mgpu import devices  # noqa: E402
+
+devices.keep_cpu_memory_statistics()  # as Towers does before TensorFlow starts
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 

@@ -25,3 +25,18 @@ def test_bert_base_and_large_sizes_and_allreduce_time():
     t = gpu_scaling.allreduce_seconds(1e9, 8, 100e9)
     assert 0.0175 <= t < 0.0177
     assert gpu_scaling.allreduce_seconds(1e9, 1, 100e9) == 0.0
+
+
+def test_every_system_computes_in_the_precision_the_cpu_has_hardware_for(monkeypatch):
+    from bert_mgpu import precision
+
+    monkeypatch.delenv("BENCH_PRECISION", raising=False)
+    for flags, expected in (({"avx2", "amx_bf16"}, "bf16"), ({"avx512_bf16"}, "bf16"), ({"avx2"}, "fp32")):
+        monkeypatch.setattr(precision, "cpu_flags", lambda flags=flags: flags)
+        assert common.precision() == expected
+    monkeypatch.setenv("BENCH_PRECISION", "fp32")  # what bench.py hands each system's process
+    assert common.precision() == "fp32"
+    scripts = {name: open(os.path.join(os.path.dirname(common.__file__), name)).read()
+               for name in ("bench_bert_mgpu.py", "bench_keras_hub.py", "bench_transformers.py")}
+    for name, text in scripts.items():  # each system reads the shared choice; none fixes its own
+        assert "common.precision()" in text and '"mixed_bfloat16")' not in text, name

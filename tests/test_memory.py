@@ -22,7 +22,7 @@ def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_size=64, intermediate_size=256), 2)
-        opt = optimization.create_optimizer(1e-3, 10, 0)
+        opt = optimization.create_optimizer(0.0, 10, 0)  # trials are real steps: learning rate 0
         opt.build(model.trainable_variables)
     trainer = training.Trainer(strategy, model, opt)
     make = lambda n: memory.classifier_batch(n, 32)  # noqa: E731
@@ -37,24 +37,125 @@ def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     assert all((w.numpy() == v).all() for w, v in zip(model.weights, weights))  # trials train nothing
 
 
-def test_cpu_peak_sees_the_memory_of_xla_compiled_kernels():
-    """The fused encoder's kernels are XLA-compiled; on CPU their buffers and scratch come from TensorFlow's
-    allocator too, so the peak the search reads sees them (here: sort's temporaries, several times its
-    input), and a smaller step after a larger one reads its own peak."""
+def _sort_peaks(meter):
+    """Peak of an XLA-compiled sort of 32 then 8 MiB: its temporaries are several times its input."""
     import tensorflow as tf
 
-    plan = devices.plan_devices(0, 1, 1, ())
     sort = tf.function(lambda x: tf.reduce_max(tf.sort(x * 3.0) - tf.sort(-x)), jit_compile=True)
     peaks = {}
-    for mib in (256, 64):
+    for mib in (32, 8):
         x = tf.random.uniform([mib * 2**18])  # mib MiB of float32
         sort(x)  # compile
-        memory.reset_peak(plan)
+        meter.reset()
         sort(x)
-        peaks[mib] = memory.peak_mb(plan)
-    assert 2 * 256 <= peaks[256] <= 8 * 256 and 2 * 64 <= peaks[64] <= 8 * 64, peaks
+        peaks[mib] = meter.read_mb()
+    return peaks
+
+
+def test_cpu_peak_sees_the_memory_of_xla_compiled_kernels():
+    """The allocator this process has keeps statistics whether TensorFlow runs oneDNN or not (.ci/run runs
+    this file with TF_ENABLE_ONEDNN_OPTS=0 and =1); XLA's CPU kernels allocate from it, so the peak sees
+    their temporaries, and a smaller step after a larger one reads its own peak."""
+    peaks = _sort_peaks(memory.peak_meter(devices.plan_devices(0, 1, 1, ())))
+    assert 2 * 32 <= peaks[32] <= 8 * 32 and 2 * 8 <= peaks[8] <= 8 * 8, peaks
+
+
+@pytest.mark.parametrize("onednn", ["0", "1"])
+def test_towers_give_a_fresh_process_an_allocator_with_statistics(onednn):
+    """What a user's process gets: Towers chooses TensorFlow's BFC CPU allocator where oneDNN is off (its
+    default allocator keeps no statistics), and leaves oneDNN's own allocator alone where it is on."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, bert_mgpu, tensorflow as tf\n"
+            "bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=1)\n"
+            "x = tf.ones([2**20])\n"
+            "tf.config.experimental.reset_memory_stats('CPU:0')\n"
+            "y = x * 2.0\n"
+            "print(os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'), tf.config.experimental.get_memory_info('CPU:0')['peak'])")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "TF_ENABLE_ONEDNN_OPTS": onednn})
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    bfc, peak = proc.stdout.split()
+    assert bfc == ("true" if onednn == "0" else "None")
+    assert int(peak) >= 2 * 4 * 2**20  # x and y, 4 MiB each
+
+
+def test_without_statistics_auto_batch_says_so_in_one_line(monkeypatch):
+    import tensorflow as tf
+
+    def no_stats(name):
+        raise ValueError(f"Cannot reset memory stats for device '{name}'")
+
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", no_stats)
+    with pytest.raises(UserError, match="keeps no memory statistics in this process.*TF_CPU_ALLOCATOR_USE_BFC"):
+        memory.peak_meter(devices.plan_devices(0, 1, 1, ()))
 
 
 def test_cpu_needs_a_memory_limit():
     with pytest.raises(UserError, match="--auto_batch_size on CPU needs --memory_limit_mb"):
         memory.default_limit_mb(devices.plan_devices(0, 2, 1, ()))
+
+
+@pytest.mark.parametrize("free, cc, env, cap", [
+    (16000, (7, 0), {}, 16000 - 1050), (80000, (8, 0), {}, 80000 - 1536), (1500, (6, 1), {}, 1500 - 225),
+    (24000, (9, 0), {}, 24000 - 1800), (24000, (8, 6), {"TF_DEVICE_MIN_SYS_MEMORY_IN_MB": "100"}, 23900)])
+def test_gpu_limit_is_95_percent_of_what_tensorflow_lets_a_tower_take(free, cc, env, cap, monkeypatch):
+    """One tower a GPU (memory growth): TensorFlow's cap is the free memory less gpu_device.cc's reserve;
+    towers sharing a GPU: the logical device's memory_limit."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    plan = devices.plan_devices(1, 1, 8, ("0",))
+    assert memory.default_limit_mb(plan, free_mb=free, cc_major=cc[0]) == pytest.approx(0.95 * cap)
+    split = devices.plan_devices(1, 2, 8, ("0",))
+    monkeypatch.setattr(devices, "gpu_memory_mb", lambda name, field="memory.total": 16000)
+    assert memory.default_limit_mb(split) == pytest.approx(0.95 * int(16000 * 0.92 / 2))
+    assert memory.default_limit_mb(split, memory_per_tower_mb=5000) == pytest.approx(0.95 * 5000)
+
+
+def test_training_and_evaluating_at_the_chosen_batch_stays_under_the_limit():
+    """The trial stands for what a run does: steps of the real training loop on 2 towers at the batch the
+    search chose, then a pass of evaluation, peak no higher than the limit. As in find_for_model, the
+    trials' optimizer (learning rate 0) is gone when the run's own takes its place."""
+    import gc
+
+    import tensorflow as tf
+
+    plan = devices.plan_devices(0, 2, 1, ())
+    strategy = devices.make_strategy(plan)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38, hidden_size=64, intermediate_size=256), 2)
+    make = lambda n: memory.classifier_batch(n, 64)  # noqa: E731
+
+    def search(limit, cap):
+        with strategy.scope():
+            probe = training.Trainer(strategy, model, optimization.create_optimizer(0.0, 10, 0))
+        return memory.find_batch_size(probe, make, plan, limit_mb=limit, cap=cap)
+
+    trials = dict(search(1e9, 16)[1])
+    limit = (trials[8] + trials[16]) / 2
+    best, _ = search(limit, 64)
+    assert 8 <= best < 16
+    gc.collect()
+    with strategy.scope():
+        trainer = training.Trainer(strategy, model, optimization.create_optimizer(1e-3, 100, 0))
+    data = tf.data.Dataset.from_tensors(make(2 * best)).repeat()
+    trainer.fit(data.take(2), 1, 2 * best, verbose=False)  # traces the step
+    trainer.evaluate(data.take(2))
+    meter = memory.peak_meter(plan)
+    trainer.fit(data.take(4), 5, 2 * best, verbose=False)
+    trainer.evaluate(data.take(3))
+    assert meter.read_mb() <= limit, (meter.read_mb(), limit, best)
+
+
+def test_cpu_trials_refuse_an_optimizer_that_would_train():
+    plan = devices.plan_devices(0, 1, 1, ())
+    strategy = devices.make_strategy(plan)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38), 2)
+        opt = optimization.create_optimizer(1e-3, 10, 0)
+    with pytest.raises(ValueError, match="learning rate 0"):
+        memory.find_batch_size(training.Trainer(strategy, model, opt), None, plan, limit_mb=1.0)
