@@ -15,11 +15,14 @@ SCRATCH ?= output/pretrain_scratch
 MINUTES ?= 6
 ROUNDS ?= 2
 
-.PHONY: demo test venv assets clean pretrain-demo scratch-demo bench
+# The GPU build's CUDA libraries (setup.py's gpu extra) where nvidia-smi lists a GPU; the CPU build elsewhere.
+EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu)
+
+.PHONY: demo test venv assets clean pretrain-demo scratch-demo bench gpu-check
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints.txt -e '.[test]'
+	$(PIP) install -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -22,6 +22,8 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
+        # GPUs: TensorFlow finds CUDA, cuDNN, NCCL and XLA's ptxas/libdevice only through these wheels.
+        "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the library.
         "test": ["pytest>=8", "pytest-xdist>=3", "torch==2.13.0", "transformers>=5,<6"],
     },

@@ -1,0 +1,45 @@
+"""A machine with GPUs installs TensorFlow's CUDA libraries: setup.py's gpu extra, pinned, chosen by make."""
+
+import os
+import re
+import stat
+import subprocess
+from importlib import metadata
+
+from packaging.requirements import Requirement
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_plan(tmp_path, nvidia_smi_output=None):
+    """The commands `make venv` would run (dry run, forced), with a fake nvidia-smi on PATH or none."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "nvidia-smi"
+    if nvidia_smi_output is not None:
+        fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{nvidia_smi_output}'\n")
+        fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    elif fake.exists():
+        fake.unlink()
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return subprocess.run(["make", "-n", "-B", "venv"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_make_installs_the_gpu_extra_only_where_nvidia_smi_lists_a_gpu(tmp_path):
+    gpus = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d3c0a9e-0000-0000-0000-000000000000)"
+    assert "-e '.[test,gpu]'" in make_plan(tmp_path, gpus)
+    assert "-e '.[test]'" in make_plan(tmp_path, "No devices were found")
+    assert "-e '.[test]'" in make_plan(tmp_path, None)
+
+
+def test_the_gpu_extra_is_tensorflow_and_cuda_and_every_cuda_wheel_is_pinned_in_its_range():
+    extra = [Requirement(r) for r in metadata.requires("bert_mgpu") if 'extra == "gpu"' in r]
+    assert [(r.name, r.extras) for r in extra] == [("tensorflow", {"and-cuda"})]
+    tensorflow_needs = {Requirement(r).name: Requirement(r).specifier for r in metadata.requires("tensorflow")
+                        if 'extra == "and-cuda"' in r}
+    assert len(tensorflow_needs) >= 10 and "nvidia-nccl-cu12" in tensorflow_needs
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", open(os.path.join(ROOT, "constraints.txt")).read(), re.M))
+    for name, specifier in tensorflow_needs.items():
+        assert name in pins, f"constraints.txt does not pin {name}"
+        assert specifier.contains(pins[name]), f"{name}=={pins[name]} is outside TensorFlow's {specifier}"
