@@ -5,8 +5,12 @@ Prints the table in docs/gpu_scaling.md. Assumptions (stated, not measured here:
     tensor-core peak, typical of BERT training step time);
   - NCCL ring all-reduce bus bandwidth ("busbw" of nccl-tests) per link class; time = 2 (N-1)/N * bytes / busbw
     plus 10 us per ring step of latency;
-  - no overlap ("serial") vs all-reduce fully hidden behind the backward pass except for the last bucket
-    ("overlapped": max(compute, comm) + the last 1/8 of comm).
+  - gradient bytes as the Trainer sends them: under mixed_float16 the encoder's dense weights in float16,
+    embeddings and LayerNorms in float32 (training.allreduce_dtypes);
+  - no overlap ("serial") vs every pack but the last hidden behind the backward pass ("overlapped":
+    max(compute, comm of the other packs) + comm of the last pack). Packs go last layer first
+    (devices.gradient_packs), so the last pack holds the embeddings, whose gradients backprop makes last:
+    in float32 the word-embedding table alone is 94 MB (base) or 125 MB (large).
 """
 
 SHAPES = {"BERT-base": (12, 768, 3072), "BERT-large": (24, 1024, 4096)}
@@ -22,6 +26,19 @@ def params(layers, hidden, inter):
     return embeddings + layers * layer + hidden * hidden + hidden
 
 
+def embedding_params(hidden):
+    return (VOCAB + POSITIONS + 2) * hidden + 2 * hidden  # word, position, segment tables and their LayerNorm
+
+
+def gradient_bytes(layers, hidden, inter, float16=True):
+    """(all gradient bytes, bytes of the last pack: the embeddings) as the Trainer all-reduces them."""
+    total, embeddings = params(layers, hidden, inter), embedding_params(hidden)
+    if not float16:
+        return 4 * total, 4 * embeddings
+    layer_norms = layers * 4 * hidden  # two LayerNorms a layer, gamma and beta
+    return 4 * (embeddings + layer_norms) + 2 * (total - embeddings - layer_norms), 4 * embeddings
+
+
 def train_flops_per_sequence(layers, hidden, inter, seq=SEQ):
     per_layer = 2 * seq * (4 * hidden * hidden + 2 * hidden * inter) + 4 * seq * seq * hidden
     return 3 * layers * per_layer
@@ -31,17 +48,18 @@ def allreduce_seconds(nbytes, n, busbw):
     return 0.0 if n == 1 else 2 * (n - 1) / n * nbytes / busbw + 2 * (n - 1) * 10e-6
 
 
-def rows(batch_per_gpu=32, grad_bytes=2, accum=1):
+def rows(batch_per_gpu=32, float16=True, accum=1):
     out = []
     for model, shape in SHAPES.items():
-        nbytes = params(*shape) * grad_bytes
+        nbytes, last = gradient_bytes(*shape, float16=float16)
         compute = accum * batch_per_gpu * train_flops_per_sequence(*shape)
         for link, (gpu, busbw) in LINKS.items():
             t = compute / GPUS[gpu]
             for n in (1, 2, 4, 8):
                 comm = allreduce_seconds(nbytes, n, busbw)
+                exposed = allreduce_seconds(last, n, busbw)
                 serial = t / (t + comm)
-                overlapped = t / (max(t, comm) + comm / 8) if n > 1 else 1.0
+                overlapped = t / (max(t, comm - exposed) + exposed) if n > 1 else 1.0
                 out.append((model, link, n, nbytes / 1e6, t * 1e3, comm * 1e3, serial, overlapped))
     return out
 
@@ -55,9 +73,9 @@ def table(**kw):
 
 
 if __name__ == "__main__":
-    print("Per GPU batch 32 at seq 128, fp16 gradients, no accumulation:\n")
+    print("Per GPU batch 32 at seq 128, mixed_float16 (float16 gradients, embeddings and LayerNorms float32):\n")
     print(table())
-    print("\nSame, fp32 gradients (what an all-reduce of the float32 master gradients sends):\n")
-    print(table(grad_bytes=4))
-    print("\nPCIe with 8 micro-batches accumulated per all-reduce (global batch 256 per GPU), fp16:\n")
+    print("\nSame, float32 gradients (float32 or mixed_bfloat16 training):\n")
+    print(table(float16=False))
+    print("\n8 micro-batches accumulated per all-reduce (global batch 256 per GPU), mixed_float16:\n")
     print(table(accum=8))

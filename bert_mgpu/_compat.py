@@ -12,3 +12,8 @@ def onednn_enabled():
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def sublayers(model):
+    """Every layer inside a Keras model, outer layers first (Keras 3 names no public walk of nested layers)."""
+    return list(model._flatten_layers(include_self=True, recursive=True))

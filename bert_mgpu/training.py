@@ -30,13 +30,45 @@ def classification_loss(model, features, labels, training=True):
     return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)), {}
 
 
+def allreduce_dtypes(model, default):
+    """Per trainable variable, the dtype its gradient crosses between towers as: `default`, except float32
+    for variables of layers that compute in float32 (the classifier head), LayerNorms and embeddings, whose
+    gradients need float32's precision or range and which Keras keeps in float32 math anyway."""
+    from bert_mgpu import _compat
+
+    owner = {}
+    for layer in _compat.sublayers(model):  # outer layers first: the innermost owner wins
+        for v in layer.trainable_weights:
+            owner[id(v)] = layer
+    import keras_hub
+
+    keep = (keras.layers.LayerNormalization, keras.layers.Embedding, keras_hub.layers.PositionEmbedding)
+
+    def dtype(v):
+        layer = owner.get(id(v))
+        if default == tf.float32 or layer is None:
+            return default
+        return tf.float32 if isinstance(layer, keep) or layer.compute_dtype == "float32" else default
+
+    return [dtype(v) for v in model.trainable_variables]
+
+
+def _share(grad, dtype, towers):
+    """A tower's share of the mean, in the dtype it crosses as: divided by the tower count first, so a
+    float16 sum over N towers needs no more range than one tower's gradient (TensorFlow's MEAN sums, then
+    divides, and would overflow where each part does not)."""
+    return tf.cast(grad / tf.cast(towers, grad.dtype), dtype)
+
+
 class Trainer:
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
                  accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20):
         """allreduce_dtype: what gradients cross between towers as; by default float16 when the model
         computes in float16 (GPUs: half the bytes on NVLink/PCIe, as Horovod's fp16 compression), else
-        float32. bytes_per_pack: gradients go in packs of about this size, so the all-reduce of the first
-        packs can start while later gradients are still being computed (see docs/gpu_scaling.md)."""
+        float32. Variables of float32 layers, LayerNorms and embeddings always cross in float32 (see
+        `allreduce_dtypes`). bytes_per_pack: gradients go in packs of about this size, last layers first,
+        so a pack's all-reduce can start while backprop still computes earlier layers (devices.all_reduce;
+        docs/gpu_scaling.md)."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         devices.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
@@ -46,7 +78,8 @@ class Trainer:
             computes = getattr(getattr(model, "backbone", model), "compute_dtype", None)
             allreduce_dtype = "float16" if computes == "float16" else "float32"
         self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
-        self._comm = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=bytes_per_pack)
+        self._allreduce_dtypes = allreduce_dtypes(model, self.allreduce_dtype)
+        self._comm, self.bytes_per_pack = tf.distribute.experimental.CommunicationOptions(), bytes_per_pack
         self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
         self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # attempted steps
@@ -90,18 +123,17 @@ class Trainer:
         else:
             loss, stats, grads = self._grads_fn(features, labels)
         # Variables the loss does not reach (the pooler when pretraining without NSP) are left alone.
-        used = [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None]
-        grads = [tf.cast(g, self.allreduce_dtype) for g, _ in used]
-        grads = devices.all_reduce(tf.distribute.ReduceOp.MEAN, grads, self._comm)
-        grads = [tf.cast(g, v.dtype) for g, (_, v) in zip(grads, used)]
+        used = [(g, v, d) for g, v, d in zip(grads, self.model.trainable_variables, self._allreduce_dtypes)
+                if g is not None]
+        grads = devices.all_reduce(tf.distribute.ReduceOp.SUM, [_share(g, d, self.strategy.num_replicas_in_sync)
+                                                                for g, _, d in used],
+                                   self._comm, self.bytes_per_pack)
+        used = [(g, v) for g, (_, v, _) in zip(grads, used)]
+        grads = [tf.cast(g, v.dtype) for g, v in used]
         self.optimizer.apply(grads, [v for _, v in used])
         return loss, stats, tf.shape(tf.nest.flatten(labels)[0])[:1]
 
-    def train_step(self, batch):
-        """One optimizer step on a distributed batch -> (mean loss over towers, examples seen per tower).
-
-        The step's other statistics (mean over towers) are left in `self.stats`.
-        """
+    def _train_function(self):
         if self._train_fn is None:
             def step(batch):
                 features, labels = batch[0], batch[1]
@@ -111,6 +143,20 @@ class Trainer:
 
             self._train_fn = (tf.function(step, input_signature=[self.input_spec]) if self.input_spec is not None
                               else tf.function(step, reduce_retracing=True))
+        return self._train_fn
+
+    def step_graph(self, element_spec):
+        """The training step traced, never run, for a distributed dataset's `element_spec`: the graph every
+        tower would execute (tests read its all-reduces on devices this machine lacks)."""
+        self.input_spec = element_spec
+        return self._train_function().get_concrete_function(element_spec).graph
+
+    def train_step(self, batch):
+        """One optimizer step on a distributed batch -> (mean loss over towers, examples seen per tower).
+
+        The step's other statistics (mean over towers) are left in `self.stats`.
+        """
+        self._train_function()
         try:
             loss, stats, seen = self._train_fn(batch)
         except tf.errors.ResourceExhaustedError as e:

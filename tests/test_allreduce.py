@@ -1,0 +1,99 @@
+"""Gradients between towers: packs TensorFlow's NCCL path really sends (traced, never run, on CPU devices),
+the dtype each gradient crosses as, and a float16 sum over 8 towers that no longer overflows."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from bert_mgpu import devices, memory, modeling, optimization, training
+from conftest import tiny_config
+
+
+def nccl_packs(graph):
+    """Element counts of the NCCL all-reduces in a traced graph, one per pack (tower 0's op of each)."""
+    ops = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
+    return sorted(int(op.inputs[0].shape.num_elements()) for op in ops if op.get_attr("num_devices") and
+                  op.device.endswith("CPU:0"))
+
+
+@pytest.mark.parametrize("bytes_per_pack", [None, 2**16, 2**20])
+def test_the_step_sends_its_gradients_in_packs_of_the_size_asked_last_layers_first(bytes_per_pack):
+    """MirroredStrategy with NcclAllReduce on two CPU towers, traced: TensorFlow would concatenate every
+    gradient into one buffer; the step's own packs give one NCCL op per pack and tower, each about
+    bytes_per_pack, holding together all gradient elements exactly once."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.NcclAllReduce())
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 2)
+        opt = optimization.create_optimizer(1e-3, 10, 0)
+    trainer = training.Trainer(strategy, model, opt, bytes_per_pack=bytes_per_pack)
+    batch = memory.classifier_batch(4, 16)
+    spec = devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)).element_spec
+    graph = trainer.step_graph(spec)
+    packs = nccl_packs(graph)
+    total = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    assert sum(packs) == total
+    all_ops = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
+    assert len(all_ops) == 2 * len(packs)  # one op a tower for each pack
+    if bytes_per_pack is None:
+        assert packs == [total]
+        return
+    largest = max(int(np.prod(v.shape)) for v in model.trainable_variables) * 4
+    assert len(packs) >= total * 4 // max(bytes_per_pack, largest)
+    assert all(p * 4 <= max(bytes_per_pack, largest) for p in packs)
+    order = devices.gradient_packs([int(np.prod(v.shape)) * 4 for v in model.trainable_variables], bytes_per_pack)
+    assert order[0][0] == len(model.trainable_variables) - 1  # the head's last variable leads the first pack
+
+
+def test_float16_gradients_cross_as_float16_but_layer_norms_embeddings_and_the_head_in_float32():
+    with devices.make_strategy(devices.plan_devices(0, 1, 1, ())).scope():
+        model = modeling.build_classifier(tiny_config(38), 2, "mixed_float16")
+    dtypes = dict(zip((v.path for v in model.trainable_variables),
+                      training.allreduce_dtypes(model, tf.float16)))
+    kinds = {}
+    for path, dtype in dtypes.items():
+        kind = ("norm" if "norm" in path else "embedding" if "embedding" in path else
+                "head" if "classifier" in path or "logits" in path else "dense")
+        kinds.setdefault(kind, set()).add(dtype)
+    assert kinds["dense"] == {tf.float16}, dtypes
+    assert kinds["norm"] == {tf.float32} and kinds["embedding"] == {tf.float32}, dtypes
+    assert kinds.get("head", {tf.float32}) == {tf.float32}, dtypes
+    assert set(training.allreduce_dtypes(model, tf.float32)) == {tf.float32}
+
+
+EIGHT_TOWERS = """
+import keras, numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
+from bert_mgpu import devices, optimization, training
+keras.mixed_precision.set_global_policy("mixed_float16")
+strategy = devices.make_strategy(devices.plan_devices(0, 8, 1, ()))
+with strategy.scope():
+    inputs = keras.Input([1])
+    model = keras.Model(inputs, keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")(inputs))
+    opt = optimization.create_optimizer(1e-3, 10, 0, float16=True, initial_scale=1.0)
+def loss_fn(model, features, labels, training=True):  # gradient of the kernel: 10000 on every tower
+    return tf.reduce_sum(tf.cast(model(features), tf.float32)) * 10000.0, {}
+trainer = training.Trainer(strategy, model, opt, loss_fn=loss_fn)
+assert trainer.allreduce_dtype == tf.float16
+batch = (np.ones([8, 1], np.float32), np.zeros([8], np.int32))
+dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
+trainer.train_step(dist)
+print("applied", trainer.applied_steps, "skipped", trainer.skipped_steps, "kernel", float(model.weights[0].numpy()[0, 0]))
+"""
+
+
+def test_eight_towers_float16_sum_that_would_overflow_is_applied_not_skipped():
+    """Each tower's gradient (10000) fits float16; their 8-way sum (80000) would not (max 65504). Divided
+    by 8 before the cast, the sum is the mean, and the step is applied."""
+    assert 8 * 10000 > np.finfo(np.float16).max > 10000
+    proc = subprocess.run([sys.executable, "-c", EIGHT_TOWERS], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    words = proc.stdout.split()
+    assert words[words.index("applied") + 1] == "1" and words[words.index("skipped") + 1] == "0", proc.stdout
+    assert float(words[words.index("kernel") + 1]) < 1.0  # the update moved the weight
