@@ -90,6 +90,11 @@ scratch-demo: $(DOCS)/train.txt
 test: assets
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
+# For the first person with GPUs: devices, plan, bit-equal towers, fused vs keras-hub in fp16, XLA, scaling.
+gpu-check: venv
+	mkdir -p output
+	$(PY) -m bert_mgpu.gpu_check --out output/gpu_check.json
+
 clean:
 	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH)
 
