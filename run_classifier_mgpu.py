@@ -41,7 +41,8 @@ flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many
 flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
 flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
 # bert_mgpu's flags
-flags.DEFINE_integer("n_gpus", 0, "GPUs to use, in CUDA_VISIBLE_DEVICES order; 0 = the CPU.")
+flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
+                     "CPU when none is visible); 0 = the CPU, GPUs hidden from TensorFlow.")
 flags.DEFINE_integer("towers_per_gpu", 1, "Towers (model replicas) per GPU, or logical CPU towers with "
                      "--n_gpus=0.")
 flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
@@ -87,6 +88,16 @@ def run():
         if not getattr(FLAGS, name):
             raise bert_mgpu.UserError(f"--{name} is required")
     run_dir.check_output_dir(FLAGS.output_dir)
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
+    towers = bert_mgpu.Towers(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
+                              FLAGS.gpu_memory_per_tower_mb, FLAGS.multi_worker)
+    logging.info("%s", towers.plan.describe())
     task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
                               FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language,
                               tuple(FLAGS.tfds_splits), FLAGS.invalid_utf8)
@@ -96,15 +107,6 @@ def run():
     dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval else None
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
 
-    import keras
-    import tensorflow as tf
-
-    keras.utils.set_random_seed(FLAGS.seed)
-    if FLAGS.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    towers = bert_mgpu.Towers(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
-                              FLAGS.gpu_memory_per_tower_mb, FLAGS.multi_worker)
-    logging.info("%s", towers.plan.describe())
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
     clf = bert_mgpu.BertClassifier.from_pretrained(
         init, labels, towers, FLAGS.precision, FLAGS.max_seq_length, FLAGS.do_lower_case,

@@ -51,7 +51,8 @@ flags.DEFINE_bool("nsp", True, "Train the next-sentence head (records input only
 flags.DEFINE_enum("encoder_ln_mode", None, ["post-ln", "pre-ln"], "From scratch: where LayerNorm goes.")
 flags.DEFINE_list("validation_input_file", None, "Held-out data (default: the last --input_file shard).")
 # towers and precision
-flags.DEFINE_integer("n_gpus", 0, "GPUs to use, in CUDA_VISIBLE_DEVICES order; 0 = the CPU.")
+flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
+                     "CPU when none is visible); 0 = the CPU, GPUs hidden from TensorFlow.")
 flags.DEFINE_integer("towers_per_gpu", 1, "Towers per GPU, or logical CPU towers with --n_gpus=0.")
 flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1.")
 flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")

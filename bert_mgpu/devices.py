@@ -28,6 +28,7 @@ class DevicePlan:
     visible_names: tuple  # their names as CUDA_VISIBLE_DEVICES gives them (for the log)
     towers_per_device: int
     per_tower_batch: int
+    why: str = ""  # why these devices, for the log
 
     @property
     def towers(self):
@@ -57,6 +58,7 @@ class DevicePlan:
             f"device plan: {self.towers} tower(s) on {self.device_type}, "
             f"{self.towers_per_device} per device, all-reduce={self.all_reduce}, "
             f"global batch = {self.per_tower_batch} x {self.towers} = {self.global_batch}"
+            + (f" ({self.why})" if self.why else "")
         ]
         for t, dev in enumerate(self.devices):
             if self.device_type == "GPU":
@@ -68,25 +70,39 @@ class DevicePlan:
         return "\n".join(lines)
 
 
-def visible_gpu_names(num_visible, cuda_visible_devices):
-    """Names of the GPUs TensorFlow sees, in its order (which is CUDA_VISIBLE_DEVICES order)."""
+def visible_gpu_names(num_visible, cuda_visible_devices, smi_gpus=None):
+    """Names of the GPUs TensorFlow sees, in its order (which is CUDA_VISIBLE_DEVICES order).
+
+    smi_gpus: nvidia-smi's [(index, uuid, name, compute capability)], to name the GPUs TensorFlow skipped.
+    """
     if cuda_visible_devices is None:
-        return tuple(str(i) for i in range(num_visible))
-    listed = tuple(x.strip() for x in cuda_visible_devices.split(",") if x.strip())
+        listed = tuple(str(i) for i in range(len(smi_gpus))) if smi_gpus else ()
+    else:
+        listed = tuple(x.strip() for x in cuda_visible_devices.split(",") if x.strip())
+    mig = [x for x in listed if x.startswith("MIG-")]
+    if mig and len(listed) > 1:
+        raise UserError(f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} lists {len(listed)} devices, of them "
+                        f"{len(mig)} MIG instance(s); CUDA gives one process at most one MIG instance: list one")
     if len(listed) > num_visible:
+        known = {key: (name, cap) for index, uuid, name, cap in (smi_gpus or ()) for key in (index, uuid)}
+        named = ", ".join(f"{x} ({known[x][0]}, compute capability {known[x][1]})" if x in known else x
+                          for x in listed)
+        where = f"CUDA_VISIBLE_DEVICES={cuda_visible_devices}" if cuda_visible_devices is not None else "nvidia-smi"
         raise UserError(
-            f"CUDA_VISIBLE_DEVICES={cuda_visible_devices} lists {len(listed)} device(s) but CUDA found only "
-            f"{num_visible} of them; fix the list (`nvidia-smi -L` shows the devices this machine has)"
+            f"{where} lists {len(listed)} device(s) but TensorFlow sees only {num_visible} ({named}); it skips "
+            "GPUs its build does not support (too old a compute capability) and devices CUDA cannot open: "
+            "choose others with CUDA_VISIBLE_DEVICES (`nvidia-smi -L` shows the devices this machine has)"
         )
-    return listed
+    return listed[:num_visible] if cuda_visible_devices is not None else tuple(str(i) for i in range(num_visible))
 
 
 def plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
     """Pure: (flags, visible GPU names in order) -> DevicePlan, or UserError saying what is wrong.
 
-    n_gpus=0 means the CPU; towers_per_gpu=K then makes K logical CPU towers.
+    n_gpus=-1 means every visible GPU, the CPU when none is visible; n_gpus=0 means the CPU;
+    towers_per_gpu=K then makes K logical CPU towers.
     """
-    for name, value, low in (("n_gpus", n_gpus, 0), ("towers_per_gpu", towers_per_gpu, 1),
+    for name, value, low in (("n_gpus", n_gpus, -1), ("towers_per_gpu", towers_per_gpu, 1),
                              ("train_batch_size", per_tower_batch, 1)):
         if not isinstance(value, int) or value < low:
             raise UserError(f"--{name}={value} is invalid; it must be an integer >= {low}")
@@ -97,14 +113,42 @@ def plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
             f"--n_gpus={n_gpus} but only {len(visible_gpus)} GPU(s) are visible (CUDA devices: {seen}); "
             "use --n_gpus=0 for the CPU"
         )
+    if n_gpus == -1:
+        if not visible_gpus:
+            return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, per_tower_batch, "no GPU visible: the CPU")
+        n_gpus, why = len(visible_gpus), "every visible GPU"
+    else:
+        why = "--n_gpus=0: the CPU, GPUs hidden from TensorFlow" if n_gpus == 0 else f"--n_gpus={n_gpus}"
     if n_gpus == 0:
-        return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, per_tower_batch)
-    return DevicePlan("GPU", tuple(range(n_gpus)), visible_gpus[:n_gpus], towers_per_gpu, per_tower_batch)
+        return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, per_tower_batch, why)
+    return DevicePlan("GPU", tuple(range(n_gpus)), visible_gpus[:n_gpus], towers_per_gpu, per_tower_batch, why)
+
+
+def nvidia_smi_gpus():
+    """[(index, uuid, name, compute capability)] from nvidia-smi, in its (PCI bus) order; [] without it."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [tuple(x.strip() for x in line.split(",")) for line in out.splitlines() if line.count(",") == 3]
+
+
+def number_gpus_as_nvidia_smi(environ=None):
+    """Before CUDA starts: number GPUs in PCI bus order, as nvidia-smi does (CUDA's default puts the fastest
+    first), so CUDA_VISIBLE_DEVICES=1 and `nvidia-smi -i 1` are the same GPU. A user's own order stays."""
+    env = os.environ if environ is None else environ
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 def gpu_memory_mb(cuda_name, field="memory.total"):
-    """One CUDA device's memory (`memory.total` or `memory.free`, MiB) from nvidia-smi, or None."""
-    if not shutil.which("nvidia-smi"):
+    """One CUDA device's memory (`memory.total` or `memory.free`, MiB) from nvidia-smi, or None (also for a
+    MIG instance, whose memory nvidia-smi's GPU query does not give, and when CUDA numbers GPUs otherwise)."""
+    if not shutil.which("nvidia-smi") or cuda_name.startswith("MIG-"):
+        return None
+    if cuda_name.isdigit() and os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID") != "PCI_BUS_ID":
         return None
     try:
         out = subprocess.run(
@@ -118,10 +162,12 @@ def gpu_memory_mb(cuda_name, field="memory.total"):
 
 def discover_visible_gpus():
     """GPU names as CUDA_VISIBLE_DEVICES gives them, for the GPUs TensorFlow can use."""
+    number_gpus_as_nvidia_smi()
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
-    return visible_gpu_names(len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    smi = nvidia_smi_gpus()
+    return visible_gpu_names(len(gpus), os.environ.get("CUDA_VISIBLE_DEVICES"), smi)
 
 
 def keep_cpu_memory_statistics(environ=None):
@@ -164,6 +210,7 @@ def configure_devices(plan, memory_per_tower_mb=None):
 def _apply_plan(tf, plan, memory_per_tower_mb):
     physical = tf.config.list_physical_devices(plan.device_type)
     if plan.device_type == "CPU":
+        tf.config.set_visible_devices([], "GPU")  # else TensorFlow maps every GPU and puts unscoped ops there
         current = tf.config.get_logical_device_configuration(physical[0]) or [None]
         if plan.towers > len(current):
             tf.config.set_logical_device_configuration(
@@ -406,7 +453,7 @@ class Towers:
         towers = Towers(n_gpus=4, train_batch_size=32)                     # 4 GPUs, NCCL, batch 128
     """
 
-    def __init__(self, n_gpus=0, towers_per_gpu=1, train_batch_size=32, gpu_memory_per_tower_mb=None,
+    def __init__(self, n_gpus=-1, towers_per_gpu=1, train_batch_size=32, gpu_memory_per_tower_mb=None,
                  multi_worker=False):
         visible = discover_visible_gpus() if n_gpus else ()
         self.plan = plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible)

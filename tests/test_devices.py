@@ -34,7 +34,7 @@ def test_cpu_plan_makes_logical_towers():
 @pytest.mark.parametrize("n_gpus, visible, message", [
     (2, (), "--n_gpus=2 but only 0 GPU(s) are visible (CUDA devices: none)"),
     (4, ("1", "3"), "--n_gpus=4 but only 2 GPU(s) are visible (CUDA devices: 1,3)"),
-    (-1, ("0",), "--n_gpus=-1 is invalid"),
+    (-2, ("0",), "--n_gpus=-2 is invalid"),
 ])
 def test_bad_gpu_counts_are_one_clear_error(n_gpus, visible, message):
     with pytest.raises(UserError) as e:
@@ -53,9 +53,9 @@ def test_visible_names_empty_and_unset():
     assert devices.visible_gpu_names(0, "") == ()
     assert devices.visible_gpu_names(0, None) == ()
     assert devices.visible_gpu_names(2, None) == ("0", "1")
-    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=0,1,7 lists 3 device\(s\) but CUDA found only 2"):
+    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=0,1,7 lists 3 device\(s\) but TensorFlow sees only 2 \(0, 1, 7\)"):
         devices.visible_gpu_names(2, "0,1,7")
-    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but CUDA found only 0"):
+    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but TensorFlow sees only 0"):
         devices.visible_gpu_names(0, "5,7")  # devices that do not exist: CUDA shows none
 
 
@@ -163,3 +163,61 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
     tower_0, tower_1 = towers_logits()
     np.testing.assert_array_equal(tower_0, keras_own[0])
     assert np.abs(tower_1 - tower_0).max() > 1e-3
+
+
+@pytest.mark.parametrize("n_gpus, visible, kind, towers, why", [
+    (-1, ("3", "5"), "GPU", 2, "every visible GPU"), (-1, (), "CPU", 1, "no GPU visible: the CPU"),
+    (0, ("3", "5"), "CPU", 1, "--n_gpus=0: the CPU, GPUs hidden from TensorFlow"), (1, ("3", "5"), "GPU", 1, "--n_gpus=1")])
+def test_the_default_takes_every_visible_gpu_and_the_log_says_which(n_gpus, visible, kind, towers, why):
+    plan = devices.plan_devices(n_gpus, 1, 8, visible)
+    assert (plan.device_type, plan.towers) == (kind, towers)
+    assert plan.describe().splitlines()[0].endswith(f"({why})")
+    assert devices.Towers.__init__.__defaults__[0] == -1
+
+
+def test_a_cpu_plan_hides_the_gpus_from_tensorflow(monkeypatch):
+    """With --n_gpus=0 TensorFlow must not map the GPUs' memory nor place unscoped ops on GPU:0."""
+    calls = []
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda devs, kind=None: calls.append((list(devs), kind)))
+    devices._apply_plan(tf, devices.plan_devices(0, 1, 8, ("0", "1")), None)
+    assert calls == [([], "GPU")]
+
+
+def _fake_nvidia_smi(tmp_path, monkeypatch, rows):
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(f"'{r}'" for r in rows) + "\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+
+
+def test_a_gpu_tensorflow_skips_is_named_with_its_compute_capability(tmp_path, monkeypatch):
+    _fake_nvidia_smi(tmp_path, monkeypatch, ["0, GPU-aaa, NVIDIA A100-SXM4-40GB, 8.0", "1, GPU-bbb, Tesla K80, 3.7"])
+    smi = devices.nvidia_smi_gpus()
+    assert smi[1] == ("1", "GPU-bbb", "Tesla K80", "3.7")
+    with pytest.raises(UserError, match=r"lists 2 device\(s\) but TensorFlow sees only 1 \(0 \(NVIDIA A100-SXM4-40GB, "
+                       r"compute capability 8.0\), 1 \(Tesla K80, compute capability 3.7\)\)"):
+        devices.visible_gpu_names(1, "0,1", smi)
+    with pytest.raises(UserError, match="^nvidia-smi lists 2 device.*Tesla K80"):
+        devices.visible_gpu_names(1, None, smi)  # CUDA_VISIBLE_DEVICES unset: every GPU nvidia-smi lists
+    assert devices.visible_gpu_names(2, None, smi) == ("0", "1")
+
+
+def test_more_than_one_mig_instance_is_refused_in_one_line_and_one_works():
+    with pytest.raises(UserError, match="CUDA gives one process at most one MIG instance"):
+        devices.visible_gpu_names(1, "MIG-aaa,MIG-bbb", [])
+    assert devices.visible_gpu_names(1, "MIG-aaa", []) == ("MIG-aaa",)
+    assert devices.gpu_memory_mb("MIG-aaa") is None  # nvidia-smi's GPU query has no MIG memory: ask the flag
+
+
+def test_gpus_are_numbered_as_nvidia_smi_numbers_them(tmp_path, monkeypatch):
+    env = {}
+    devices.number_gpus_as_nvidia_smi(env)
+    assert env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    own = {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    devices.number_gpus_as_nvidia_smi(own)
+    assert own == {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    _fake_nvidia_smi(tmp_path, monkeypatch, ["40960"])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert devices.gpu_memory_mb("1") == 40960
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # nvidia-smi's index 1 may be another GPU
+    assert devices.gpu_memory_mb("1") is None

@@ -125,7 +125,7 @@ def bad_release(tmp_path, **overrides):
     ("empty_text", r"train.tsv:3: empty text in column 2"),
     ("labels_differ", r"train.tsv:3: label 'neg' is not one of bad, pos"),
     ("towers_zero", r"--towers_per_gpu=0 is invalid"),
-    ("cuda_names_missing_devices", r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but CUDA found only 0"),
+    ("cuda_names_missing_devices", r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but TensorFlow sees only 0"),
     ("output_dir_is_a_file", r"--output_dir=.*keep.txt is a file, not a directory"),
     ("output_dir_not_writable", r"--output_dir=/sys/kernel is not writable"),
     ("config_of_another_model", r"bert_config.json: model_type='roberta' is not BERT"),

@@ -109,3 +109,22 @@ def test_nul_quote_and_empty_text_name_the_line(tmp_path):
         (d / f"train.{kind}").write_bytes(data)
         with pytest.raises(UserError, match=message):
             get_task(kind).get_examples(str(d), "train")
+
+
+def test_tfds_task_reads_nothing_before_the_towers_are_set_up(tmp_path):
+    """tfds builds tf.data, which starts TensorFlow with one CPU device; the script sets up its 2 logical
+    CPU towers first, so the run gets as far as the (unprepared) dataset and says that in one line."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "run_classifier_mgpu.py"), "--task_name=tfds", "--tfds_name=imdb_reviews",
+         f"--tfds_data_dir={tmp_path}", f"--data_dir={tmp_path}", f"--output_dir={tmp_path / 'out'}", "--do_train",
+         "--n_gpus=0", "--towers_per_gpu=2", "--init_checkpoint=none"],
+        capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 1, proc.stderr[-1500:]
+    assert "device plan: 2 tower(s) on CPU" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "run_classifier_mgpu.py: error: tfds dataset 'imdb_reviews' is not prepared in"), proc.stderr[-800:]
