@@ -62,13 +62,15 @@ def _share(grad, dtype, towers):
 
 class Trainer:
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
-                 accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20):
+                 accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20, collective_timeout_seconds=None):
         """allreduce_dtype: what gradients cross between towers as; by default float16 when the model
         computes in float16 (GPUs: half the bytes on NVLink/PCIe, as Horovod's fp16 compression), else
         float32. Variables of float32 layers, LayerNorms and embeddings always cross in float32 (see
         `allreduce_dtypes`). bytes_per_pack: gradients go in packs of about this size, last layers first,
         so a pack's all-reduce can start while backprop still computes earlier layers (devices.all_reduce;
-        docs/gpu_scaling.md)."""
+        docs/gpu_scaling.md). collective_timeout_seconds: a collective that waits longer raises
+        DeadlineExceededError instead of hanging, where TensorFlow offers it (MultiWorkerMirroredStrategy's
+        collectives); its NCCL all-reduce within one machine has no timeout."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         devices.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
@@ -79,7 +81,8 @@ class Trainer:
             allreduce_dtype = "float16" if computes == "float16" else "float32"
         self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
         self._allreduce_dtypes = allreduce_dtypes(model, self.allreduce_dtype)
-        self._comm, self.bytes_per_pack = tf.distribute.experimental.CommunicationOptions(), bytes_per_pack
+        self._comm = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_seconds)
+        self.bytes_per_pack = bytes_per_pack
         self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
         self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # attempted steps

@@ -97,3 +97,11 @@ def test_eight_towers_float16_sum_that_would_overflow_is_applied_not_skipped():
     words = proc.stdout.split()
     assert words[words.index("applied") + 1] == "1" and words[words.index("skipped") + 1] == "0", proc.stdout
     assert float(words[words.index("kernel") + 1]) < 1.0  # the update moved the weight
+
+
+def test_a_collective_timeout_reaches_the_all_reduce_options():
+    strategy = devices.make_strategy(devices.plan_devices(0, 2, 1, ()))
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38), 2)
+    assert training.Trainer(strategy, model)._comm.timeout_seconds is None
+    assert training.Trainer(strategy, model, collective_timeout_seconds=600)._comm.timeout_seconds == 600
