@@ -12,9 +12,11 @@ Example:
 
 import dataclasses
 import functools
+import itertools
 import os
 import shutil
 import subprocess
+import weakref
 
 from bert_mgpu.errors import UserError
 
@@ -46,12 +48,21 @@ class DevicePlan:
 
     @property
     def all_reduce(self):
-        """'nccl' between distinct physical GPUs; 'one_device' where towers share a device."""
+        """'nccl' between distinct physical GPUs; 'hierarchical' for several towers on each of several GPUs
+        (each GPU's towers summed on it, then NCCL between GPUs); 'one_device' where all towers share one."""
         if self.towers == 1:
             return "none"
         if self.device_type == "GPU" and self.towers_per_device == 1:
             return "nccl"
+        if self.device_type == "GPU" and len(self.physical_ids) > 1:
+            return "hierarchical"
         return "one_device"
+
+    @property
+    def tower_groups(self):
+        """Tower indices per physical device (TensorFlow numbers a device's logical devices consecutively)."""
+        k = self.towers_per_device
+        return [list(range(i, i + k)) for i in range(0, self.towers, k)]
 
     def describe(self):
         lines = [
@@ -247,9 +258,24 @@ def make_strategy(plan):
     cross = {
         "nccl": lambda: tf.distribute.NcclAllReduce(),
         "one_device": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
+        "hierarchical": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
         "none": lambda: None,
     }[plan.all_reduce]()
-    return tf.distribute.MirroredStrategy(devices=list(plan.devices), cross_device_ops=cross)
+    strategy = tf.distribute.MirroredStrategy(devices=list(plan.devices), cross_device_ops=cross)
+    if plan.all_reduce == "hierarchical":  # gradients; the few scalars of a step still go to tower 0
+        reduce_in_groups(strategy, plan.tower_groups)
+    return strategy
+
+
+_GROUPS = weakref.WeakKeyDictionary()
+
+
+def reduce_in_groups(strategy, groups, nccl=True):
+    """Make `all_reduce` under `strategy` sum each group's towers on the group's first device, then sum those
+    across groups with NCCL (nccl=False: on the first group's device, so it runs on CPUs for tests), and give
+    every tower the result: for several towers on each GPU, instead of funnelling all through one GPU."""
+    _GROUPS[strategy] = ([list(g) for g in groups], nccl)
+    return strategy
 
 
 def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
@@ -272,6 +298,8 @@ def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
     packs = gradient_packs([_nbytes(v) for v in flat], bytes_per_pack)
 
     def reduce(strategy, *flat):
+        if strategy in _GROUPS:
+            return _reduce_in_groups(strategy, reduce_op, flat, packs, *_GROUPS[strategy])
         # Per-tower values go back to their towers; a plain tensor (one tower) stays on its device.
         pairs = [(v, v.device if isinstance(v, tf.Tensor) else v) for v in flat]
         out = [None] * len(flat)
@@ -282,6 +310,47 @@ def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
 
     reduced = tf.distribute.get_replica_context().merge_call(reduce, args=tuple(flat))
     return tf.nest.pack_sequence_as(values, list(reduced))
+
+
+_PACK_IDS = itertools.count()
+
+
+def _reduce_in_groups(strategy, reduce_op, flat, packs, groups, nccl):
+    """`all_reduce`'s merge step for towers in groups (see `reduce_in_groups`): one buffer per pack, dtype
+    and tower; summed within each group on its first device; NCCL between those; split back per tower."""
+    import tensorflow as tf
+
+    places = strategy.extended.worker_devices
+    towers = sum(len(g) for g in groups)
+    parts = [strategy.experimental_local_results(v) for v in flat]  # [value][tower]
+    out = [[None] * towers for _ in flat]
+    for pack in packs:
+        for dtype in sorted({parts[i][0].dtype for i in pack}, key=lambda d: d.name):
+            members = [i for i in pack if parts[i][0].dtype == dtype]
+            sums = []
+            for group in groups:
+                with tf.device(places[group[0]]):
+                    sums.append(tf.add_n([tf.concat([tf.reshape(parts[i][t], [-1]) for i in members], 0)
+                                          for t in group]))
+            name = f"bert_mgpu_pack_{next(_PACK_IDS)}"
+            totals = []
+            for group, partial in zip(groups, sums):
+                with tf.device(places[group[0]]):
+                    if nccl:
+                        totals.append(tf.raw_ops.NcclAllReduce(input=partial, reduction="sum",
+                                                               num_devices=len(groups), shared_name=name))
+                    else:
+                        totals.append(tf.add_n([tf.identity(x) for x in sums]))
+            for group, total in zip(groups, totals):
+                if reduce_op == tf.distribute.ReduceOp.MEAN:
+                    total = total / tf.cast(towers, total.dtype)
+                for t in group:
+                    with tf.device(places[t]):
+                        pieces = tf.split(tf.identity(total), [parts[i][t].shape.num_elements() for i in members])
+                        for i, piece in zip(members, pieces):
+                            out[i][t] = tf.reshape(piece, tf.shape(parts[i][t]))
+    return [strategy.experimental_distribute_values_from_function(lambda ctx, o=o: o[ctx.replica_id_in_sync_group])
+            for o in out]
 
 
 def gradient_packs(sizes, bytes_per_pack=None):

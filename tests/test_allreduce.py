@@ -105,3 +105,79 @@ def test_a_collective_timeout_reaches_the_all_reduce_options():
         model = modeling.build_classifier(tiny_config(38), 2)
     assert training.Trainer(strategy, model)._comm.timeout_seconds is None
     assert training.Trainer(strategy, model, collective_timeout_seconds=600)._comm.timeout_seconds == 600
+
+
+GROUPS = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
+from bert_mgpu import devices
+plan = devices.DevicePlan("GPU", (0, 1), ("0", "1"), 2, 8)  # 2 GPUs x 2 towers, as the plan numbers them
+assert plan.all_reduce == "hierarchical" and plan.tower_groups == [[0, 1], [2, 3]]
+places = [f"/cpu:{i}" for i in range(4)]
+
+def replica():
+    t = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32) + 1.0  # 1..4
+    values = [tf.fill([3, 2], t), tf.cast(tf.fill([5], t * 10.0), tf.float16), tf.fill([1000], t)]
+    return (devices.all_reduce(tf.distribute.ReduceOp.SUM, values, bytes_per_pack=64),
+            devices.all_reduce(tf.distribute.ReduceOp.MEAN, values))
+
+for nccl in (False, True):
+    strategy = tf.distribute.MirroredStrategy(places, cross_device_ops=tf.distribute.ReductionToOneDevice(places[0]))
+    devices.reduce_in_groups(strategy, plan.tower_groups, nccl=nccl)
+    step = tf.function(lambda: strategy.run(replica))
+    if not nccl:
+        sums, means = step()
+        for k, expect in enumerate((10.0, 100.0, 10.0)):
+            for tower in strategy.experimental_local_results(sums[k]):
+                assert np.all(tower.numpy() == expect), (k, tower)
+            for tower in strategy.experimental_local_results(means[k]):
+                assert np.allclose(tower.numpy().astype(np.float32), expect / 4), (k, tower)
+        print("values ok")
+    else:
+        ops = step.get_concrete_function().graph.get_operations()
+        nccl_ops = [op for op in ops if op.type == "NcclAllReduce"]
+        print("nccl", sorted({op.device for op in nccl_ops}), len(nccl_ops), {op.get_attr("num_devices") for op in nccl_ops})
+        print("widest add", max(len(op.inputs) for op in ops if op.type == "AddN"))
+
+import keras
+from bert_mgpu import memory, modeling, optimization, training
+from bert_mgpu.config import BertConfig
+weights = []
+for grouped in (False, True):  # two training steps, plain reduction to tower 0 against the grouped one
+    strategy = tf.distribute.MirroredStrategy(places, cross_device_ops=tf.distribute.ReductionToOneDevice(places[0]))
+    if grouped:
+        devices.reduce_in_groups(strategy, plan.tower_groups, nccl=False)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = modeling.build_classifier(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1,
+            num_attention_heads=2, intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0), 2)
+        opt = optimization.create_optimizer(1e-2, 10, 0)
+    trainer = training.Trainer(strategy, model, opt, bytes_per_pack=4096)
+    batch = memory.classifier_batch(8, 16)
+    batch = (batch[0], np.arange(8) % 2)
+    dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
+    for _ in range(2):
+        trainer.train_step(dist)
+    weights.append([w.numpy() for w in model.weights])
+print("train", max(float(np.abs(a - b).max()) for a, b in zip(*weights)))
+"""
+
+
+def test_several_towers_on_several_gpus_sum_on_each_gpu_then_nccl_between_gpus():
+    """4 logical CPU towers as 2 GPUs x 2: values right for SUM and MEAN, mixed dtypes and packs (the
+    sum between groups on CPU); traced with NCCL, only each group's first device joins an NCCL all-reduce,
+    two devices each, and no device adds up more than its own group's two towers."""
+    proc = subprocess.run([sys.executable, "-c", GROUPS], capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
+    assert lines["values"] == "ok"
+    devices_, count, sizes = lines["nccl"].rsplit(" ", 2)
+    assert [d.rsplit("/", 1)[-1] for d in eval(devices_)] == ["device:CPU:0", "device:CPU:2"] and sizes == "{2}"
+    # SUM: packs of 64 bytes -> the [1000] value alone, then [5] float16 and [3, 2] float32 (2 dtypes): 3
+    # buffers; MEAN: one pack, 2 dtypes: 2 buffers; each on the 2 group leaders
+    assert int(count) == 2 * (3 + 2)
+    assert lines["widest"] == "add 2"
+    assert float(lines["train"]) < 1e-6  # training through the groups: the same weights as through tower 0

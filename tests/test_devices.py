@@ -19,7 +19,9 @@ def test_plan_follows_cuda_visible_devices_order():
 
 def test_towers_per_gpu_multiplies_towers_and_batch():
     plan = devices.plan_devices(2, 3, 8, ("5", "7"))
-    assert (plan.towers, plan.global_batch, plan.all_reduce) == (6, 48, "one_device")
+    assert (plan.towers, plan.global_batch, plan.all_reduce) == (6, 48, "hierarchical")
+    assert plan.tower_groups == [[0, 1, 2], [3, 4, 5]]  # each GPU's towers summed on it, then NCCL
+    assert devices.plan_devices(1, 3, 8, ("5",)).all_reduce == "one_device"
     assert plan.devices == tuple(f"/gpu:{i}" for i in range(6))
     assert "tower 4: /gpu:4 (CUDA device 7)" in plan.describe()
 
