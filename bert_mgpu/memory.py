@@ -115,6 +115,8 @@ def default_limit_mb(plan, memory_per_tower_mb=None, free_mb=None, cc_major=None
 
             cc_major = gpu_capabilities(plan)[0][0]
         cap = tensorflow_gpu_cap_mb(free_mb, cc_major)
+    log.info("auto batch size: TensorFlow's allocator may take %.0f MiB on a tower of CUDA device %s; the "
+             "limit keeps 5%% of it free: %.0f MiB", cap, name, 0.95 * cap)
     return 0.95 * cap
 
 

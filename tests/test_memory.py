@@ -102,13 +102,17 @@ def test_cpu_needs_a_memory_limit():
 @pytest.mark.parametrize("free, cc, env, cap", [
     (16000, (7, 0), {}, 16000 - 1050), (80000, (8, 0), {}, 80000 - 1536), (1500, (6, 1), {}, 1500 - 225),
     (24000, (9, 0), {}, 24000 - 1800), (24000, (8, 6), {"TF_DEVICE_MIN_SYS_MEMORY_IN_MB": "100"}, 23900)])
-def test_gpu_limit_is_95_percent_of_what_tensorflow_lets_a_tower_take(free, cc, env, cap, monkeypatch):
+def test_gpu_limit_is_95_percent_of_what_tensorflow_lets_a_tower_take(free, cc, env, cap, monkeypatch, caplog):
     """One tower a GPU (memory growth): TensorFlow's cap is the free memory less gpu_device.cc's reserve;
-    towers sharing a GPU: the logical device's memory_limit."""
+    towers sharing a GPU: the logical device's memory_limit. The log names the cap and the limit."""
+    import logging
+
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     plan = devices.plan_devices(1, 1, 8, ("0",))
-    assert memory.default_limit_mb(plan, free_mb=free, cc_major=cc[0]) == pytest.approx(0.95 * cap)
+    with caplog.at_level(logging.INFO, "bert_mgpu"):
+        assert memory.default_limit_mb(plan, free_mb=free, cc_major=cc[0]) == pytest.approx(0.95 * cap)
+    assert f"may take {cap:.0f} MiB on a tower of CUDA device 0; the limit keeps 5% of it free" in caplog.text
     split = devices.plan_devices(1, 2, 8, ("0",))
     monkeypatch.setattr(devices, "gpu_memory_mb", lambda name, field="memory.total": 16000)
     assert memory.default_limit_mb(split) == pytest.approx(0.95 * int(16000 * 0.92 / 2))
