@@ -332,15 +332,15 @@ def _reduce_in_groups(strategy, reduce_op, flat, packs, groups, nccl):
                 with tf.device(places[group[0]]):
                     sums.append(tf.add_n([tf.concat([tf.reshape(parts[i][t], [-1]) for i in members], 0)
                                           for t in group]))
-            name = f"bert_mgpu_pack_{next(_PACK_IDS)}"
-            totals = []
-            for group, partial in zip(groups, sums):
-                with tf.device(places[group[0]]):
-                    if nccl:
+            if nccl:
+                name, totals = f"bert_mgpu_pack_{next(_PACK_IDS)}", []
+                for group, partial in zip(groups, sums):
+                    with tf.device(places[group[0]]):
                         totals.append(tf.raw_ops.NcclAllReduce(input=partial, reduction="sum",
                                                                num_devices=len(groups), shared_name=name))
-                    else:
-                        totals.append(tf.add_n([tf.identity(x) for x in sums]))
+            else:
+                with tf.device(places[groups[0][0]]):
+                    totals = [tf.add_n(sums)] * len(groups)
             for group, total in zip(groups, totals):
                 if reduce_op == tf.distribute.ReduceOp.MEAN:
                     total = total / tf.cast(towers, total.dtype)
