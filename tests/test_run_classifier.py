@@ -116,7 +116,7 @@ def bad_release(tmp_path, **overrides):
     ("checkpoint_vs_config", r"checkpoint does not match the model config: mis-shaped: "
                              r"bert/embeddings/word_embeddings is \[38, 32\], model wants \[38, 64\]"),
     ("too_many_gpus", r"--n_gpus=2 but only 0 GPU\(s\) are visible"),
-    ("negative_gpus", r"--n_gpus=-1 is invalid"),
+    ("negative_gpus", r"--n_gpus=-2 is invalid; it must be an integer >= -1"),
     ("seq_over_positions", r"--max_seq_length=100 is over the model's position table"),
     ("nul_byte", r"train.tsv:3: NUL byte at column 8; is it a binary or UTF-16 file\?"),
     ("invalid_utf8", r"train.tsv:4: invalid UTF-8 at byte 10 of the line \(invalid start byte\); .*"
@@ -155,7 +155,7 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
     elif case == "too_many_gpus":
         extra = ["--n_gpus=2"]
     elif case == "negative_gpus":
-        extra = ["--n_gpus=-1"]
+        extra = ["--n_gpus=-2"]
     elif case == "seq_over_positions":
         extra = ["--max_seq_length=100"]
     elif case == "nul_byte":
