@@ -3,7 +3,8 @@
 A batch size fits when a training step on sequences of max_seq_length real tokens, the worst case, with
 the optimizer's slots and the evaluation copies of the weights allocated, runs without
 ResourceExhaustedError and its peak memory stays under the limit. Each trial runs once to trace and
-compile, then again to be measured. On CPUs the trial is the real training step (all-reduce and update)
+compile, then again to be measured; a trial fits when its peak leaves 2% of the limit free for what a
+run holds beyond one step (its input iterators, the loop's own traced functions). On CPUs the trial is the real training step (all-reduce and update)
 of an optimizer whose learning rate is 0, so no weight changes. On GPUs it is forward and backward on
 the first tower alone with every gradient held in one buffer, as NCCL's pack holds them, and no
 collective (module `find_batch_size`); the optimizer update's temporaries are not measured there. The
@@ -33,6 +34,9 @@ from bert_mgpu import devices
 from bert_mgpu.errors import UserError
 
 log = logging.getLogger("bert_mgpu")
+
+
+RUN_MARGIN = 0.98  # of the limit, what a trial step may peak at
 
 
 def largest_fitting(fits, cap=4096):
@@ -163,7 +167,7 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     """
     from bert_mgpu import fused_encoder
 
-    strategy, trials = trainer.strategy, []
+    strategy, trials, usable = trainer.strategy, [], RUN_MARGIN * limit_mb
     with strategy.scope(), fused_encoder.frozen_weights(trainer.model):
         pass  # evaluation's copies of the weights: allocated once, held from then on, so counted
     alone = plan.device_type == "GPU"
@@ -187,13 +191,15 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
             return False
         peak = meter.read_mb()
         trials.append((per_tower, peak))
-        return peak <= limit_mb
+        return peak <= usable
 
     best = largest_fitting(fits, cap)
-    shown = ", ".join(f"{b}: {'OOM' if p is None else f'{p:.1f} MiB'}" for b, p in sorted(trials))
+    shown = ", ".join(f"{b}: {'OOM' if p is None else f'{p:.2f} MiB' + (' over' if p > usable else '')}"
+                      for b, p in sorted(trials))
     if not best:
         raise UserError(f"not even one sequence per tower fits in {limit_mb:.0f} MiB (peaks {shown}); "
                         "use a shorter --max_seq_length")
-    log.info("auto batch size: %d per tower fits in %.0f MiB (trials %s; peaks of %s)", best, limit_mb, shown,
+    log.info("auto batch size: %d per tower fits in %.1f MiB, 98%% of %.0f (trials %s; peaks of %s)", best, usable,
+             limit_mb, shown,
              "one tower alone" if alone else f"all {strategy.num_replicas_in_sync} tower(s) together")
     return best, trials

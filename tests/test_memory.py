@@ -33,7 +33,8 @@ def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     weights = [w.numpy().copy() for w in model.weights]
     best, trials = memory.find_batch_size(trainer, make, plan, limit_mb=limit, cap=64)
     got = dict(trials)
-    assert 8 <= best < 16 and got[best] <= limit and got[best + 1] > limit
+    usable = memory.RUN_MARGIN * limit  # 2% of the limit kept for what a run holds beyond a step
+    assert 8 <= best < 16 and got[best] <= usable < got[best + 1]
     assert all((w.numpy() == v).all() for w, v in zip(model.weights, weights))  # trials train nothing
 
 
