@@ -4,8 +4,9 @@ A batch size fits when a training step on sequences of max_seq_length real token
 the optimizer's slots and the evaluation copies of the weights allocated, runs without
 ResourceExhaustedError and its peak memory stays under the limit. Each trial runs once to trace and
 compile, then again to be measured; a trial fits when its peak leaves 2% of the limit free for what a
-run holds beyond one step (its input iterators, the loop's own traced functions). On CPUs the trial is the real training step (all-reduce and update)
-of an optimizer whose learning rate is 0, so no weight changes. On GPUs it is forward and backward on
+run holds beyond one step (its input iterators, the loop's own traced functions). On CPUs the trial is
+the real training step (all-reduce and update) of an optimizer whose learning rate is 0, so no weight
+changes. On GPUs it is forward and backward on
 the first tower alone with every gradient held in one buffer, as NCCL's pack holds them, and no
 collective (module `find_batch_size`); the optimizer update's temporaries are not measured there. The
 input pipeline's buffers (a few batches of token ids) are not in any trial.
@@ -199,7 +200,7 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     if not best:
         raise UserError(f"not even one sequence per tower fits in {limit_mb:.0f} MiB (peaks {shown}); "
                         "use a shorter --max_seq_length")
-    log.info("auto batch size: %d per tower fits in %.1f MiB, 98%% of %.0f (trials %s; peaks of %s)", best, usable,
-             limit_mb, shown,
+    log.info("auto batch size: %d per tower fits in %.1f MiB, %.0f%% of %.0f (trials %s; peaks of %s)", best, usable,
+             100 * RUN_MARGIN, limit_mb, shown,
              "one tower alone" if alone else f"all {strategy.num_replicas_in_sync} tower(s) together")
     return best, trials

@@ -34,14 +34,14 @@ def allreduce_dtypes(model, default):
     """Per trainable variable, the dtype its gradient crosses between towers as: `default`, except float32
     for variables of layers that compute in float32 (the classifier head), LayerNorms and embeddings, whose
     gradients need float32's precision or range and which Keras keeps in float32 math anyway."""
+    import keras_hub
+
     from bert_mgpu import _compat
 
     owner = {}
     for layer in _compat.sublayers(model):  # outer layers first: the innermost owner wins
         for v in layer.trainable_weights:
             owner[id(v)] = layer
-    import keras_hub
-
     keep = (keras.layers.LayerNormalization, keras.layers.Embedding, keras_hub.layers.PositionEmbedding)
 
     def dtype(v):
