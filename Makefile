@@ -18,7 +18,7 @@ ROUNDS ?= 2
 # The GPU build's CUDA libraries (setup.py's gpu extra) where nvidia-smi lists a GPU; the CPU build elsewhere.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu)
 
-.PHONY: demo test venv assets clean pretrain-demo scratch-demo bench gpu-check
+.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo bench gpu-check
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -89,6 +89,10 @@ scratch-demo: $(DOCS)/train.txt
 # one core does; the other keeps busy (clean-clone CI: 8 min 32 s instead of 19 min 40 s one file after another).
 test: assets
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# ruff.toml: pyflakes, pycodestyle (120 columns), bugbear, import order.
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 # For the first person with GPUs: devices, plan, bit-equal towers, fused vs keras-hub in fp16, XLA, scaling.
 gpu-check: venv

@@ -1,11 +1,11 @@
-"""google-research/bert's create_pretraining_data.py: raw text -> pretraining TFRecords (same flags).
+"""google-research/bert's create_pretraining_records.py: raw text -> pretraining TFRecords (same flags).
 
-    python create_pretraining_data.py --input_file=corpus/*.txt --output_file=data/pretrain.tfrecord \
+    python create_pretraining_records.py --input_file=corpus/*.txt --output_file=data/pretrain.tfrecord \
         --vocab_file=vocab.txt --do_lower_case=true --max_seq_length=128 --max_predictions_per_seq=20 \
         --masked_lm_prob=0.15 --random_seed=12345 --dupe_factor=5 --num_output_shards=4
 
 Input: one sentence per line, a blank line between documents. The corpus is streamed (see
-bert_mgpu/pretraining_data.py); the same input and flags give the same bytes.
+bert_mgpu/pretraining_records.py); the same input and flags give the same bytes.
 """
 
 import logging
@@ -32,7 +32,7 @@ flags.DEFINE_integer("documents_per_buffer", 100_000, "Documents held in memory 
 
 
 def run():
-    from bert_mgpu import pretraining_data
+    from bert_mgpu import pretraining_records
     from bert_mgpu.errors import UserError
     from bert_mgpu.pretraining_input import expand_files
     from bert_mgpu.tokenization import FullTokenizer
@@ -48,10 +48,10 @@ def run():
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise UserError(f"{path}: directory {parent} does not exist")
-    cfg = pretraining_data.MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
+    cfg = pretraining_records.MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
                                          FLAGS.short_seq_prob, FLAGS.dupe_factor, FLAGS.do_whole_word_mask)
     inputs = expand_files(FLAGS.input_file)
-    stats = pretraining_data.create_pretraining_data(
+    stats = pretraining_records.create_pretraining_data(
         inputs, outputs, FullTokenizer(FLAGS.vocab_file, FLAGS.do_lower_case), cfg, FLAGS.random_seed,
         FLAGS.documents_per_buffer)
     logging.info("%s", stats)

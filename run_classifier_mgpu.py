@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up 
 
 from absl import app, flags  # noqa: E402
 
-from bert_mgpu.cli import define_reliability_flags  # noqa: E402
+from bert_mgpu.cli import define_reliability_flags, define_tower_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -41,19 +41,7 @@ flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many
 flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
 flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
 # bert_mgpu's flags
-flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
-                     "CPU when none is visible); 0 = the CPU, GPUs hidden from TensorFlow.")
-flags.DEFINE_integer("towers_per_gpu", 1, "Towers (model replicas) per GPU, or logical CPU towers with "
-                     "--n_gpus=0.")
-flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
-                     "(default: 92% of the GPU divided by the towers).")
-flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")
-flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
-                  "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else float32.")
-flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
-flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
-                  "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
-flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
+define_tower_flags()
 flags.DEFINE_list("labels", None, "Label set, comma-separated (default: the labels of the training data).")
 flags.DEFINE_string("text_column", "text", "tsv/csv/tfds: column of the (first) text.")
 flags.DEFINE_string("text_b_column", None, "tsv/csv/tfds: column of the second text of a pair.")
@@ -71,13 +59,12 @@ flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 
 
 def run():
     import bert_mgpu
-    from bert_mgpu import devices, outputs, precision, run_dir
+    from bert_mgpu import cli, outputs, precision, run_dir
 
     if FLAGS.use_tpu:
         raise bert_mgpu.UserError("--use_tpu is not supported; use --n_gpus")
+    plan = cli.plan_from_flags(FLAGS.train_batch_size)
     if FLAGS.dry_run:
-        plan = devices.plan_devices(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
-                                    devices.discover_visible_gpus() if FLAGS.n_gpus else ())
         policy, why = precision.resolve_precision(FLAGS.precision, plan)
         print(plan.describe())
         print(f"precision: {policy} ({why})")
@@ -95,12 +82,13 @@ def run():
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
-    towers = bert_mgpu.Towers(FLAGS.n_gpus, FLAGS.towers_per_gpu, FLAGS.train_batch_size,
-                              FLAGS.gpu_memory_per_tower_mb, FLAGS.multi_worker)
+    towers = cli.towers_from_flags(plan)
     logging.info("%s", towers.plan.describe())
-    task = bert_mgpu.get_task(FLAGS.task_name, FLAGS.text_column, FLAGS.label_column, FLAGS.text_b_column,
-                              FLAGS.labels, FLAGS.tfds_name, FLAGS.tfds_data_dir, FLAGS.xnli_language,
-                              tuple(FLAGS.tfds_splits), FLAGS.invalid_utf8)
+    task = bert_mgpu.get_task(
+        FLAGS.task_name, text_column=FLAGS.text_column, label_column=FLAGS.label_column,
+        text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
+        tfds_data_dir=FLAGS.tfds_data_dir, xnli_language=FLAGS.xnli_language, tfds_splits=tuple(FLAGS.tfds_splits),
+        invalid_utf8=FLAGS.invalid_utf8)
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
@@ -109,30 +97,31 @@ def run():
 
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
     clf = bert_mgpu.BertClassifier.from_pretrained(
-        init, labels, towers, FLAGS.precision, FLAGS.max_seq_length, FLAGS.do_lower_case,
-        FLAGS.bert_config_file, FLAGS.vocab_file, task=task.name, fused_encoder=FLAGS.fused_encoder)
+        init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
+        do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
+        task=task.name, fused_encoder=FLAGS.fused_encoder)
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
             clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
                                 memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
         settings = {name: getattr(FLAGS, name) for name in (
             "task_name", "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
-        clf.fit(train, FLAGS.output_dir, FLAGS.num_train_epochs, FLAGS.learning_rate, FLAGS.warmup_proportion,
-                FLAGS.save_checkpoints_steps, FLAGS.seed, FLAGS.use_xla,
-                max_consecutive_skips=FLAGS.max_consecutive_skips, overwrite=FLAGS.overwrite_output_dir,
-                settings=settings)
+        clf.fit(train, FLAGS.output_dir, epochs=FLAGS.num_train_epochs, learning_rate=FLAGS.learning_rate,
+                warmup_proportion=FLAGS.warmup_proportion, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+                seed=FLAGS.seed, use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
+                overwrite=FLAGS.overwrite_output_dir, settings=settings)
         if clf.interrupted:
             print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
                   f"{FLAGS.output_dir}. Rerun the same command to resume")
             return
     if FLAGS.do_eval:
-        results = clf.evaluate(dev, FLAGS.eval_batch_size)
+        results = clf.evaluate(dev, batch_size=FLAGS.eval_batch_size)
         path = outputs.write_eval_results(FLAGS.output_dir, results)
         for key in sorted(results):
             logging.info("  %s = %s", key, results[key])
         print(f"eval: accuracy {results['eval_accuracy']:.4f} on {len(dev)} examples -> {path}")
     if FLAGS.do_predict:
-        probabilities = clf.predict(test, FLAGS.predict_batch_size)
+        probabilities = clf.predict(test, batch_size=FLAGS.predict_batch_size)
         paths = outputs.write_predictions(FLAGS.output_dir, probabilities, clf.labels, [e.guid for e in test])
         print(f"predict: {len(test)} examples -> {', '.join(paths)}")
 

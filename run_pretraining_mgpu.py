@@ -13,6 +13,7 @@
 A thin wrapper over `bert_mgpu.BertPretrainer`; rerun the same command to resume.
 """
 
+import dataclasses
 import logging
 import os
 
@@ -20,7 +21,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 
-from bert_mgpu.cli import define_reliability_flags  # noqa: E402
+from bert_mgpu.cli import define_reliability_flags, define_tower_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -51,16 +52,7 @@ flags.DEFINE_bool("nsp", True, "Train the next-sentence head (records input only
 flags.DEFINE_enum("encoder_ln_mode", None, ["post-ln", "pre-ln"], "From scratch: where LayerNorm goes.")
 flags.DEFINE_list("validation_input_file", None, "Held-out data (default: the last --input_file shard).")
 # towers and precision
-flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
-                     "CPU when none is visible); 0 = the CPU, GPUs hidden from TensorFlow.")
-flags.DEFINE_integer("towers_per_gpu", 1, "Towers per GPU, or logical CPU towers with --n_gpus=0.")
-flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1.")
-flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")
-flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"], "As the classifier.")
-flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
-flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
-                  "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
-flags.DEFINE_bool("dry_run", False, "Print the device plan, precision and accumulation, then exit.")
+define_tower_flags()
 flags.DEFINE_integer("train_micro_batch_size_per_gpu", None, "Per-tower micro-batch (default: global / towers).")
 # optimizer and schedule
 flags.DEFINE_enum("optimizer", "adamw", ["adamw", "lamb"], "AdamW (google-bert) or LAMB.")
@@ -95,26 +87,49 @@ define_reliability_flags("Micro-batch: the largest per tower that fits and divid
 def _data(files, tokenizer):
     from bert_mgpu.pretraining_input import PretrainingData
 
-    return PretrainingData(FLAGS.input_format, files, tokenizer, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
-                           FLAGS.masked_lm_prob, FLAGS.seed)
+    return PretrainingData(FLAGS.input_format, files, tokenizer, max_seq_length=FLAGS.max_seq_length,
+                           max_predictions_per_seq=FLAGS.max_predictions_per_seq,
+                           masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed)
+
+
+def _pretrainer(towers):
+    import bert_mgpu
+    from bert_mgpu.errors import UserError
+
+    resume = os.path.exists(os.path.join(FLAGS.output_dir, "checkpoint"))
+    init = FLAGS.init_checkpoint or (FLAGS.output_dir if resume or not FLAGS.do_train else None)
+    common = dict(towers=towers, precision=FLAGS.precision, nsp=FLAGS.nsp, fused_encoder=FLAGS.fused_encoder)
+    if init:
+        pre = bert_mgpu.BertPretrainer.from_pretrained(
+            init, do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file,
+            vocab_file=FLAGS.vocab_file, **common)
+        if FLAGS.encoder_ln_mode and FLAGS.encoder_ln_mode != pre.config.encoder_ln_mode:
+            raise UserError(f"--encoder_ln_mode={FLAGS.encoder_ln_mode} but {init} is "
+                            f"{pre.config.encoder_ln_mode}; the layer-norm placement is part of the checkpoint")
+        return pre
+    if not (FLAGS.bert_config_file and FLAGS.vocab_file):
+        raise UserError("from scratch needs --bert_config_file and --vocab_file (or give --init_checkpoint)")
+    config = bert_mgpu.BertConfig.from_json_file(FLAGS.bert_config_file)
+    if FLAGS.encoder_ln_mode:
+        config = dataclasses.replace(config, encoder_ln_mode=FLAGS.encoder_ln_mode)
+    lower = True if FLAGS.do_lower_case is None else FLAGS.do_lower_case
+    return bert_mgpu.BertPretrainer.from_config(config, FLAGS.vocab_file, do_lower_case=lower, **common)
 
 
 def run():
-    import bert_mgpu
-    from bert_mgpu import devices, precision
-    from bert_mgpu.pretraining import Budget, Validation
+    from bert_mgpu import cli, precision
     from bert_mgpu.errors import UserError
+    from bert_mgpu.pretraining import Budget, Validation
     from bert_mgpu.pretraining_input import expand_files
     from bert_mgpu.run_dir import check_output_dir
 
     if FLAGS.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
-    micro = FLAGS.train_micro_batch_size_per_gpu
+    # One micro-batch per tower unless told: the global batch split evenly over this machine's towers.
+    plan = cli.plan_from_flags(FLAGS.train_micro_batch_size_per_gpu or 1)
+    micro = FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.towers)
+    plan = dataclasses.replace(plan, per_tower_batch=micro)
     if FLAGS.dry_run:
-        plan = devices.plan_devices(FLAGS.n_gpus, FLAGS.towers_per_gpu, micro or 1,
-                                    devices.discover_visible_gpus() if FLAGS.n_gpus else ())
-        micro = micro or max(1, FLAGS.train_batch_size // plan.towers)
-        plan = devices.plan_devices(FLAGS.n_gpus, FLAGS.towers_per_gpu, micro, plan.visible_names)
         print(plan.describe())
         print(f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch "
               f"{FLAGS.train_batch_size} = {plan.towers} towers x {micro} x "
@@ -132,32 +147,9 @@ def run():
     keras.utils.set_random_seed(FLAGS.seed)
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
-    if micro is None:  # one micro-batch per tower: the global batch split evenly over this machine's towers
-        plan = devices.plan_devices(FLAGS.n_gpus, FLAGS.towers_per_gpu, 1,
-                                    devices.discover_visible_gpus() if FLAGS.n_gpus else ())
-        micro = max(1, FLAGS.train_batch_size // plan.towers)
-    towers = bert_mgpu.Towers(FLAGS.n_gpus, FLAGS.towers_per_gpu, micro, FLAGS.gpu_memory_per_tower_mb,
-                              FLAGS.multi_worker)
+    towers = cli.towers_from_flags(plan)
     logging.info("%s", towers.plan.describe())
-    resume = os.path.exists(os.path.join(FLAGS.output_dir, "checkpoint"))
-    init = FLAGS.init_checkpoint or (FLAGS.output_dir if resume or not FLAGS.do_train else None)
-    if init:
-        pre = bert_mgpu.BertPretrainer.from_pretrained(init, towers, FLAGS.precision, FLAGS.nsp, FLAGS.do_lower_case,
-                                                       FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.fused_encoder)
-        if FLAGS.encoder_ln_mode and FLAGS.encoder_ln_mode != pre.config.encoder_ln_mode:
-            raise UserError(f"--encoder_ln_mode={FLAGS.encoder_ln_mode} but {init} is "
-                            f"{pre.config.encoder_ln_mode}; the layer-norm placement is part of the checkpoint")
-    else:
-        if not (FLAGS.bert_config_file and FLAGS.vocab_file):
-            raise UserError("from scratch needs --bert_config_file and --vocab_file (or give --init_checkpoint)")
-        config = bert_mgpu.BertConfig.from_json_file(FLAGS.bert_config_file)
-        if FLAGS.encoder_ln_mode:
-            import dataclasses
-
-            config = dataclasses.replace(config, encoder_ln_mode=FLAGS.encoder_ln_mode)
-        pre = bert_mgpu.BertPretrainer.from_config(config, FLAGS.vocab_file, True if FLAGS.do_lower_case is None
-                                                   else FLAGS.do_lower_case, towers, FLAGS.precision, FLAGS.nsp,
-                                                   FLAGS.fused_encoder)
+    pre = _pretrainer(towers)
     pre.config.check_seq_length(FLAGS.max_seq_length)
     if FLAGS.auto_batch_size and FLAGS.do_train:
         pre.auto_batch_size(FLAGS.train_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
@@ -175,29 +167,35 @@ def run():
         warmup = FLAGS.warmup_proportion
         if FLAGS.num_warmup_steps is not None and FLAGS.num_train_steps:
             warmup = FLAGS.num_warmup_steps / FLAGS.num_train_steps
-        budget = Budget(FLAGS.num_train_steps, FLAGS.total_training_time, FLAGS.lr_schedule, FLAGS.curve,
-                        FLAGS.decay_power, warmup, FLAGS.early_exit_time_marker,
-                        tuple(float(m) for m in FLAGS.finetune_time_markers), FLAGS.early_stop_time,
-                        FLAGS.early_stop_eval_loss)
+        budget = Budget(
+            num_train_steps=FLAGS.num_train_steps, total_training_time=FLAGS.total_training_time,
+            lr_schedule=FLAGS.lr_schedule, curve=FLAGS.curve, decay_power=FLAGS.decay_power,
+            warmup_proportion=warmup, early_exit_time_marker=FLAGS.early_exit_time_marker,
+            finetune_time_markers=tuple(float(m) for m in FLAGS.finetune_time_markers),
+            early_stop_time=FLAGS.early_stop_time, early_stop_eval_loss=FLAGS.early_stop_eval_loss)
         validation = Validation(
-            _data(held_out, pre.tokenizer), FLAGS.validation_epochs, FLAGS.validation_steps,
-            FLAGS.validation_begin_proportion, FLAGS.validation_epochs_begin, FLAGS.validation_end_proportion,
-            FLAGS.validation_epochs_end, towers.batch(FLAGS.eval_batch_size), FLAGS.max_eval_steps,
+            _data(held_out, pre.tokenizer), epochs=FLAGS.validation_epochs, steps=FLAGS.validation_steps,
+            begin_proportion=FLAGS.validation_begin_proportion, epochs_begin=FLAGS.validation_epochs_begin,
+            end_proportion=FLAGS.validation_end_proportion, epochs_end=FLAGS.validation_epochs_end,
+            batch_size=towers.batch(FLAGS.eval_batch_size), max_steps=FLAGS.max_eval_steps,
         ) if FLAGS.do_validation else None
-        pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, FLAGS.train_batch_size, FLAGS.learning_rate,
-                FLAGS.optimizer, FLAGS.adam_beta1, FLAGS.adam_beta2, FLAGS.adam_eps, FLAGS.weight_decay,
-                FLAGS.max_grad_norm, validation, FLAGS.save_checkpoints_steps, FLAGS.log_every, FLAGS.use_xla,
-                max_consecutive_skips=FLAGS.max_consecutive_skips, overwrite=FLAGS.overwrite_output_dir,
-                settings={name: getattr(FLAGS, name) for name in (
-                    "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob",
-                    "nsp", "seed", "deterministic", "validation_input_file")})
+        settings = {name: getattr(FLAGS, name) for name in (
+            "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "nsp",
+            "seed", "deterministic", "validation_input_file")}
+        pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, train_batch_size=FLAGS.train_batch_size,
+                learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, beta_1=FLAGS.adam_beta1,
+                beta_2=FLAGS.adam_beta2, epsilon=FLAGS.adam_eps, weight_decay=FLAGS.weight_decay,
+                clipnorm=FLAGS.max_grad_norm, validation=validation,
+                save_checkpoints_steps=FLAGS.save_checkpoints_steps, log_every=FLAGS.log_every,
+                use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
+                overwrite=FLAGS.overwrite_output_dir, settings=settings)
         step = int(pre.trainer.step.numpy())
         print(f"pretraining stopped at step {step}: {pre.stop}")
         if pre.stop.startswith("interrupted"):
             return
     if FLAGS.do_eval:
-        results = pre.evaluate(_data(held_out, pre.tokenizer), towers.batch(FLAGS.eval_batch_size),
-                               FLAGS.max_eval_steps)
+        results = pre.evaluate(_data(held_out, pre.tokenizer), batch_size=towers.batch(FLAGS.eval_batch_size),
+                               max_steps=FLAGS.max_eval_steps)
         path = pre.write_eval_results(FLAGS.output_dir, results, step)
         print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
 

@@ -9,6 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
+
 from bert_mgpu.devices import distribute_dataset  # noqa: E402  (input as the library distributes it)
 
 
@@ -101,7 +102,7 @@ def main(case, towers=1, fused=True):
             fn = None
             for batch in dist:
                 fn = fn or tf.function(lambda b: tw.strategy.run(
-                    lambda f: model(f, training=False), args=(b[0],)), reduce_retracing=True)
+                    lambda f: model(f, training=False), args=(b[0],)), reduce_retracing=True)  # noqa: B023
                 out = fn(batch)
                 tf.nest.map_structure(lambda t: t.numpy(), tw.strategy.experimental_local_results(out))
                 meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))

@@ -13,7 +13,6 @@ Example:
 
 import hashlib
 import logging
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -22,6 +21,7 @@ from bert_mgpu import checkpoints, memory, metrics, optimization, run_dir
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset
+from bert_mgpu.loop import Loop
 from bert_mgpu.modeling import build_classifier
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tokenization import FullTokenizer
@@ -39,12 +39,35 @@ def examples_digest(examples):
 
 
 class BertClassifier:
+    """A BERT sentence (or sentence-pair) classifier trained on every tower: google-bert's run_classifier.
+
+    Build it with `from_pretrained`; `fit` fine-tunes (and resumes), `evaluate` gives google-bert's eval
+    results plus the task's GLUE metric, `predict` gives class probabilities in input order.
+
+    Args:
+        model: the Keras model (`build_classifier`), built under `towers.strategy`.
+        tokenizer: a `FullTokenizer`.
+        labels: the label set, in the order of the logits.
+        config: the `BertConfig`.
+        towers: the `Towers` it runs on.
+        policy: the Keras dtype policy it computes in.
+        max_seq_length: longer inputs are truncated.
+        task: the task's name (picks the GLUE metric), or None.
+        fused_encoder: whether `model` runs the fused encoder (recorded in a run's settings).
+
+    Example:
+        towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+        clf = bert_mgpu.BertClassifier.from_pretrained("model_dir", labels=["0", "1"], towers=towers)
+        clf.fit(train_examples, output_dir="out", epochs=1)
+        clf.evaluate(dev_examples)["eval_accuracy"]
+    """
+
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None,
                  fused_encoder=True):
         self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
         self.fused_encoder = fused_encoder
-        self.global_step, self.interrupted, self.settings = 0, None, None
+        self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self._predictor = Trainer(towers.strategy, model)
 
     @classmethod
@@ -93,15 +116,15 @@ class BertClassifier:
     # ------------------------------------------------------------------ training
     def fit(self, examples, output_dir, epochs=3.0, learning_rate=5e-5, warmup_proportion=0.1,
             save_checkpoints_steps=1000, seed=12345, use_xla=False, verbose=True, max_consecutive_skips=10,
-            overwrite=False, settings=None):
+            overwrite=False, settings=None, callbacks=None, log_every=10):
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
         The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
         skipped). SIGTERM/Ctrl-C stop after the step under way with a checkpoint and set
         `self.interrupted`. Other settings in an output_dir holding checkpoints are refused unless
         `overwrite`. `settings` adds the caller's own (the script's flags) to what is compared.
+        `callbacks`: Keras callbacks (see loop.Loop). Returns the last training record.
         """
-        run_dir.check_output_dir(output_dir)
         global_batch = self.towers.batch(self.towers.plan.per_tower_batch)
         num_steps = int(len(examples) / global_batch * epochs)
         if num_steps < 1:
@@ -113,17 +136,16 @@ class BertClassifier:
             "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
-        run_dir.check_same_run(output_dir, self.settings, overwrite)
+        run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
         with strategy.scope():
             optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
                                                       float16=self.policy == "mixed_float16")
         trainer = Trainer(strategy, self.model, optimizer, use_xla)
-        ckpt = checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
-                                               rng=run_dir.rng_states(self.model))
-        saved = run_dir.Checkpoints(ckpt, output_dir, self.model.weights)
-        restored = saved.restore()
+        restored = run.restore(checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
+                                                               rng=run_dir.rng_states(self.model)),
+                               self.model.weights)
         if restored:
             log.info("resuming from %s at step %d", restored, int(trainer.step.numpy()))
         start = int(trainer.step.numpy())
@@ -134,30 +156,24 @@ class BertClassifier:
         self.interrupted = None
         if start >= num_steps:
             self.global_step = start
-            return
+            return None
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, global_batch,
                                training=True, seed=seed, source="train").skip(start)
-        writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
-
-        def save():
-            step = int(trainer.step.numpy())
-            saved.save(step)
-            self._write_run(output_dir, step)
-
+        loop = Loop(trainer, global_batch, callbacks=callbacks, writer=run.writer, log_every=log_every,
+                    save=lambda: run.save(int(trainer.step.numpy())), save_every=save_checkpoints_steps,
+                    last_checkpoint=lambda: run.latest, max_consecutive_skips=max_consecutive_skips,
+                    verbose=verbose)
         try:
-            trainer.fit(dataset, num_steps, global_batch, on_save=save, save_every=save_checkpoints_steps,
-                        writer=writer, verbose=verbose, max_consecutive_skips=max_consecutive_skips,
-                        last_checkpoint=lambda: saved.latest)
+            record = loop.run(dataset, until_step=num_steps)
         finally:
-            writer.close()
-        self.global_step, self.interrupted = int(trainer.step.numpy()), trainer.interrupted
-        if trainer.skipped_steps:
-            log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
+            run.close()
+        self.global_step, self.interrupted, self.history = loop.step, loop.interrupted, loop.history
         if self.interrupted:
             log.warning("%s: stopped at step %d of %d; checkpoint %s. Rerun the same command to resume",
-                        self.interrupted, self.global_step, num_steps, saved.latest)
+                        self.interrupted, self.global_step, num_steps, run.latest)
         else:
-            log.info("trained to step %d; checkpoint %s", self.global_step, saved.latest)
+            log.info("trained to step %d (%s); checkpoint %s", self.global_step, loop.stop, run.latest)
+        return record
 
     def auto_batch_size(self, memory_limit_mb=None, output_dir=None, memory_per_tower_mb=None, use_xla=False):
         """Set the per-tower training batch to the largest that fits (see memory.py) and return it.

@@ -1,4 +1,5 @@
-"""What every entry script shares: a user mistake or a stopped run ends in one line on stderr and exit 1."""
+"""What the entry scripts share: tower, precision and reliability flags, defined once; the towers made
+from them; and `main_wrapper`, which ends a user mistake or a stopped run in one line on stderr and exit 1."""
 
 import logging
 import os
@@ -38,3 +39,38 @@ def define_reliability_flags(auto_batch_help):
     flags.DEFINE_bool("auto_batch_size", False, auto_batch_help + " (98% of GPU memory, or --memory_limit_mb).")
     flags.DEFINE_integer("memory_limit_mb", None, "--auto_batch_size: memory a training step may take "
                          "(required on CPU: all towers together; on GPU: per tower).")
+
+
+def define_tower_flags():
+    """Where the towers run and in what precision: the same flags in both scripts (README: "Flags")."""
+    flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
+                         "CPU when none is visible); 0 = the CPU, GPUs hidden from TensorFlow.")
+    flags.DEFINE_integer("towers_per_gpu", 1, "Towers (model replicas) per GPU, or logical CPU towers with "
+                         "--n_gpus=0.")
+    flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
+                         "(default: 92% of the GPU divided by the towers).")
+    flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")
+    flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
+                      "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else "
+                      "float32.")
+    flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
+    flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
+                      "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
+    flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
+
+
+def plan_from_flags(per_tower_batch):
+    """The device plan the tower flags ask for (listing GPUs does not start TensorFlow's runtime)."""
+    from bert_mgpu import devices
+
+    f = flags.FLAGS
+    visible = devices.discover_visible_gpus() if f.n_gpus else ()
+    return devices.plan_devices(f.n_gpus, f.towers_per_gpu, per_tower_batch, visible)
+
+
+def towers_from_flags(plan):
+    """`Towers` for a plan from `plan_from_flags`: devices configured, strategy made."""
+    from bert_mgpu.devices import Towers
+
+    f = flags.FLAGS
+    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, f.multi_worker)

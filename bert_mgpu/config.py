@@ -5,12 +5,32 @@ import json
 
 from bert_mgpu.errors import UserError
 
-# Hugging Face's names: "gelu" = exact erf GELU, "gelu_new"/"gelu_pytorch_tanh" = tanh approximation.
-_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
+    """The shape of a BERT: google-research/bert's `bert_config.json`, whose keys it reads and writes.
+
+    Args:
+        vocab_size: WordPiece vocabulary size (must match vocab.txt).
+        hidden_size: width of every layer.
+        num_hidden_layers: transformer layers.
+        num_attention_heads: heads per attention layer (divides hidden_size).
+        intermediate_size: width of the feed-forward layer.
+        hidden_act: `gelu` (exact, erf), `gelu_new` / `gelu_pytorch_tanh` (tanh form), `relu`.
+        hidden_dropout_prob: dropout after embeddings and each sub-layer.
+        attention_probs_dropout_prob: dropout on attention probabilities.
+        max_position_embeddings: the longest sequence.
+        type_vocab_size: segment ids.
+        initializer_range: stddev of the truncated-normal initializer.
+        encoder_ln_mode: `post-ln` (BERT's) or `pre-ln` (LayerNorm before each sub-layer, for training
+            from scratch at high learning rates).
+
+    Example:
+        config = BertConfig.from_json_file("uncased_L-12_H-768_A-12/bert_config.json")
+        small = BertConfig(vocab_size=8000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                           intermediate_size=1024)
+    """
+
     vocab_size: int
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -59,9 +79,11 @@ class BertConfig:
     def validate(self, source="config"):
         if self.encoder_ln_mode not in ("post-ln", "pre-ln"):
             raise UserError(f"{source}: encoder_ln_mode={self.encoder_ln_mode!r}: expected post-ln or pre-ln")
-        if self.hidden_act not in _ACTIVATIONS:
+        from bert_mgpu.kernels import ACTIVATIONS
+
+        if self.hidden_act not in ACTIVATIONS:
             raise UserError(f"{source}: hidden_act={self.hidden_act!r} is not supported "
-                            f"(one of {', '.join(_ACTIVATIONS)})")
+                            f"(one of {', '.join(ACTIVATIONS)})")
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
                 f"{source}: hidden_size={self.hidden_size} is not divisible by "

@@ -1,7 +1,7 @@
 """Device plan and tf.distribute strategy: the only module that knows about devices.
 
 `plan_devices` is a pure function (visible devices + flags -> towers and global batch), so every device
-decision is unit-tested without a GPU. `configure_devices` and `make_strategy` apply a plan to TensorFlow:
+decision is unit-tested without a GPU. `Towers` (or `configure_devices` and `make_strategy`) applies a plan:
 one BERT tower per device (in-graph replication with `tf.distribute.MirroredStrategy`), variables mirrored
 on every tower, never all parked on GPU0 as in bert-ad.
 
@@ -11,13 +11,13 @@ Example:
 """
 
 import dataclasses
-import functools
 import itertools
 import os
 import shutil
 import subprocess
 import weakref
 
+from bert_mgpu import _compat
 from bert_mgpu.errors import UserError
 
 
@@ -213,7 +213,7 @@ def configure_devices(plan, memory_per_tower_mb=None):
         if have < plan.towers:
             raise UserError(
                 f"TensorFlow already started with {have} logical {plan.device_type} device(s) but the "
-                f"plan needs {plan.towers}; call bert_mgpu.configure_devices before any TensorFlow op "
+                f"plan needs {plan.towers}; create bert_mgpu.Towers before any TensorFlow op "
                 "(restart the notebook kernel)"
             ) from None
 
@@ -387,17 +387,17 @@ def per_tower_seeds(model):
     """
     import tensorflow as tf
 
-    def tower_next(generator, ordered=True):
-        seed = type(generator).next(generator, ordered)
+    def tower_next(keras_next, ordered=True):
+        seed = keras_next(ordered)
         context = tf.distribute.get_replica_context()
         replica = 0 if context is None else context.replica_id_in_sync_group
         if isinstance(replica, int) and replica == 0:
             return seed
         return seed + tf.stack([tf.cast(replica, seed.dtype), tf.zeros([], seed.dtype)])
 
-    for layer in model._flatten_layers():
-        for generator in getattr(layer, "_seed_generators", ()):
-            generator.next = functools.partial(tower_next, generator)
+    for layer in _compat.sublayers(model):
+        for generator in _compat.seed_generators(layer):
+            _compat.wrap_seed_generator(generator, tower_next)
     return model
 
 
@@ -407,8 +407,8 @@ def distribute_dataset(strategy, dataset):
     Used instead of `strategy.experimental_distribute_dataset`, whose iterator stalls when it is dropped.
     TensorFlow's MultiDeviceIterator builds one pipeline per tower with default tf.data options, so each
     runs tf.data's autotuning thread, and dropping the iterator waits for that thread's timed sleep, which
-    cancellation does not cut short and which grows with the iterator's age: 2.5 s, 7.6 s, 17 s, and 59 s
-    at the end of a 2-tower `make demo` measured (benchmarks/NOTES.md, items 11 and 12). Here one plain
+    cancellation does not cut short and which grows with the iterator's age (up to a minute measured at
+    the end of a 2-tower `make demo`). Here one plain
     host iterator, autotuning off, reads the global batch, and one traced function cuts it into
     contiguous slices, one on each tower's device (sizes differ by at most one row in a partial batch;
     a tower may get none). Under MultiWorkerMirroredStrategy every worker reads the same batches and
@@ -430,7 +430,6 @@ class TowerBatches:
 
     def __init__(self, strategy, dataset):
         import tensorflow as tf
-        from tensorflow.python.distribute import values as tf_values
 
         self.strategy, self.dataset = strategy, dataset
         # Global ids of this worker's towers (0..n-1 on one machine), in the order of their devices.
@@ -443,8 +442,7 @@ class TowerBatches:
                 raise TypeError(f"distribute_dataset splits batched dense tensors, not {spec}")
             rows = spec.shape[0]
             rows = rows // total if rows is not None and rows % total == 0 else None
-            # PerReplicaSpec is what tf.distribute's own datasets report; TensorFlow exports no name for it.
-            return tf_values.PerReplicaSpec(*[tf.TensorSpec([rows] + spec.shape[1:], spec.dtype)] * len(self._ids))
+            return _compat.per_replica_spec(*[tf.TensorSpec([rows] + spec.shape[1:], spec.dtype)] * len(self._ids))
 
         self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)  # refuses what it cannot cut
         self._split = _splitter(self._ids, total, dataset.element_spec)
@@ -461,7 +459,7 @@ class TowerBatches:
         for batch in self.dataset:
             parts = {i: place(p, d) for i, p, d in zip(self._ids, self._split(batch), self._places)}
             yield self.strategy.experimental_distribute_values_from_function(
-                lambda ctx: parts[ctx.replica_id_in_sync_group])
+                lambda ctx, parts=parts: parts[ctx.replica_id_in_sync_group])
 
 
 def first_tower_only(strategy, batch):
@@ -481,9 +479,8 @@ _SPLITTERS = {}
 def _splitter(ids, total, spec):
     """batch -> [slice for tower i in ids]: a traced function, one per towers and input signature.
 
-    Kept across datasets, because a prediction pass makes a new one: tracing per dataset, and copying a
-    tensor already on its tower, cost 130 ms of a 2.2 s pass (benchmarks/NOTES.md, item 21). One tower
-    takes the batch as it is.
+    Kept across datasets, because a prediction pass makes a new one and tracing per dataset cost 6% of
+    a pass. One tower takes the batch as it is.
     """
     import tensorflow as tf
 
@@ -497,7 +494,7 @@ def _splitter(ids, total, spec):
             start = i * size + tf.minimum(i, extra)
             return t[start:start + size + tf.cast(i < extra, tf.int32)]
 
-        _SPLITTERS[key] = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)
+        _SPLITTERS[key] = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)  # noqa: B023
                                                      for i in ids], input_signature=[spec])
     return _SPLITTERS[key]
 
@@ -517,6 +514,17 @@ def multi_worker_strategy():
 class Towers:
     """A device plan applied: the strategy to build models under and the global batch.
 
+    Create it before any TensorFlow op: it splits devices into logical towers and picks the CPU
+    allocator, which TensorFlow fixes when it starts.
+
+    Args:
+        n_gpus: GPUs to use in CUDA_VISIBLE_DEVICES order; -1 every visible GPU (the CPU when none is
+            visible); 0 the CPU.
+        towers_per_gpu: towers per GPU, or logical CPU towers with n_gpus=0.
+        train_batch_size: the per-tower training batch.
+        gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
+        multi_worker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG.
+
     Example:
         towers = Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)   # 2 CPU towers, batch 32
         towers = Towers(n_gpus=4, train_batch_size=32)                     # 4 GPUs, NCCL, batch 128
@@ -525,9 +533,20 @@ class Towers:
     def __init__(self, n_gpus=-1, towers_per_gpu=1, train_batch_size=32, gpu_memory_per_tower_mb=None,
                  multi_worker=False):
         visible = discover_visible_gpus() if n_gpus else ()
-        self.plan = plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible)
-        configure_devices(self.plan, gpu_memory_per_tower_mb)
-        self.strategy = multi_worker_strategy() if multi_worker else make_strategy(self.plan)
+        self._apply(plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible), gpu_memory_per_tower_mb,
+                    multi_worker)
+
+    @classmethod
+    def from_plan(cls, plan, gpu_memory_per_tower_mb=None, multi_worker=False):
+        """Towers for a plan already made (`plan_devices`): the script's plan, computed once."""
+        self = cls.__new__(cls)
+        self._apply(plan, gpu_memory_per_tower_mb, multi_worker)
+        return self
+
+    def _apply(self, plan, gpu_memory_per_tower_mb, multi_worker):
+        self.plan = plan
+        configure_devices(plan, gpu_memory_per_tower_mb)
+        self.strategy = multi_worker_strategy() if multi_worker else make_strategy(plan)
 
     @property
     def count(self):

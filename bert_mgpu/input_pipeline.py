@@ -8,9 +8,8 @@ shorten the longer segment), which is what tf-text's RoundRobinTrimmer computes.
 Training tokenizes inside tf.data in parallel (ragged tensors, no Python per example) and buckets by
 length. Evaluation and prediction tokenize the whole set first, with one traced function kept per
 tokenizer, then sort it by length and cut it into batches: a tf.data iterator instantiates its functions
-anew, recompiling the tokenizer's regular expressions, which cost 0.3 s a pass over Rotten Tomatoes' dev
-set (12% of the pass on these two cores), where tokenizing the set takes 26 ms (benchmarks/NOTES.md,
-item 20). Every element carries its input position (`index`) so evaluation and prediction put outputs
+anew, recompiling the tokenizer's regular expressions, which costs more than tokenizing the set.
+Every element carries its input position (`index`) so evaluation and prediction put outputs
 back in input order whatever the sorting, batch and tower count.
 """
 
@@ -24,7 +23,7 @@ from bert_mgpu.errors import UserError
 
 # Up to 128 tokens, one bucket per padded width: lengths 8k-7 .. 8k share a bucket and a width of 8k, so no
 # example is padded by 8 or more; above that, buckets 32 wide. Rotten Tomatoes' batches are then 88.5% real
-# tokens, against 81% with the buckets 16, 24, 32, 48, 64, ... (benchmarks/NOTES.md, item 19).
+# tokens, against 81% with the buckets 16, 24, 32, 48, 64, ...
 _BOUNDARIES = tuple(range(9, 130, 8)) + tuple(range(161, 514, 32))
 
 

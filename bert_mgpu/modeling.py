@@ -12,16 +12,9 @@ Example:
 import keras
 import keras_hub
 
+from bert_mgpu import _compat
 from bert_mgpu.fused_encoder import FusedBertEncoder
-
-# hidden_act as Hugging Face names it: "gelu" is the exact (erf) GELU; google-bert's original code and
-# keras-hub's BertBackbone use the tanh approximation ("gelu_new").
-ACTIVATIONS = {
-    "gelu": lambda x: keras.activations.gelu(x, approximate=False),
-    "gelu_new": lambda x: keras.activations.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: keras.activations.gelu(x, approximate=True),
-    "relu": keras.activations.relu,
-}
+from bert_mgpu.kernels import ACTIVATIONS
 
 
 def build_backbone(config, policy="float32"):
@@ -40,8 +33,9 @@ def build_backbone(config, policy="float32"):
     )
     # keras-hub fixes tanh-GELU in its constructor; the feed-forward Dense applies `activation` at call
     # time, so setting it here gives the activation the checkpoint was trained with.
+    backbone.hidden_act = config.hidden_act  # what FusedBertEncoder computes
     for layer in backbone.transformer_layers:
-        layer._feedforward_intermediate_dense.activation = ACTIVATIONS[config.hidden_act]
+        _compat.transformer_parts(layer).intermediate.activation = ACTIVATIONS[config.hidden_act].keras
         # Pre-LN: each layer's existing LayerNorms move in front of their sub-layers (keras-hub's
         # `normalize_first`, read at call time); the MLM head's own LayerNorm then normalizes the output.
         layer.normalize_first = config.encoder_ln_mode == "pre-ln"

@@ -23,10 +23,11 @@ import time
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, devices, guards, memory, optimization, pretraining_model, run_dir
+from bert_mgpu import checkpoints, memory, optimization, pretraining_model, run_dir
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
+from bert_mgpu.loop import Evaluation, Hook, Loop
 from bert_mgpu.outputs import write_eval_results
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tokenization import FullTokenizer
@@ -105,7 +106,94 @@ class Validation:
         return max(1, round(epochs * steps_per_epoch()))
 
 
+class TimeBudget(Hook):
+    """Stops the run when the budget says so, and sets `progress` (what a time-based learning rate
+    follows) before every step."""
+
+    def __init__(self, budget, progress):
+        self.budget, self.progress, self.value = budget, progress, 0.0
+
+    def should_stop(self, loop):
+        return self.budget.stop_reason(loop.step, loop.elapsed())
+
+    def before_step(self, loop):
+        self.value = self.budget.progress(loop.step, loop.elapsed())
+        self.progress.assign(self.value)
+
+    def on_log(self, loop, record):
+        record["progress"] = self.value
+
+
+class StepLimit(Hook):
+    """Stops this call after `steps` steps (a notebook trains in chunks; the next call resumes)."""
+
+    def __init__(self, steps):
+        self.steps = steps
+
+    def should_stop(self, loop):
+        return f"ran the {self.steps} steps asked for" if loop.step - loop.first_step >= self.steps else None
+
+
+class EarlyStop(Hook):
+    """Academic-budget early stop: a validation loss still above `early_stop_eval_loss` after
+    `early_stop_time` minutes ends the run (placed after the `Evaluation` hook)."""
+
+    def __init__(self, budget):
+        self.budget, self.seen = budget, None
+
+    def after_step(self, loop, record):
+        b, last = self.budget, loop.history[-1] if loop.history else {}
+        if b.early_stop_time is None or b.early_stop_eval_loss is None or "eval_loss" not in last or \
+                last is self.seen:
+            return
+        self.seen = last
+        if loop.elapsed() >= b.early_stop_time * 60 and last["eval_loss"] > b.early_stop_eval_loss:
+            loop.stop = (f"early stop: validation loss {last['eval_loss']:.4f} > {b.early_stop_eval_loss} "
+                         f"after {b.early_stop_time} min")
+
+
+class FinetuneMarkers(Hook):
+    """Writes a fine-tune checkpoint (`write(directory, step)`) when the budget spent reaches each marker;
+    the end marker (1.0) is reached only as the run stops. Markers already written are not redone."""
+
+    def __init__(self, budget, directory, write):
+        self.budget, self.directory, self.write = budget, directory, write
+        self.markers = sorted(m for m in budget.finetune_time_markers if not os.path.exists(directory(m)))
+
+    def after_step(self, loop, record):
+        while self.markers and self.budget.progress(loop.step, loop.elapsed()) >= self.markers[0]:
+            self.write(self.directory(self.markers.pop(0)), loop.step)
+
+    def end(self, loop):
+        final = self.budget.progress(loop.step, loop.elapsed())
+        for m in self.markers:
+            if final >= m - 1e-9 or (loop.stop or "").startswith("reached"):
+                self.write(self.directory(m), loop.step)
+        self.markers = []
+
+
 class BertPretrainer:
+    """BERT with google-bert's masked-LM (and next-sentence) heads, pretrained on every tower.
+
+    Build it with `from_config` (from scratch) or `from_pretrained` (continued pretraining); `fit` trains
+    under a `Budget` and resumes, `evaluate` gives google-bert's run_pretraining eval results, and
+    `save_finetune_checkpoint` writes a directory the classifier loads.
+
+    Args:
+        model: the Keras model (`pretraining_model.build_pretrainer`), built under `towers.strategy`.
+        tokenizer: a `FullTokenizer`.
+        config: the `BertConfig`.
+        towers: the `Towers` it runs on; their per-tower batch is the micro-batch.
+        policy: the Keras dtype policy it computes in.
+        fused_encoder: whether `model` runs the fused encoder.
+
+    Example:
+        towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+        pre = bert_mgpu.BertPretrainer.from_pretrained("model_dir", towers=towers, nsp=False)
+        data = bert_mgpu.PretrainingData("text", ["docs/*.txt"], pre.tokenizer, max_seq_length=128)
+        pre.fit(data, "out", bert_mgpu.Budget(num_train_steps=1000), train_batch_size=64)
+    """
+
     def __init__(self, model, tokenizer, config, towers, policy, fused_encoder=True):
         self.model, self.tokenizer, self.config, self.towers, self.policy = model, tokenizer, config, towers, policy
         self.fused_encoder = fused_encoder
@@ -154,17 +242,17 @@ class BertPretrainer:
     def fit(self, data, output_dir, budget, train_batch_size=None, learning_rate=1e-4, optimizer="adamw",
             beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01, clipnorm=1.0, validation=None,
             save_checkpoints_steps=1000, log_every=10, use_xla=False, clock=time.monotonic, verbose=True,
-            steps=None, max_consecutive_skips=10, overwrite=False, settings=None):
+            steps=None, max_consecutive_skips=10, overwrite=False, settings=None, callbacks=None):
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
 
         `train_batch_size` is the global batch, reached with the towers' micro-batch and gradient
         accumulation (default: one micro-batch per tower). `steps` stops this call after that many steps
         (a notebook can train in chunks; the next call resumes). Returns the last logged statistics.
         SIGTERM/Ctrl-C stop after the step under way with a checkpoint (`self.stop` says so); an
-        output_dir holding a run with other `settings` is refused unless `overwrite`.
+        output_dir holding a run with other `settings` is refused unless `overwrite`. `callbacks`: Keras
+        callbacks (see loop.Loop).
         """
         budget.check()
-        run_dir.check_output_dir(output_dir)
         micro = self.towers.plan.per_tower_batch
         global_batch = train_batch_size or self.towers.batch(micro)
         if global_batch % self.towers.batch(micro):
@@ -174,6 +262,13 @@ class BertPretrainer:
         if self.model.nsp_head is not None and not data.has_nsp:
             raise UserError("next-sentence prediction needs TFRecords from create_pretraining_data; "
                             "raw text input trains masked LM only (--nsp=false)")
+        self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch,
+                         "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
+                         "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
+                         "clipnorm": clipnorm, "precision": self.policy,
+                         **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
+        self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
+        run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data), overwrite)
         strategy = self.towers.strategy
         with strategy.scope():
             progress = tf.Variable(0.0, trainable=False, name="progress")
@@ -185,90 +280,41 @@ class BertPretrainer:
                 learning_rate, schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
                 optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm)
             elapsed_var = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
-        self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch,
-                         "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
-                         "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
-                         "clipnorm": clipnorm, "precision": self.policy,
-                         **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
-        self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
-        run_dir.check_same_run(output_dir, self.settings, overwrite)
         trainer = Trainer(strategy, self.model, opt, use_xla, pretraining_model.pretraining_loss, accum)
-        ckpt = checkpoints.training_checkpoint(self.model, opt, trainer.step,
-                                               heads=pretraining_model.head_checkpoint_objects(self.model),
-                                               elapsed_seconds=elapsed_var, rng=run_dir.rng_states(self.model))
-        saved = run_dir.Checkpoints(ckpt, output_dir, self.model.weights)
-        restored = saved.restore()
+        restored = run.restore(checkpoints.training_checkpoint(
+            self.model, opt, trainer.step, heads=pretraining_model.head_checkpoint_objects(self.model),
+            elapsed_seconds=elapsed_var, rng=run_dir.rng_states(self.model)), self.model.weights)
         if restored:
             log.info("resuming from %s at step %d (%.1f s trained)", restored,
                      int(trainer.step.numpy()), float(elapsed_var.numpy()))
-        step, elapsed0 = int(trainer.step.numpy()), float(elapsed_var.numpy())
+        step = int(trainer.step.numpy())
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",
                  global_batch, self.towers.count, micro, accum, step)
-        dist = devices.distribute_dataset(strategy, data.dataset(global_batch, True, step * global_batch))
-        trainer.input_spec, it = dist.element_spec, iter(dist)  # one trace for every step (see Trainer)
-        writer = tf.summary.create_file_writer(os.path.join(output_dir, "train"))
-        steps_per_epoch = lambda: max(1, data.count() // global_batch)  # noqa: E731
+        hooks = [TimeBudget(budget, progress), *([StepLimit(steps)] if steps is not None else [])]
+        if validation is not None:
+            steps_per_epoch = lambda: max(1, data.count() // global_batch)  # noqa: E731
+            hooks.append(Evaluation(
+                lambda: trainer.evaluate(validation.data.dataset(validation.batch_size, training=False),
+                                         validation.max_steps),
+                lambda loop: validation.interval(budget.progress(loop.step, loop.elapsed()), steps_per_epoch)))
+            hooks.append(EarlyStop(budget))
         marker_dir = lambda m: os.path.join(output_dir, "finetune_checkpoints", f"at_{m:g}")  # noqa: E731
-        markers = sorted(m for m in budget.finetune_time_markers if not os.path.exists(marker_dir(m)))
-        start_clock = clock()
-        elapsed = lambda: elapsed0 + clock() - start_clock  # noqa: E731
+        hooks.append(FinetuneMarkers(budget, marker_dir, lambda d, s: self.save_finetune_checkpoint(d, s, data)))
 
         def save():
-            elapsed_var.assign(elapsed())
-            saved.save(int(trainer.step.numpy()))
-            self._write_run(output_dir, int(trainer.step.numpy()), data)
+            elapsed_var.assign(loop.elapsed())
+            run.save(loop.step)
 
-        last_validation, result, tic, since, first = step, {}, clock(), 0, step
-        self.stop, skips = None, guards.SkipGuard(max_consecutive_skips)
-        with guards.StopSignal() as signals:
-            while self.stop is None:
-                now = elapsed()
-                self.stop = budget.stop_reason(step, now)
-                if steps is not None and step - first >= steps and not self.stop:
-                    self.stop = f"ran the {steps} steps asked for"
-                if self.stop:
-                    break
-                step_progress = budget.progress(step, now)  # what this step's learning rate follows
-                progress.assign(step_progress)
-                applied = trainer.applied_steps
-                loss, _ = trainer.train_step(next(it))
-                step, since = step + 1, since + 1
-                skips.update(trainer.applied_steps > applied, step, saved.latest)
-                now_progress = budget.progress(step, elapsed())
-                if step % log_every == 0:
-                    rate = since * global_batch / max(1e-9, clock() - tic)
-                    tic, since = clock(), 0
-                    result = {"step": step, "loss": loss, **trainer.stats, "learning_rate": trainer.learning_rate,
-                              "loss_scale": trainer.loss_scale, "sequences_per_second": rate,
-                              "tokens_per_second": rate * trainer.stats.get("tokens_per_sequence", 0.0),
-                              "progress": step_progress}
-                    self._log(writer, result, verbose)
-                while markers and now_progress >= markers[0]:
-                    self.save_finetune_checkpoint(marker_dir(markers.pop(0)), step, data)
-                if validation is not None and step - last_validation >= validation.interval(now_progress,
-                                                                                             steps_per_epoch):
-                    last_validation = step
-                    result = self._validate(trainer, validation, step, writer, verbose)
-                    if (budget.early_stop_time is not None and budget.early_stop_eval_loss is not None
-                            and elapsed() >= budget.early_stop_time * 60
-                            and result["eval_loss"] > budget.early_stop_eval_loss):
-                        self.stop = (f"early stop: validation loss {result['eval_loss']:.4f} > "
-                                     f"{budget.early_stop_eval_loss} after {budget.early_stop_time} min")
-                if signals.requested:
-                    self.stop = f"interrupted by {signals.requested}; rerun to resume"
-                elif step % save_checkpoints_steps == 0:
-                    save()
-        save()
-        log.info("stopped at step %d: %s", step, self.stop)
-        if trainer.skipped_steps:
-            log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
-        final = budget.progress(step, elapsed())
-        for m in markers:  # the end marker (1.0) is reached only as the run stops
-            if final >= m - 1e-9 or self.stop.startswith("reached"):
-                self.save_finetune_checkpoint(marker_dir(m), step, data)
-        writer.close()
-        self.trainer = trainer
-        return result
+        loop = Loop(trainer, global_batch, hooks, callbacks, run.writer, log_every, save, save_checkpoints_steps,
+                    lambda: run.latest, max_consecutive_skips, clock, float(elapsed_var.numpy()), verbose)
+        try:
+            loop.run(data.dataset(global_batch, True, step * global_batch))
+        finally:
+            run.close()
+        self.stop, self.trainer = loop.stop, trainer
+        self.history.extend(loop.history)
+        log.info("stopped at step %d: %s", loop.step, self.stop)
+        return loop.history[-1] if loop.history else {}
 
     def auto_batch_size(self, global_batch, max_seq_length, max_predictions_per_seq, memory_limit_mb=None,
                         memory_per_tower_mb=None, use_xla=False):
@@ -284,23 +330,6 @@ class BertPretrainer:
                  global_batch // (micro * self.towers.count))
         self.towers.set_batch(micro)
         return micro
-
-    def _validate(self, trainer, validation, step, writer, verbose):
-        stats = trainer.evaluate(validation.data.dataset(validation.batch_size, training=False),
-                                 validation.max_steps)
-        result = {"step": step, **{f"eval_{k}": v for k, v in stats.items()}}
-        self._log(writer, result, verbose)
-        return result
-
-    def _log(self, writer, result, verbose):
-        self.history.append(result)
-        with writer.as_default(step=result["step"]):
-            for key, value in result.items():
-                if key != "step":
-                    tf.summary.scalar(key, value)
-        if verbose:
-            log.info("step %d: %s", result["step"], ", ".join(
-                f"{k} {v:.4g}" for k, v in result.items() if k != "step"))
 
     def evaluate(self, data, batch_size=32, max_steps=None):
         """google-bert's run_pretraining eval results: masked-LM (and NSP) loss and accuracy."""

@@ -20,9 +20,11 @@ import keras_hub
 import numpy as np
 import tensorflow as tf
 
+from bert_mgpu import _compat
 from bert_mgpu.errors import UserError
-from bert_mgpu.fused_encoder import FusedBertEncoder, with_gradient
-from bert_mgpu.modeling import ACTIVATIONS, build_backbone
+from bert_mgpu.fused_encoder import FusedBertEncoder
+from bert_mgpu.kernels import ACTIVATIONS, sparse_xent
+from bert_mgpu.modeling import build_backbone
 
 log = logging.getLogger("bert_mgpu")
 
@@ -32,16 +34,17 @@ class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
 
     keras-hub's reverse embedding transposes the [vocab, hidden] table in every forward pass and the
     gradient back in every backward pass; the matmul reads the table as it is stored
-    (benchmarks/NOTES.md, item 13). Same variables, same result.
+    Same variables, same result.
     """
 
     def call(self, inputs, mask_positions):
         x = keras.ops.take_along_axis(inputs, keras.ops.expand_dims(mask_positions, -1), axis=1)
-        x = self._intermediate_layer_norm(self._intermediate_dense(x))
+        parts = _compat.masked_lm_parts(self)
+        x = parts.norm(parts.dense(x))
         table = tf.cast(self.token_embedding.embeddings, self.compute_dtype)
         rows = tf.reshape(x, [-1, tf.shape(x)[-1]])
         logits = tf.matmul(rows, table, transpose_b=True)
-        logits = tf.reshape(logits, tf.concat([tf.shape(x)[:-1], [-1]], 0)) + tf.cast(self._bias, self.compute_dtype)
+        logits = tf.reshape(logits, tf.concat([tf.shape(x)[:-1], [-1]], 0)) + tf.cast(parts.bias, self.compute_dtype)
         return self.activation(logits) if self.activation is not None else logits
 
 
@@ -69,7 +72,7 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
         encoded = backbone({k: inputs[k] for k in ("token_ids", "segment_ids", "padding_mask")})
     mlm_head = TiedMaskedLMHead(
         vocabulary_size=config.vocab_size, token_embedding=backbone.token_embedding,
-        intermediate_activation=ACTIVATIONS[config.hidden_act], layer_norm_epsilon=1e-12,
+        intermediate_activation=ACTIVATIONS[config.hidden_act].keras, layer_norm_epsilon=1e-12,
         kernel_initializer=init, dtype=keras.DTypePolicy(policy), name="mlm_head")
     logits = mlm_head(encoded["sequence_output"], mask_positions=positions)
     outputs = {"mlm_logits": keras.layers.Activation("linear", dtype=keras.DTypePolicy(policy),
@@ -85,13 +88,13 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
 
 def head_variables(model):
     """{Google name: (variable, transpose?)} for the pretraining heads the model has."""
-    mlm = model.mlm_head
+    mlm = _compat.masked_lm_parts(model.mlm_head)
     out = {
-        "cls/predictions/transform/dense/kernel": (mlm._intermediate_dense.kernel, False),
-        "cls/predictions/transform/dense/bias": (mlm._intermediate_dense.bias, False),
-        "cls/predictions/transform/LayerNorm/gamma": (mlm._intermediate_layer_norm.gamma, False),
-        "cls/predictions/transform/LayerNorm/beta": (mlm._intermediate_layer_norm.beta, False),
-        "cls/predictions/output_bias": (mlm._bias, False),
+        "cls/predictions/transform/dense/kernel": (mlm.dense.kernel, False),
+        "cls/predictions/transform/dense/bias": (mlm.dense.bias, False),
+        "cls/predictions/transform/LayerNorm/gamma": (mlm.norm.gamma, False),
+        "cls/predictions/transform/LayerNorm/beta": (mlm.norm.beta, False),
+        "cls/predictions/output_bias": (mlm.bias, False),
     }
     if model.nsp_head is not None:  # Google keeps the NSP weights as [2, hidden]
         out["cls/seq_relationship/output_weights"] = (model.nsp_head.kernel, True)
@@ -124,40 +127,6 @@ def assign_heads(model, weights, source):
                             f"{list(var.shape)[::-1] if transpose else list(var.shape)}")
         var.assign(value)
     return fresh
-
-
-@tf.function(jit_compile=True)
-def _logsumexp(logits):
-    x = tf.cast(logits, tf.float32)
-    top = tf.reduce_max(x, axis=-1)
-    return top + tf.math.log(tf.reduce_sum(tf.exp(x - top[:, None]), axis=-1))
-
-
-@tf.function(jit_compile=True)
-def _xent_backward(dloss, logits, lse, labels):
-    x = tf.cast(logits, tf.float32)
-    hit = tf.cast(tf.equal(tf.range(tf.shape(x)[1])[None, :], labels[:, None]), tf.float32)
-    return tf.cast((tf.exp(x - lse[:, None]) - hit) * dloss[:, None], logits.dtype)
-
-
-@tf.RegisterGradient("BertMgpuSparseXent")
-def _xent_gradient(op, dloss, *_):
-    _, logits, labels, lse = op.inputs
-    return None, _xent_backward(dloss, logits, lse, labels), None, None
-
-
-@tf.function
-def sparse_xent(labels, logits):
-    """Cross-entropy [N] of logits [N, vocab] (any float dtype) against integer labels [N], in float32.
-
-    What `sparse_categorical_crossentropy(from_logits=True)` computes, without a float32 copy of the
-    logits: one kernel reads them for the log-sum-exp, and the backward is one kernel writing the
-    gradient in the logits' dtype (benchmarks/NOTES.md, item 16).
-    """
-    labels = tf.cast(labels, tf.int32)
-    lse = _logsumexp(logits)
-    picked = tf.cast(tf.gather(logits, labels, batch_dims=1), tf.float32)
-    return with_gradient("BertMgpuSparseXent", lse - picked, logits, labels, lse)
 
 
 def pretraining_loss(model, features, labels, training=True):

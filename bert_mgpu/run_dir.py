@@ -150,3 +150,58 @@ class Checkpoints:
             raise RunError(f"step {step}: weights are not finite ({', '.join(bad[:3])}); not saved. Last good "
                            f"checkpoint: {self.latest or 'none written yet'}. Lower the learning rate")
         return self.manager.save(checkpoint_number=step)
+
+
+class Run:
+    """One training run's output directory: its settings, checkpoints, TensorBoard writer and run files.
+
+    Creating it checks the directory (writable; no other run's checkpoints unless `overwrite`);
+    `restore` resumes the newest readable checkpoint; `save` writes a checkpoint and then the run files
+    (`write_files(directory, step)`: bert_mgpu.json, bert_config.json, vocab.txt) that make the directory
+    loadable. This is the one place that decides what a run writes where.
+
+    Args:
+        directory: the output directory (created).
+        settings: a dict of what the run is trained with; a rerun with other settings is refused.
+        write_files: `write_files(directory, step)`, called after each checkpoint.
+        overwrite: start over in a directory holding a run with other settings (its checkpoints go).
+
+    Example:
+        run = Run("out", {"learning_rate": 5e-5}, write_files=lambda d, step: None)
+        restored = run.restore(tf.train.Checkpoint(model=model, step=step), model.weights)
+        run.save(int(step.numpy()))
+        run.close()
+    """
+
+    def __init__(self, directory, settings, write_files=lambda directory, step: None, overwrite=False):
+        self.directory, self.settings, self.write_files = check_output_dir(directory), settings, write_files
+        check_same_run(directory, settings, overwrite)
+        self.checkpoints, self._writer = None, None
+
+    def restore(self, ckpt, weights):
+        """Track `ckpt` (weights: the ones checked for NaN before saving); restore the newest readable
+        checkpoint. Returns its path, or None for a new run."""
+        self.checkpoints = Checkpoints(ckpt, self.directory, weights)
+        return self.checkpoints.restore()
+
+    @property
+    def latest(self):
+        return self.checkpoints.latest if self.checkpoints else None
+
+    @property
+    def writer(self):
+        """The TensorBoard writer of `directory/train`, created on first use."""
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.directory, "train"))
+        return self._writer
+
+    def save(self, step):
+        """A checkpoint of step `step`, then the run files."""
+        path = self.checkpoints.save(step)
+        self.write_files(self.directory, step)
+        return path
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

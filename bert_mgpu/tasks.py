@@ -19,6 +19,19 @@ log = logging.getLogger("bert_mgpu")
 
 @dataclasses.dataclass(frozen=True)
 class Example:
+    """One classification example, as google-bert's `InputExample`.
+
+    Args:
+        guid: a unique id (written beside predictions).
+        text_a: the (first) text.
+        text_b: the second text of a pair, or None.
+        label: the label as a string; None for unlabelled test examples.
+
+    Example:
+        Example("train-1", "The movie was great.", label="fresh")
+        Example("dev-7", "A man is eating.", "Someone eats.", label="entailment")
+    """
+
     guid: str
     text_a: str
     text_b: str = None

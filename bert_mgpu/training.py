@@ -8,14 +8,12 @@ so the same step trains the classifier and the pretraining heads. Loss scaling (
 of non-finite steps are the optimizer's (see optimization.py); skips are counted as attempted steps minus
 applied ones.
 
-A run stops cleanly (see guards.py): on SIGTERM/Ctrl-C after the step under way, with a checkpoint; after
-too many non-finite steps in a row; and on out-of-memory with a message naming tower, batch and length.
+The loop that calls the step is loop.py's; out of memory in a step becomes one line naming tower, batch
+and length (guards.py).
 
 Prediction gathers every tower's outputs with the example index each row came from, so outputs return in
 input order and none is dropped, whatever the batch, bucketing and tower count.
 """
-
-import time
 
 import keras
 import numpy as np
@@ -61,16 +59,38 @@ def _share(grad, dtype, towers):
 
 
 class Trainer:
+    """One training step, evaluation and prediction of a model on every tower of a strategy.
+
+    The optimizer it needs: `scale_loss(loss)`, `apply(grads, variables)` called inside a replica with
+    gradients already averaged over towers (it must not all-reduce them again), `inner_optimizer` with
+    `iterations` (applied steps) and `learning_rate`, and `dynamic_scale`; `optimization.create_optimizer`
+    makes one.
+
+    Args:
+        strategy: a tf.distribute strategy (`Towers.strategy`).
+        model: a Keras model built under `strategy.scope()`.
+        optimizer: as above; None for evaluation and prediction only.
+        use_xla: XLA-compile each tower's forward and backward pass.
+        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
+        accum_steps: micro-batches per tower per step, their gradients accumulated.
+        allreduce_dtype: what gradients cross between towers as; by default float16 when the model
+            computes in float16 (half the bytes on NVLink/PCIe), else float32. LayerNorms, embeddings and
+            float32 layers always cross in float32 (`allreduce_dtypes`).
+        bytes_per_pack: gradients go in packs of about this size, last layers first, so a pack's
+            all-reduce can start while backprop computes earlier layers (docs/gpu_scaling.md).
+        collective_timeout_seconds: a collective that waits longer raises DeadlineExceededError, where
+            TensorFlow offers it (MultiWorkerMirroredStrategy); NCCL within one machine has no timeout.
+
+    Example:
+        with towers.strategy.scope():
+            model = build_classifier(config, num_labels=2)
+            opt = optimization.create_optimizer(5e-5, num_train_steps=1000, num_warmup_steps=100)
+        trainer = Trainer(towers.strategy, model, opt)
+        Loop(trainer, global_batch=32).run(dataset, until_step=1000)
+    """
+
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
                  accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20, collective_timeout_seconds=None):
-        """allreduce_dtype: what gradients cross between towers as; by default float16 when the model
-        computes in float16 (GPUs: half the bytes on NVLink/PCIe, as Horovod's fp16 compression), else
-        float32. Variables of float32 layers, LayerNorms and embeddings always cross in float32 (see
-        `allreduce_dtypes`). bytes_per_pack: gradients go in packs of about this size, last layers first,
-        so a pack's all-reduce can start while backprop still computes earlier layers (devices.all_reduce;
-        docs/gpu_scaling.md). collective_timeout_seconds: a collective that waits longer raises
-        DeadlineExceededError instead of hanging, where TensorFlow offers it (MultiWorkerMirroredStrategy's
-        collectives); its NCCL all-reduce within one machine has no timeout."""
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         devices.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
@@ -207,49 +227,6 @@ class Trainer:
         inner = self.optimizer.inner_optimizer
         return float(inner.learning_rate(inner.iterations)) if callable(inner.learning_rate) else float(
             inner.learning_rate)
-
-    # ------------------------------------------------------------------ loop
-    def fit(self, dataset, num_steps, global_batch, on_save=None, save_every=1000, writer=None,
-            log_every=10, verbose=True, max_consecutive_skips=0, last_checkpoint=lambda: None):
-        """Run steps until `self.step == num_steps`; `on_save()` is called every `save_every` steps.
-
-        SIGTERM or Ctrl-C end the loop after the step under way with `on_save()`; `self.interrupted`
-        then names the signal. `max_consecutive_skips` non-finite steps in a row raise RunError.
-        """
-        dist = devices.distribute_dataset(self.strategy, dataset)
-        self.input_spec, it = dist.element_spec, iter(dist)
-        start = int(self.step.numpy())
-        skips = guards.SkipGuard(max_consecutive_skips)
-        self.interrupted = None
-        bar = keras.utils.Progbar(num_steps, stateful_metrics=["loss", "lr", "ex/s"]) if verbose else None
-        tic, done_since, loss = time.perf_counter(), 0, float("nan")
-        with guards.StopSignal() as stop:
-            for step in range(start + 1, num_steps + 1):
-                applied = self.applied_steps
-                loss, _ = self.train_step(next(it))
-                skips.update(self.applied_steps > applied, step, last_checkpoint())
-                done_since += 1
-                self._log(step, num_steps, loss, global_batch, writer, bar, log_every, done_since, tic)
-                if step % log_every == 0 or step == num_steps:
-                    tic, done_since = time.perf_counter(), 0
-                if on_save is not None and (step % save_every == 0 or step == num_steps or stop.requested):
-                    on_save()
-                if stop.requested:
-                    self.interrupted = stop.requested
-                    break
-        return loss
-
-    def _log(self, step, num_steps, loss, global_batch, writer, bar, log_every, done_since, tic):
-        if step % log_every and step != num_steps:
-            return
-        rate, lr = done_since * global_batch / (time.perf_counter() - tic), self.learning_rate
-        if writer is not None:
-            with writer.as_default(step=step):
-                for name, value in (("loss", loss), ("learning_rate", lr), ("loss_scale", self.loss_scale),
-                                    ("examples_per_second", rate), ("skipped_steps", self.skipped_steps)):
-                    tf.summary.scalar(name, value)
-        if bar is not None:
-            bar.update(step, [("loss", loss), ("lr", lr), ("ex/s", rate)])
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, dataset, max_steps=None):

@@ -48,8 +48,9 @@ def tiny_config(vocab_size, **overrides):
 
 def write_google_release(directory, config=None, seed=0):
     """A tiny Google-layout release (bert_model.ckpt, bert_config.json, vocab.txt) with random weights."""
-    from bert_mgpu import checkpoints, modeling
     import keras
+
+    from bert_mgpu import checkpoints, modeling
 
     os.makedirs(directory, exist_ok=True)
     tokens = write_vocab(os.path.join(directory, "vocab.txt"))

@@ -5,13 +5,12 @@ import os
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import tiny_config
 
 from bert_mgpu import devices, memory, modeling, optimization, training
-from conftest import tiny_config
 
 
 def nccl_packs(graph):
@@ -83,7 +82,8 @@ assert trainer.allreduce_dtype == tf.float16
 batch = (np.ones([8, 1], np.float32), np.zeros([8], np.int32))
 dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
 trainer.train_step(dist)
-print("applied", trainer.applied_steps, "skipped", trainer.skipped_steps, "kernel", float(model.weights[0].numpy()[0, 0]))
+print("applied", trainer.applied_steps, "skipped", trainer.skipped_steps,
+      "kernel", float(model.weights[0].numpy()[0, 0]))
 """
 
 
@@ -137,7 +137,8 @@ for nccl in (False, True):
     else:
         ops = step.get_concrete_function().graph.get_operations()
         nccl_ops = [op for op in ops if op.type == "NcclAllReduce"]
-        print("nccl", sorted({op.device for op in nccl_ops}), len(nccl_ops), {op.get_attr("num_devices") for op in nccl_ops})
+        print("nccl", sorted({op.device for op in nccl_ops}), len(nccl_ops),
+              {op.get_attr("num_devices") for op in nccl_ops})
         print("widest add", max(len(op.inputs) for op in ops if op.type == "AddN"))
 
 import keras

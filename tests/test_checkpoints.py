@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
+from conftest import tiny_config
 
 from bert_mgpu import checkpoints, modeling
 from bert_mgpu.errors import UserError
-from conftest import tiny_config
 
 TOKENS = np.array([[101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102, 0, 0],
                    [101, 1045, 2293, 2009, 102, 2307, 3185, 102, 0, 0, 0, 0]], np.int32)

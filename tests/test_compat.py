@@ -1,4 +1,4 @@
-"""The TensorFlow internals bert_mgpu/_compat.py reads are still where it reads them."""
+"""The TensorFlow, Keras and keras-hub internals bert_mgpu/_compat.py reads are still where it reads them."""
 
 import subprocess
 import sys
@@ -14,3 +14,66 @@ def test_onednn_decision_is_readable_and_follows_the_environment():
                                       "TensorFlow; update bert_mgpu/_compat.py.onednn_enabled\n" + proc.stderr[-800:])
         seen[value] = proc.stdout.strip().splitlines()[-1]
     assert seen == {"0": "False", "1": "True"}
+
+
+def _moved(what, error):
+    return f"{what} moved in this Keras / keras-hub / TensorFlow ({type(error).__name__}: {error}); update " \
+           "bert_mgpu/_compat.py"
+
+
+def test_keras_hub_transformer_and_masked_lm_parts_are_where_compat_reads_them():
+    import keras
+    import keras_hub
+
+    from bert_mgpu import _compat
+
+    backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
+                                             intermediate_dim=16, max_sequence_length=12)
+    try:
+        parts = _compat.transformer_parts(backbone.transformer_layers[0])
+        head = keras_hub.layers.MaskedLMHead(vocabulary_size=30, token_embedding=backbone.token_embedding)
+        head(keras.ops.zeros([1, 4, 8]), mask_positions=keras.ops.zeros([1, 2], "int32"))
+        mlm = _compat.masked_lm_parts(head)
+    except AttributeError as e:
+        raise AssertionError(_moved("a keras-hub private sub-layer", e)) from None
+    shapes = {name: tuple(getattr(p, "kernel", p.gamma if hasattr(p, "gamma") else None).shape)
+              for name, p in parts._asdict().items()}
+    assert shapes == {"query": (8, 2, 4), "key": (8, 2, 4), "value": (8, 2, 4), "attention_output": (2, 4, 8),
+                      "attention_norm": (8,), "intermediate": (8, 16), "output": (16, 8), "output_norm": (8,)}
+    assert (tuple(mlm.dense.kernel.shape), tuple(mlm.norm.gamma.shape), tuple(mlm.bias.shape)) == \
+        ((8, 8), (8,), (30,))
+
+
+def test_keras_seed_generators_and_layers_are_found_and_wrapped():
+    import keras
+
+    from bert_mgpu import _compat
+
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, keras.layers.Dropout(0.5)(keras.layers.Dense(4)(inputs)))
+    try:
+        layers = _compat.sublayers(model)
+        generators = [g for layer in layers for g in _compat.seed_generators(layer)]
+    except AttributeError as e:
+        raise AssertionError(_moved("Keras' layer walk or seed generators", e)) from None
+    assert [type(x).__name__ for x in layers][-2:] == ["Dense", "Dropout"] and len(generators) == 1
+    generator = generators[0]
+    plain = keras.ops.convert_to_numpy(generator.next()).tolist()
+    _compat.wrap_seed_generator(generator, lambda keras_next, ordered=True: keras_next(ordered) * 0 + 7)
+    _compat.wrap_seed_generator(generator, lambda keras_next, ordered=True: keras_next(ordered) * 0 + 9)
+    assert keras.ops.convert_to_numpy(generator.next()).tolist() == [9, 9] and len(plain) == 2
+
+
+def test_per_replica_spec_is_what_tf_distribute_reports():
+    import tensorflow as tf
+
+    from bert_mgpu import _compat
+
+    strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
+    own = strategy.experimental_distribute_dataset(tf.data.Dataset.range(4).batch(4)).element_spec
+    try:
+        spec = _compat.per_replica_spec(tf.TensorSpec([2], tf.int64), tf.TensorSpec([2], tf.int64))
+    except (ImportError, AttributeError) as e:
+        raise AssertionError(_moved("tensorflow.python.distribute.values.PerReplicaSpec", e)) from None
+    assert type(spec) is type(own), (type(spec), type(own))

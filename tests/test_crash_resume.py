@@ -12,9 +12,8 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from conftest import ROOT, run_script, sentiment_rows, write_tsv
-from test_pretraining_data import write_corpus
+from test_pretraining_records import write_corpus
 
 
 def latest_step(out):

@@ -55,7 +55,8 @@ def test_visible_names_empty_and_unset():
     assert devices.visible_gpu_names(0, "") == ()
     assert devices.visible_gpu_names(0, None) == ()
     assert devices.visible_gpu_names(2, None) == ("0", "1")
-    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=0,1,7 lists 3 device\(s\) but TensorFlow sees only 2 \(0, 1, 7\)"):
+    with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=0,1,7 lists 3 device\(s\) but TensorFlow sees "
+                                        r"only 2 \(0, 1, 7\)"):
         devices.visible_gpu_names(2, "0,1,7")
     with pytest.raises(UserError, match=r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but TensorFlow sees only 0"):
         devices.visible_gpu_names(0, "5,7")  # devices that do not exist: CUDA shows none
@@ -137,9 +138,9 @@ def test_distribute_dataset_refuses_what_it_cannot_split():
 @pytest.mark.parametrize("fused", [True, False])
 def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_own(fused):
     import keras
+    from conftest import tiny_config
 
     from bert_mgpu import modeling, run_dir
-    from conftest import tiny_config
 
     strategy = devices.make_strategy(devices.plan_devices(0, 2, 4, ()))
     keras.utils.set_random_seed(3)
@@ -169,7 +170,8 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
 
 @pytest.mark.parametrize("n_gpus, visible, kind, towers, why", [
     (-1, ("3", "5"), "GPU", 2, "every visible GPU"), (-1, (), "CPU", 1, "no GPU visible: the CPU"),
-    (0, ("3", "5"), "CPU", 1, "--n_gpus=0: the CPU, GPUs hidden from TensorFlow"), (1, ("3", "5"), "GPU", 1, "--n_gpus=1")])
+    (0, ("3", "5"), "CPU", 1, "--n_gpus=0: the CPU, GPUs hidden from TensorFlow"),
+    (1, ("3", "5"), "GPU", 1, "--n_gpus=1")])
 def test_the_default_takes_every_visible_gpu_and_the_log_says_which(n_gpus, visible, kind, towers, why):
     plan = devices.plan_devices(n_gpus, 1, 8, visible)
     assert (plan.device_type, plan.towers) == (kind, towers)

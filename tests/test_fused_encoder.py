@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from bert_mgpu.fused_encoder import (_INFERENCE, FusedBertEncoder, _bias_gelu_exact, _bias_gelu_tanh, _bias_relu,
-                                     _dropout_mask, _softmax_dropout)
-from bert_mgpu.modeling import build_backbone
 from conftest import tiny_config
+
+from bert_mgpu.fused_encoder import FusedBertEncoder
+from bert_mgpu.kernels import ACTIVATIONS, bias_gelu_exact, bias_gelu_tanh, bias_relu, dropout_mask, softmax_dropout
+from bert_mgpu.modeling import build_backbone
 
 
 def _inputs(batch=3, length=12, seed=0):
@@ -55,14 +55,16 @@ def test_same_outputs_under_mixed_bfloat16():
     assert err.max() < 0.1 and err.mean() < 0.01
 
 
-def test_inference_activations_are_the_training_kernels():
-    """The folded activation of inference computes what the training kernel does (they differ up to 1e-3
-    between GELU's exact and tanh forms on this range)."""
+def test_every_hidden_act_computes_one_function_in_keras_training_and_inference():
+    """For each hidden_act, Keras' function (keras-hub's layers), the fused training kernel and the folded
+    inference form agree (GELU's exact and tanh forms differ by up to 1e-3 on this range)."""
     z = tf.linspace(-5.0, 5.0, 201)
-    for kernel, folded in _INFERENCE.items():
-        np.testing.assert_allclose(folded(z).numpy(), kernel(z, tf.zeros([201])).numpy(), atol=1e-6)
+    for name, act in ACTIVATIONS.items():
+        fused = act.fused(z, tf.zeros([201])).numpy()
+        np.testing.assert_allclose(act.inference(z).numpy(), fused, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(np.asarray(act.keras(z)), fused, atol=1e-6, err_msg=name)
     zero = tf.zeros([201])
-    assert float(tf.reduce_max(tf.abs(_bias_gelu_exact(z, zero) - _bias_gelu_tanh(z, zero)))) > 1e-4
+    assert float(tf.reduce_max(tf.abs(bias_gelu_exact(z, zero) - bias_gelu_tanh(z, zero)))) > 1e-4
 
 
 def test_mixed_precision_never_casts_the_whole_embedding_table():
@@ -77,12 +79,12 @@ def test_mixed_precision_never_casts_the_whole_embedding_table():
 
 
 def test_dropout_mask_rate_and_scale():
-    mask = _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]), tf.float32).numpy()
+    mask = dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]), tf.float32).numpy()
     assert mask.shape == (64, 129, 31)
     assert set(np.unique(mask)) == {0.0, np.float32(1 / 0.9)}
     dropped = float((mask == 0).mean())
     assert abs(dropped - 0.1) < 0.0024  # 256k draws: 4 standard deviations
-    np.testing.assert_array_equal(mask, _dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]),
+    np.testing.assert_array_equal(mask, dropout_mask(tf.constant([64, 129, 31]), 0.1, tf.constant([5, 6]),
                                                       tf.float32))  # the same seed, the same mask
 
 
@@ -91,15 +93,15 @@ def test_dropout_masks_look_independent():
     draw (neighbouring elements), or along rows; odd sizes and rates other than 0.1 too."""
     n = 1 << 20
     sd = lambda p: 4 * (p * (1 - p) / n) ** 0.5  # noqa: E731  (4 standard deviations)
-    a = _dropout_mask(tf.constant([n]), 0.1, tf.constant([7, 0]), tf.float32).numpy() == 0
-    b = _dropout_mask(tf.constant([n]), 0.1, tf.constant([7, 1]), tf.float32).numpy() == 0
+    a = dropout_mask(tf.constant([n]), 0.1, tf.constant([7, 0]), tf.float32).numpy() == 0
+    b = dropout_mask(tf.constant([n]), 0.1, tf.constant([7, 1]), tf.float32).numpy() == 0
     assert abs((a & b).mean() - 0.01) < sd(0.01)
     assert abs((a[0::2] & a[1::2]).mean() - 0.01) < 2 * sd(0.01)
     assert abs((a[:-1] & a[1:]).mean() - 0.01) < sd(0.01)
     rows = a.reshape(1024, 1024)
     assert abs((rows[:-1] & rows[1:]).mean() - 0.01) < sd(0.01)
     for rate, size in ((0.5, 99_999), (0.02, 1_000_001)):
-        m = _dropout_mask(tf.constant([size]), rate, tf.constant([1, 2]), tf.float32).numpy()
+        m = dropout_mask(tf.constant([size]), rate, tf.constant([1, 2]), tf.float32).numpy()
         assert abs((m == 0).mean() - rate) < 4 * (rate * (1 - rate) / size) ** 0.5
 
 
@@ -114,8 +116,8 @@ def test_attention_softmax_dropout_backward_reuses_the_forward_mask(length):
             def step():
                 with tf.GradientTape() as tape:
                     tape.watch(x)
-                    y = _softmax_dropout(tf.cast(x, dtype), 0.25, tf.constant([3, 9]))
-                return y, tape.gradient(y, x, output_gradients=tf.cast(dy, dtype))
+                    y = softmax_dropout(tf.cast(x, dtype), 0.25, tf.constant([3, 9]))  # noqa: B023
+                return y, tape.gradient(y, x, output_gradients=tf.cast(dy, dtype))  # noqa: B023
 
             y, dx = run(step)
             kept = y.numpy() != 0  # softmax is positive: a zero is a dropped element
@@ -175,8 +177,8 @@ def test_last_layer_on_used_rows_only_changes_nothing(ln_mode):
 
 
 @pytest.mark.parametrize("kernel,reference", [
-    (_bias_gelu_exact, tf.nn.gelu), (_bias_gelu_tanh, lambda z: tf.nn.gelu(z, approximate=True)),
-    (_bias_relu, tf.nn.relu)])
+    (bias_gelu_exact, tf.nn.gelu), (bias_gelu_tanh, lambda z: tf.nn.gelu(z, approximate=True)),
+    (bias_relu, tf.nn.relu)])
 def test_bias_activation_hand_written_backward_matches_autodiff(kernel, reference):
     """act(x + b)'s gradient is written by hand (see _bias_activation): it must be the true one, eagerly
     and in a traced function, and in bfloat16 no less accurate than differentiating the bfloat16 ops."""
@@ -199,5 +201,5 @@ def test_bias_activation_hand_written_backward_matches_autodiff(kernel, referenc
     ours = grads(kernel, *lo)
     autodiff = grads(lambda x, b: reference(x + b), *lo)
     for o, a, t in zip(ours, autodiff, truth):
-        err = lambda v: float(tf.reduce_max(tf.abs(tf.cast(v, tf.float32) - t)))  # noqa: E731
+        err = lambda v: float(tf.reduce_max(tf.abs(tf.cast(v, tf.float32) - t)))  # noqa: E731, B023
         assert o.dtype == tf.bfloat16 and err(o) <= err(a), (err(o), err(a))

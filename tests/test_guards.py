@@ -8,11 +8,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import tiny_config
+from test_training import batch
 
 from bert_mgpu import devices, guards, memory, modeling, optimization, run_dir, training
 from bert_mgpu.errors import RunError
-from conftest import tiny_config
-from test_training import batch
+from bert_mgpu.loop import Loop
 
 
 def test_signal_is_recorded_not_fatal_and_handler_restored():
@@ -72,8 +73,9 @@ def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan):
     ds = tf.data.Dataset.from_tensor_slices(factors).map(lambda f: (features, (labels, f)))
     saved = run_dir.Checkpoints(tf.train.Checkpoint(model=model), str(tmp_path), model.weights)
     on_save = lambda: saved.save(int(trainer.step.numpy()))  # noqa: E731
-    return trainer, model, saved, lambda: trainer.fit(ds, steps, 8, on_save=on_save, save_every=2, verbose=False,
-                                                      max_consecutive_skips=limit, last_checkpoint=lambda: saved.latest)
+    loop = Loop(trainer, 8, save=on_save, save_every=2, verbose=False, max_consecutive_skips=limit,
+                last_checkpoint=lambda: saved.latest)
+    return trainer, model, saved, lambda: loop.run(ds, until_step=steps)["loss"]
 
 
 @pytest.mark.parametrize("poison", [np.nan, np.inf])

@@ -2,12 +2,12 @@ import os
 
 import numpy as np
 import pytest
+from conftest import write_vocab
 
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.tasks import Example
 from bert_mgpu.tokenization import FullTokenizer
-from conftest import write_vocab
 
 
 def truncate_seq_pair(tokens_a, tokens_b, max_length):

@@ -2,10 +2,11 @@
 
 import keras
 import pytest
+from conftest import tiny_config
 
 from bert_mgpu import devices, memory, modeling, optimization, training
 from bert_mgpu.errors import UserError
-from conftest import tiny_config
+from bert_mgpu.loop import Loop
 
 
 @pytest.mark.parametrize("largest, cap", [(37, 4096), (1, 4096), (0, 4096), (64, 64), (100, 64)])
@@ -74,7 +75,8 @@ def test_towers_give_a_fresh_process_an_allocator_with_statistics(onednn):
             "x = tf.ones([2**20])\n"
             "tf.config.experimental.reset_memory_stats('CPU:0')\n"
             "y = x * 2.0\n"
-            "print(os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'), tf.config.experimental.get_memory_info('CPU:0')['peak'])")
+            "print(os.environ.get('TF_CPU_ALLOCATOR_USE_BFC'),\n"
+            "      tf.config.experimental.get_memory_info('CPU:0')['peak'])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPU_")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**env, "TF_ENABLE_ONEDNN_OPTS": onednn})
@@ -149,10 +151,10 @@ def test_training_and_evaluating_at_the_chosen_batch_stays_under_the_limit():
     with strategy.scope():
         trainer = training.Trainer(strategy, model, optimization.create_optimizer(1e-3, 100, 0))
     data = data[best]
-    trainer.fit(data.take(2), 1, 2 * best, verbose=False)  # traces the step
+    Loop(trainer, 2 * best, verbose=False).run(data.take(2), until_step=1)  # traces the step
     trainer.evaluate(data.take(2))
     meter = memory.peak_meter(plan)
-    trainer.fit(data.take(4), 5, 2 * best, verbose=False)
+    Loop(trainer, 2 * best, verbose=False).run(data.take(4), until_step=5)
     trainer.evaluate(data.take(3))
     assert meter.read_mb() <= limit, (meter.read_mb(), limit, best)
 

@@ -6,13 +6,13 @@ import os
 import keras
 import numpy as np
 import pytest
+from conftest import tiny_config, write_google_release, write_vocab
 
 import bert_mgpu
-from bert_mgpu import checkpoints, optimization, pretraining_model
+from bert_mgpu import checkpoints, kernels, optimization, pretraining_model
 from bert_mgpu.modeling import build_backbone
 from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
 from bert_mgpu.pretraining_input import PretrainingData
-from conftest import tiny_config, write_google_release, write_vocab
 
 TEMPLATES = ["the movie was good and fun .", "the film was bad and dull .", "it is a great story of love .",
              "this actor was awful but the plot was brilliant .", "that story is boring and not fun ."]
@@ -306,7 +306,7 @@ def test_sparse_xent_matches_keras_cross_entropy_and_its_gradient(dtype):
     weights = tf.constant(rng.normal(size=9).astype("float32"))
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(logits)
-        ours = pretraining_model.sparse_xent(labels, logits)
+        ours = kernels.sparse_xent(labels, logits)
         ref = keras.losses.sparse_categorical_crossentropy(labels, tf.cast(logits, tf.float32), from_logits=True)
         loss_ours, loss_ref = tf.reduce_sum(ours * weights), tf.reduce_sum(ref * weights)
     grad_ours, grad_ref = tape.gradient(loss_ours, logits), tape.gradient(loss_ref, logits)

@@ -5,8 +5,8 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
+
 
 def run(*args, check=True):
     return run_script("run_classifier_mgpu.py", *args, check=check)

@@ -3,9 +3,8 @@
 import os
 
 import pytest
-
 from conftest import run_script, sentiment_rows, tiny_config, write_tsv, write_vocab
-from test_pretraining_data import write_corpus
+from test_pretraining_records import write_corpus
 
 
 @pytest.fixture(scope="module")

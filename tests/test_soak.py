@@ -14,9 +14,9 @@ import threading
 import weakref
 
 import numpy as np
+from conftest import sentiment_rows
 
 import bert_mgpu
-from conftest import sentiment_rows
 
 
 def rss_mb():

@@ -1,8 +1,8 @@
 import pytest
+from conftest import write_tsv
 
 from bert_mgpu.errors import UserError
 from bert_mgpu.tasks import get_task
-from conftest import write_tsv
 
 
 def test_mrpc_cola_sst2_read_the_glue_layouts(tmp_path):

@@ -7,9 +7,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import tiny_config
 
 from bert_mgpu import devices, modeling, optimization, training
-from conftest import tiny_config
 
 
 def batch(n=8, length=12, seed=0):

@@ -5,11 +5,11 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import WORDS, write_vocab
 
-from bert_mgpu import pretraining_data, pretraining_input
+from bert_mgpu import pretraining_input, pretraining_records
 from bert_mgpu.errors import UserError
 from bert_mgpu.tokenization import FullTokenizer
-from conftest import WORDS, write_vocab
 
 SUFFIXES = ["##s", "##ing", "##ly"]
 
@@ -45,7 +45,7 @@ def make(corpus, name, seed=12345, **cfg):
     d, tok, text = corpus
     paths = [os.path.join(d, f"{name}-{i}.tfrecord") for i in range(2)]
     buf = cfg.pop("buf", 100)
-    stats = pretraining_data.create_pretraining_data([text], paths, tok, pretraining_data.MaskingConfig(**cfg),
+    stats = pretraining_records.create_pretraining_data([text], paths, tok, pretraining_records.MaskingConfig(**cfg),
                                                      random_seed=seed, documents_per_buffer=buf)
     return paths, stats
 
@@ -113,7 +113,7 @@ def test_corpus_larger_than_a_buffer_is_streamed(corpus):
 
 
 def test_documents_come_from_a_generator(corpus):
-    docs = pretraining_data.iter_documents([corpus[2]], corpus[1], lines_per_batch=4)
+    docs = pretraining_records.iter_documents([corpus[2]], corpus[1], lines_per_batch=4)
     first = next(docs)  # nothing past the first batches is read yet
     assert len(first) == 24 and all(first)
     assert 1 + sum(1 for _ in docs) == 20
@@ -123,12 +123,12 @@ def test_bad_text_is_named_with_its_line(tmp_path, corpus):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine line\n\xff\xfe broken\n")
     with pytest.raises(UserError, match=r"bad.txt:2: not UTF-8"):
-        list(pretraining_data.iter_documents([str(bad)], corpus[1]))
+        list(pretraining_records.iter_documents([str(bad)], corpus[1]))
     out = tmp_path / "out.tfrecord"
     with pytest.raises(UserError, match="no pretraining instances"):
         empty = tmp_path / "empty.txt"
         empty.write_text("\n\n")
-        pretraining_data.create_pretraining_data([str(empty)], [str(out)], corpus[1])
+        pretraining_records.create_pretraining_data([str(empty)], [str(out)], corpus[1])
     assert not os.listdir(tmp_path) == [] and not out.exists()
 
 
@@ -156,15 +156,15 @@ def test_dynamic_masking_new_masks_each_epoch_same_on_resume(corpus):
     n = data.count()
     assert n > 20
     ds = pretraining_input.text_dataset([text], tok, 1, 32, 8, training=True, seed=5, shuffle_buffer=1)
-    stream = [(f["token_ids"][0].numpy(), f["mask_positions"][0].numpy(), l["masked_lm_ids"][0].numpy())
-              for f, l in ds.take(n + 1)]
+    stream = [(f["token_ids"][0].numpy(), f["mask_positions"][0].numpy(), lab["masked_lm_ids"][0].numpy())
+              for f, lab in ds.take(n + 1)]
     # Without shuffling, element n is sequence 0 again: same original tokens, new mask.
     orig = lambda ids, pos, lab: np.put(ids, pos, lab) or ids  # noqa: E731
     np.testing.assert_array_equal(orig(*[x.copy() for x in stream[0]]), orig(*[x.copy() for x in stream[n]]))
     assert not np.array_equal(stream[0][1], stream[n][1])
     again = pretraining_input.text_dataset([text], tok, 1, 32, 8, training=True, seed=5, shuffle_buffer=1,
                                            start=n)
-    f, l = next(iter(again))
+    f, _ = next(iter(again))
     np.testing.assert_array_equal(f["mask_positions"][0].numpy(), stream[n][1])
     # Rate: round(32 * 0.15) = 5 predictions, [CLS]/[SEP] never chosen.
     masks = np.array([s[1] for s in stream])

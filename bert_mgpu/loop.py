@@ -1,0 +1,208 @@
+"""The training loop: one for fine-tuning and pretraining; what differs between them is hooks.
+
+A step: every hook may stop the run (`should_stop`), hooks prepare (`before_step`, e.g. the time-based
+schedule's progress), `Trainer.train_step` runs, the skip guard counts, every `log_every` steps a record
+(loss, learning rate, loss scale, examples/s, skipped steps and the step's statistics) goes to the
+writer, `history` and the console, hooks act (`after_step`: validation, fine-tune markers, early stop),
+Keras callbacks hear of it, and a checkpoint is saved every `save_every` steps and when the loop ends.
+SIGTERM or Ctrl-C end the loop after the step under way, with a checkpoint.
+"""
+
+import logging
+import time
+
+import keras
+import tensorflow as tf
+
+from bert_mgpu import devices, guards
+
+log = logging.getLogger("bert_mgpu")
+
+
+class Hook:
+    """Something the loop does at a point of every step; override what you need.
+
+    Example:
+        class StopAtLoss(Hook):
+            def after_step(self, loop, record):
+                if record and record["loss"] < 0.1:
+                    loop.stop = "loss below 0.1"
+    """
+
+    def should_stop(self, loop):
+        """Why the run should stop before the next step (a string), or None."""
+        return None
+
+    def before_step(self, loop):
+        """Called before each step."""
+
+    def on_log(self, loop, record):
+        """Add to a training record before it is written (the loop's step is the record's)."""
+
+    def after_step(self, loop, record):
+        """Called after each step; `record` is the step's training record on a logging step, else None.
+        May set `loop.stop` to end the run."""
+
+    def end(self, loop):
+        """Called once the loop has stopped and saved."""
+
+
+class Evaluation(Hook):
+    """Evaluate every `every` steps (an int, or `every(loop)` for a varying interval); the results are
+    logged with an `eval_` prefix, and Keras callbacks see them as `val_...` at an epoch's end.
+
+    Args:
+        evaluate: `evaluate() -> dict` of statistics, e.g. `lambda: trainer.evaluate(dev_dataset)`.
+        every: steps between evaluations.
+    """
+
+    def __init__(self, evaluate, every):
+        self.evaluate, self.every, self.last = evaluate, every, None
+        self.results = None  # the last evaluation's record
+
+    def after_step(self, loop, record):
+        if self.last is None:
+            self.last = loop.first_step
+        every = self.every(loop) if callable(self.every) else self.every
+        if loop.step - self.last < every:
+            return
+        self.last = loop.step
+        self.results = {"step": loop.step, **{f"eval_{k}": v for k, v in self.evaluate().items()}}
+        loop.log(self.results)
+        loop.end_epoch({k.replace("eval_", "val_", 1): v for k, v in self.results.items() if k != "step"})
+
+
+class Loop:
+    """Runs `trainer.train_step` on a dataset until a hook, a callback, a signal or `until_step` stops it.
+
+    Args:
+        trainer: a `training.Trainer` with an optimizer.
+        global_batch: examples per step, for the examples/s it logs.
+        hooks: `Hook`s, run in order.
+        callbacks: Keras callbacks (`EarlyStopping`, `CSVLogger`, your own). They see one "epoch" per
+            evaluation (per logging step when no hook evaluates), with `val_` statistics; one that sets
+            `model.stop_training` stops the run.
+        writer: a `tf.summary` writer for TensorBoard, or None.
+        save: `save()` writes a checkpoint; called every `save_every` steps and when the loop ends.
+        last_checkpoint: `() -> path` named when non-finite steps stop the run.
+        max_consecutive_skips: non-finite steps in a row that stop the run (0: never).
+        clock: seconds, read twice a step (before and after it); `elapsed()` adds what it counted to
+            `elapsed_before` (a resumed run's time).
+
+    Example:
+        loop = Loop(trainer, global_batch=32, hooks=[Evaluation(lambda: trainer.evaluate(dev), every=100)],
+                    callbacks=[keras.callbacks.EarlyStopping(patience=3)])
+        loop.run(train_dataset, until_step=1000)
+    """
+
+    def __init__(self, trainer, global_batch, hooks=(), callbacks=None, writer=None, log_every=10, save=None,
+                 save_every=1000, last_checkpoint=lambda: None, max_consecutive_skips=0, clock=time.monotonic,
+                 elapsed_before=0.0, verbose=True):
+        self.trainer, self.global_batch, self.hooks = trainer, global_batch, list(hooks)
+        self.writer, self.log_every, self.verbose = writer, max(1, int(log_every)), verbose
+        self._save, self.save_every, self.last_checkpoint = save, save_every, last_checkpoint
+        self.max_consecutive_skips, self.clock, self.elapsed_before = max_consecutive_skips, clock, elapsed_before
+        self.callbacks = keras.callbacks.CallbackList(list(callbacks or []), model=trainer.model)
+        self.epochs_at_evaluation = any(isinstance(h, Evaluation) for h in self.hooks)
+        self.history = []  # every record written: training ones and evaluation ones
+        self.stop = None  # why the loop stopped
+        self.interrupted = None  # the signal's name when one stopped it
+        self.step = self.first_step = int(trainer.step.numpy())
+        self._epoch, self._train_record, self._start, self._seconds = 0, {}, None, elapsed_before
+
+    def elapsed(self):
+        """Seconds trained, this run's and those before a resume, as of the last clock reading."""
+        return self._seconds
+
+    def _read_clock(self):
+        now = self.clock()
+        self._seconds = self.elapsed_before + now - self._start
+        return now
+
+    def log(self, record):
+        """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console."""
+        self.history.append(record)
+        if self.writer is not None:
+            with self.writer.as_default(step=record["step"]):
+                for key, value in record.items():
+                    if key != "step":
+                        tf.summary.scalar(key, value)
+        if self.verbose:
+            log.info("step %d: %s", record["step"], ", ".join(f"{k} {v:.4g}" for k, v in record.items()
+                                                              if k != "step"))
+
+    def end_epoch(self, logs):
+        """Close a callbacks' "epoch" with these logs (plus the last training record's)."""
+        train = {k: v for k, v in self._train_record.items() if k != "step"}
+        self.callbacks.on_epoch_end(self._epoch, {**train, **logs})
+        self._epoch += 1
+        self.callbacks.on_epoch_begin(self._epoch)
+        if getattr(self.trainer.model, "stop_training", False) and not self.stop:
+            self.stop = f"stopped by a Keras callback at step {self.step}"
+
+    def save(self):
+        if self._save is not None and self._saved != self.step:
+            self._save()
+            self._saved = self.step
+
+    def _record(self, loss, steps, seconds):
+        trainer = self.trainer
+        rate = steps * self.global_batch / max(1e-9, seconds)
+        record = {"step": self.step, "loss": loss, **trainer.stats, "learning_rate": trainer.learning_rate,
+                  "loss_scale": trainer.loss_scale, "examples_per_second": rate,
+                  "skipped_steps": trainer.skipped_steps}
+        if "tokens_per_sequence" in trainer.stats:
+            record["tokens_per_second"] = rate * trainer.stats["tokens_per_sequence"]
+        for hook in self.hooks:
+            hook.on_log(self, record)
+        return record
+
+    def run(self, dataset, until_step=None):
+        """Train on `dataset` (a global-batch tf.data.Dataset) -> the last training record."""
+        trainer = self.trainer
+        dist = devices.distribute_dataset(trainer.strategy, dataset)
+        trainer.input_spec, batches = dist.element_spec, iter(dist)  # one trace for every step (see Trainer)
+        skips = guards.SkipGuard(self.max_consecutive_skips)
+        self.stop, self.interrupted, self._saved = None, None, self.step
+        self._start = tic = self.clock()
+        since = 0
+        trainer.model.stop_training = False
+        self.callbacks.on_train_begin()
+        self.callbacks.on_epoch_begin(self._epoch)
+        with guards.StopSignal() as signals:
+            while True:
+                self._read_clock()
+                if until_step is not None and self.step >= until_step:
+                    self.stop = f"reached {until_step} steps"
+                self.stop = self.stop or next((r for r in (h.should_stop(self) for h in self.hooks) if r), None)
+                if self.stop:
+                    break
+                for hook in self.hooks:
+                    hook.before_step(self)
+                self.callbacks.on_train_batch_begin(self.step)
+                applied = trainer.applied_steps
+                loss, _ = trainer.train_step(next(batches))
+                self.step, since = self.step + 1, since + 1
+                skips.update(trainer.applied_steps > applied, self.step, self.last_checkpoint())
+                now, record = self._read_clock(), None
+                if self.step % self.log_every == 0 or self.step == until_step:
+                    record = self._train_record = self._record(loss, since, now - tic)
+                    tic, since = now, 0
+                    self.log(record)
+                for hook in self.hooks:
+                    hook.after_step(self, record)
+                self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
+                if record is not None and not self.epochs_at_evaluation:
+                    self.end_epoch({})
+                if signals.requested:
+                    self.interrupted = signals.requested
+                    self.stop = f"interrupted by {signals.requested}; rerun to resume"
+                elif self.step % self.save_every == 0:
+                    self.save()
+        self.save()
+        self.callbacks.on_train_end(self._train_record)
+        for hook in self.hooks:
+            hook.end(self)
+        if trainer.skipped_steps:
+            log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
+        return self._train_record
