@@ -29,7 +29,7 @@ def main():
     args = ap.parse_args()
     import bench_bert_mgpu
 
-    from bert_mgpu.devices import distribute_dataset
+    from bert_mgpu.distribute import distribute_dataset
 
     spec = importlib.util.spec_from_file_location("other_input_pipeline", args.other)
     other = importlib.util.module_from_spec(spec)

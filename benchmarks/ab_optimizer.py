@@ -7,7 +7,7 @@ benchmark case instead: two trainers over one model, one per optimizer, `--steps
 
 Usage:
     git show HEAD:bert_mgpu/optimization.py > /tmp/before.py
-    python benchmarks/ab_optimizer.py /tmp/before.py [--reps 30] [--case b --steps 20]
+    python benchmarks/ab_optimizer.py /tmp/before.py [--reps 30] [--optimizer lamb] [--case b --steps 20]
 """
 
 import argparse
@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--case", choices=["a", "b", "c"], help="time training steps of this case instead")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--optimizer", choices=["adamw", "lamb"], default="adamw")
     args = ap.parse_args()
     import numpy as np
     import tensorflow as tf
@@ -39,6 +40,8 @@ def main():
     other = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other)
     if args.case:
+        if args.optimizer != "adamw":
+            ap.error("--case trains with the benchmark's AdamW; compare LAMB without --case")
         return compare_steps(other, args)
     shape = common.SHAPES["minilm"]
     config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
@@ -53,7 +56,7 @@ def main():
     for name, module in (("other", other), ("this", optimization)):
         variables = build_backbone(config, "mixed_bfloat16").trainable_variables
         grads = [tf.constant(rng.normal(scale=1e-3, size=v.shape).astype("float32")) for v in variables]
-        opt = module.create_optimizer(1e-4, 1000, 100)
+        opt = module.create_optimizer(1e-4, 1000, 100, optimizer=args.optimizer)
         opt.build(variables)
         steps[name] = (step_of(opt, variables), grads)
     print(f"{sum(int(np.prod(g.shape)) for g in steps['this'][1]) / 1e6:.1f} M parameters")
@@ -64,7 +67,7 @@ def compare_steps(other, args):
     """Training steps of a benchmark case, the other optimizer's trainer against this one's."""
     import bench_bert_mgpu
 
-    from bert_mgpu.devices import distribute_dataset
+    from bert_mgpu.distribute import distribute_dataset
     from bert_mgpu.training import Trainer
 
     tw, model, this_trainer, ds = bench_bert_mgpu.build(args.case)

@@ -10,7 +10,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
 
-from bert_mgpu.devices import distribute_dataset  # noqa: E402  (input as the library distributes it)
+from bert_mgpu.distribute import distribute_dataset  # noqa: E402  (input as the library distributes it)
 
 
 def rt_dataset(case, make_dataset=None):

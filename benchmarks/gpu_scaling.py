@@ -9,7 +9,7 @@ Prints the table in docs/gpu_scaling.md. Assumptions (stated, not measured here:
     embeddings and LayerNorms in float32 (training.allreduce_dtypes);
   - no overlap ("serial") vs every pack but the last hidden behind the backward pass ("overlapped":
     max(compute, comm of the other packs) + comm of the last pack). Packs go last layer first
-    (devices.gradient_packs), so the last pack holds the embeddings, whose gradients backprop makes last:
+    (distribute.gradient_packs), so the last pack holds the embeddings, whose gradients backprop makes last:
     in float32 the word-embedding table alone is 94 MB (base) or 125 MB (large).
 """
 

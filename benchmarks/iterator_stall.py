@@ -5,7 +5,7 @@ about 130 ms of work, then times dropping the exhausted iterator. Often that tak
 runs it takes seconds (2.5 s and 7.6 s measured). The main thread waits in
 `UnboundedThreadPool::LogicalThreadWrapper::~LogicalThreadWrapper` (py-spy --native) for a tf.data
 thread of the MultiDeviceIterator's host pipeline to finish. A plain `iter(dataset)` showed no stall.
-`--via bert_mgpu` drops bert_mgpu's `devices.distribute_dataset` iterator instead (item 12).
+`--via bert_mgpu` drops bert_mgpu's `distribute.distribute_dataset` iterator instead (item 12).
 
 Usage: python benchmarks/iterator_stall.py [--runs 6] [--towers 2] [--via tf|bert_mgpu]
        (each run in its own process)
@@ -33,7 +33,7 @@ def one_run(towers, via):
                                               args=(b,)))
     if via == "bert_mgpu":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from bert_mgpu.devices import distribute_dataset
+        from bert_mgpu.distribute import distribute_dataset
 
         it = iter(distribute_dataset(strategy, ds))
     else:

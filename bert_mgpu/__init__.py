@@ -8,7 +8,8 @@
 
 from bert_mgpu.classifier import BertClassifier
 from bert_mgpu.config import BertConfig
-from bert_mgpu.devices import DevicePlan, Towers, make_strategy, plan_devices
+from bert_mgpu.devices import DevicePlan, Towers, plan_devices
+from bert_mgpu.distribute import make_strategy
 from bert_mgpu.errors import UserError
 from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
 from bert_mgpu.pretraining_input import PretrainingData

@@ -78,3 +78,20 @@ def wrap_seed_generator(generator, wrapper):
 
     keras_next = functools.partial(type(generator).next, generator)
     generator.next = functools.partial(wrapper, keras_next)
+
+
+def optimizer_moments(optimizer, variable):
+    """(first, second) moment slots of `variable` in a Keras Adam / AdamW / Lamb: Keras keeps them in
+    private lists indexed by a private lookup. TowerOptimizer updates them in its own program."""
+    index = optimizer._get_variable_index(variable)
+    return optimizer._momentums[index], optimizer._velocities[index]
+
+
+def uses_weight_decay(optimizer, variable):
+    """Whether Keras' decoupled weight decay applies to `variable` (`exclude_from_weight_decay`)."""
+    return optimizer._use_weight_decay(variable)
+
+
+def current_learning_rate(optimizer):
+    """The learning rate of the coming step (a schedule evaluated at `iterations`), as Keras computes it."""
+    return optimizer._get_current_learning_rate()

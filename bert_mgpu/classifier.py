@@ -13,6 +13,7 @@ Example:
 
 import hashlib
 import logging
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -24,6 +25,7 @@ from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.loop import Loop
 from bert_mgpu.modeling import build_classifier
 from bert_mgpu.precision import resolve_precision
+from bert_mgpu.tasks import Example
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
 
@@ -71,8 +73,10 @@ class BertClassifier:
         self._predictor = Trainer(towers.strategy, model)
 
     @classmethod
-    def from_pretrained(cls, init_checkpoint, labels=None, towers=None, precision="auto", max_seq_length=128,
-                        do_lower_case=None, bert_config_file=None, vocab_file=None, task=None, fused_encoder=True):
+    def from_pretrained(cls, init_checkpoint: str, labels: Sequence[str] | None = None, towers: Towers | None = None,
+                        precision: str = "auto", max_seq_length: int = 128, do_lower_case: bool | None = None,
+                        bert_config_file: str | None = None, vocab_file: str | None = None, task: str | None = None,
+                        fused_encoder: bool = True) -> "BertClassifier":
         """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh.
 
         fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
@@ -114,9 +118,10 @@ class BertClassifier:
         return clf
 
     # ------------------------------------------------------------------ training
-    def fit(self, examples, output_dir, epochs=3.0, learning_rate=5e-5, warmup_proportion=0.1,
-            save_checkpoints_steps=1000, seed=12345, use_xla=False, verbose=True, max_consecutive_skips=10,
-            overwrite=False, settings=None, callbacks=None, log_every=10):
+    def fit(self, examples: Sequence[Example], output_dir: str, epochs: float = 3.0, learning_rate: float = 5e-5,
+            warmup_proportion: float = 0.1, save_checkpoints_steps: int = 1000, seed: int = 12345,
+            use_xla: bool = False, verbose: bool = True, max_consecutive_skips: int = 10, overwrite: bool = False,
+            settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 10) -> dict | None:
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
         The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
@@ -175,7 +180,8 @@ class BertClassifier:
             log.info("trained to step %d (%s); checkpoint %s", self.global_step, loop.stop, run.latest)
         return record
 
-    def auto_batch_size(self, memory_limit_mb=None, output_dir=None, memory_per_tower_mb=None, use_xla=False):
+    def auto_batch_size(self, memory_limit_mb: float | None = None, output_dir: str | None = None,
+                        memory_per_tower_mb: float | None = None, use_xla: bool = False) -> int:
         """Set the per-tower training batch to the largest that fits (see memory.py) and return it.
 
         A run in output_dir that already found one keeps it, so resuming trains as it started.
@@ -205,12 +211,12 @@ class BertClassifier:
                                self.towers.batch(batch_size), training=False, source=source)
         return self._predictor.predict_logits(dataset)
 
-    def predict(self, examples, batch_size=8):
+    def predict(self, examples: Sequence[Example], batch_size: int = 8) -> np.ndarray:
         """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower)."""
         logits, _ = self._logits(examples, batch_size, "predict")
         return tf.nn.softmax(logits).numpy()
 
-    def evaluate(self, examples, batch_size=8):
+    def evaluate(self, examples: Sequence[Example], batch_size: int = 8) -> dict:
         """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA)."""
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")

@@ -113,7 +113,8 @@ class FusedBertEncoder(keras.layers.Layer):
             rows = tf.concat([tf.zeros([batch, 1], rows.dtype), rows], axis=1)
         last = len(bb.transformer_layers) - 1
         for i, layer in enumerate(bb.transformer_layers):
-            x = self._layer(layer, _compat.transformer_parts(layer), x, bias, scale, batch, length, heads, size, training,
+            parts = _compat.transformer_parts(layer)
+            x = self._layer(layer, parts, x, bias, scale, batch, length, heads, size, training,
                             rows if i == last else None)
 
         sequence = tf.reshape(x, [batch, -1, hidden])

@@ -83,21 +83,21 @@ def _model(strategy, shape, policy, fused=True, dropout=None):
 def _batches(strategy, global_batch, steps, seed=0):
     import tensorflow as tf
 
-    from bert_mgpu import devices
+    from bert_mgpu import distribute
 
     rng = np.random.default_rng(seed)
     ids = rng.integers(1000, 30000, (steps * global_batch, SEQ)).astype("int32")
     data = tf.data.Dataset.from_tensor_slices(
         ({"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)},
          rng.integers(0, 2, steps * global_batch).astype("int32"))).batch(global_batch)
-    return list(devices.distribute_dataset(strategy, data))
+    return list(distribute.distribute_dataset(strategy, data))
 
 
 def towers_stay_equal(plan, policy, steps=3):
     """A few training steps on every tower; then every variable's copies must be bit-equal across towers."""
-    from bert_mgpu import devices, training
+    from bert_mgpu import distribute, training
 
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     model, opt = _model(strategy, "tiny", policy)
     trainer = training.Trainer(strategy, model, opt)
     losses = [trainer.train_step(b)[0] for b in _batches(strategy, plan.global_batch, steps)]
@@ -152,9 +152,9 @@ def fused_matches_keras_hub(policy):
 
 def xla_step(plan, policy):
     """One training step with each tower's forward and backward XLA-compiled (--use_xla)."""
-    from bert_mgpu import devices, training
+    from bert_mgpu import distribute, training
 
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     model, opt = _model(strategy, "tiny", policy)
     loss, _ = training.Trainer(strategy, model, opt, use_xla=True).train_step(
         _batches(strategy, plan.global_batch, 1)[0])
@@ -167,14 +167,14 @@ def scaling(plan, policy, shapes, steps):
     """Training examples per second on 1, 2, ... N towers (PER_TOWER sequences of SEQ tokens each)."""
     import dataclasses
 
-    from bert_mgpu import devices, training
+    from bert_mgpu import distribute, training
 
     rows = []
     for shape in shapes:
         for n in range(1, plan.towers + 1):
             sub = dataclasses.replace(plan, physical_ids=plan.physical_ids[:n] if plan.physical_ids else (),
                                       towers_per_device=1 if plan.physical_ids else n)
-            strategy = devices.make_strategy(sub)
+            strategy = distribute.make_strategy(sub)
             model, opt = _model(strategy, shape, policy)
             trainer = training.Trainer(strategy, model, opt)
             batches = _batches(strategy, sub.global_batch, steps + 2)

@@ -10,11 +10,12 @@ SIGTERM or Ctrl-C end the loop after the step under way, with a checkpoint.
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 
 import keras
 import tensorflow as tf
 
-from bert_mgpu import devices, guards
+from bert_mgpu import distribute, guards
 
 log = logging.getLogger("bert_mgpu")
 
@@ -95,9 +96,10 @@ class Loop:
         loop.run(train_dataset, until_step=1000)
     """
 
-    def __init__(self, trainer, global_batch, hooks=(), callbacks=None, writer=None, log_every=10, save=None,
-                 save_every=1000, last_checkpoint=lambda: None, max_consecutive_skips=0, clock=time.monotonic,
-                 elapsed_before=0.0, verbose=True):
+    def __init__(self, trainer, global_batch: int, hooks: Sequence[Hook] = (), callbacks: Sequence | None = None,
+                 writer=None, log_every: int = 10, save: Callable[[], object] | None = None, save_every: int = 1000,
+                 last_checkpoint: Callable[[], str | None] = lambda: None, max_consecutive_skips: int = 0,
+                 clock: Callable[[], float] = time.monotonic, elapsed_before: float = 0.0, verbose: bool = True):
         self.trainer, self.global_batch, self.hooks = trainer, global_batch, list(hooks)
         self.writer, self.log_every, self.verbose = writer, max(1, int(log_every)), verbose
         self._save, self.save_every, self.last_checkpoint = save, save_every, last_checkpoint
@@ -110,7 +112,7 @@ class Loop:
         self.step = self.first_step = int(trainer.step.numpy())
         self._epoch, self._train_record, self._start, self._seconds = 0, {}, None, elapsed_before
 
-    def elapsed(self):
+    def elapsed(self) -> float:
         """Seconds trained, this run's and those before a resume, as of the last clock reading."""
         return self._seconds
 
@@ -119,7 +121,7 @@ class Loop:
         self._seconds = self.elapsed_before + now - self._start
         return now
 
-    def log(self, record):
+    def log(self, record: dict) -> None:
         """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console."""
         self.history.append(record)
         if self.writer is not None:
@@ -157,10 +159,10 @@ class Loop:
             hook.on_log(self, record)
         return record
 
-    def run(self, dataset, until_step=None):
+    def run(self, dataset: tf.data.Dataset, until_step: int | None = None) -> dict:
         """Train on `dataset` (a global-batch tf.data.Dataset) -> the last training record."""
         trainer = self.trainer
-        dist = devices.distribute_dataset(trainer.strategy, dataset)
+        dist = distribute.distribute_dataset(trainer.strategy, dataset)
         trainer.input_spec, batches = dist.element_spec, iter(dist)  # one trace for every step (see Trainer)
         skips = guards.SkipGuard(self.max_consecutive_skips)
         self.stop, self.interrupted, self._saved = None, None, self.step

@@ -31,7 +31,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import devices
+from bert_mgpu import devices, distribute
 from bert_mgpu.errors import UserError
 
 log = logging.getLogger("bert_mgpu")
@@ -181,8 +181,8 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     def fits(per_tower):
         rows = per_tower if alone else per_tower * strategy.num_replicas_in_sync
         batch = make_batch(rows)
-        dist = (devices.first_tower_only(strategy, batch) if alone else
-                next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)))))
+        dist = (distribute.first_tower_only(strategy, batch) if alone else
+                next(iter(distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)))))
         try:
             trial(dist)  # traces and compiles
             meter.reset()

@@ -20,16 +20,18 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, memory, optimization, pretraining_model, run_dir
+from bert_mgpu import checkpoints, memory, optimization, pretraining_model, run_dir, schedules
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.loop import Evaluation, Hook, Loop
 from bert_mgpu.outputs import write_eval_results
 from bert_mgpu.precision import resolve_precision
+from bert_mgpu.pretraining_input import PretrainingData
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
 
@@ -212,8 +214,9 @@ class BertPretrainer:
         return cls(model, tokenizer, config, towers, policy, fused_encoder)
 
     @classmethod
-    def from_config(cls, bert_config, vocab_file, do_lower_case=True, towers=None, precision="auto", nsp=True,
-                    fused_encoder=True):
+    def from_config(cls, bert_config: BertConfig | str, vocab_file: str, do_lower_case: bool = True,
+                    towers: Towers | None = None, precision: str = "auto", nsp: bool = True,
+                    fused_encoder: bool = True) -> "BertPretrainer":
         """A randomly initialized BERT (google-bert's truncated-normal init) for pretraining from scratch.
 
         fused_encoder=False runs keras-hub's BertBackbone as it is (the reference; slower), here and in
@@ -223,8 +226,9 @@ class BertPretrainer:
         return cls._build(config, FullTokenizer(vocab_file, do_lower_case), towers, precision, nsp, fused_encoder)
 
     @classmethod
-    def from_pretrained(cls, init_checkpoint, towers=None, precision="auto", nsp=True, do_lower_case=None,
-                        bert_config_file=None, vocab_file=None, fused_encoder=True):
+    def from_pretrained(cls, init_checkpoint: str, towers: Towers | None = None, precision: str = "auto",
+                        nsp: bool = True, do_lower_case: bool | None = None, bert_config_file: str | None = None,
+                        vocab_file: str | None = None, fused_encoder: bool = True) -> "BertPretrainer":
         """Continue pretraining any checkpoint the classifier reads; heads it lacks start fresh (logged)."""
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         lower = do_lower_case if do_lower_case is not None else (
@@ -239,10 +243,13 @@ class BertPretrainer:
         return self
 
     # ------------------------------------------------------------------ training
-    def fit(self, data, output_dir, budget, train_batch_size=None, learning_rate=1e-4, optimizer="adamw",
-            beta_1=0.9, beta_2=0.999, epsilon=1e-6, weight_decay=0.01, clipnorm=1.0, validation=None,
-            save_checkpoints_steps=1000, log_every=10, use_xla=False, clock=time.monotonic, verbose=True,
-            steps=None, max_consecutive_skips=10, overwrite=False, settings=None, callbacks=None):
+    def fit(self, data: PretrainingData, output_dir: str, budget: Budget, train_batch_size: int | None = None,
+            learning_rate: float = 1e-4, optimizer: str = "adamw", beta_1: float = 0.9, beta_2: float = 0.999,
+            epsilon: float = 1e-6, weight_decay: float = 0.01, clipnorm: float | None = 1.0,
+            validation: Validation | None = None, save_checkpoints_steps: int = 1000, log_every: int = 10,
+            use_xla: bool = False, clock: Callable[[], float] = time.monotonic, verbose: bool = True,
+            steps: int | None = None, max_consecutive_skips: int = 10, overwrite: bool = False,
+            settings: dict | None = None, callbacks: Sequence | None = None) -> dict:
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
 
         `train_batch_size` is the global batch, reached with the towers' micro-batch and gradient
@@ -272,8 +279,8 @@ class BertPretrainer:
         strategy = self.towers.strategy
         with strategy.scope():
             progress = tf.Variable(0.0, trainable=False, name="progress")
-            schedule = (optimization.TimeBasedDecay(learning_rate, budget.warmup_proportion, budget.curve, progress)
-                        if budget.lr_schedule == "time" else optimization.WarmupLinearDecay(
+            schedule = (schedules.TimeBasedDecay(learning_rate, budget.warmup_proportion, budget.curve, progress)
+                        if budget.lr_schedule == "time" else schedules.WarmupLinearDecay(
                             learning_rate, budget.num_train_steps,
                             int(budget.num_train_steps * budget.warmup_proportion), budget.decay_power))
             opt = optimization.create_optimizer(
@@ -316,8 +323,9 @@ class BertPretrainer:
         log.info("stopped at step %d: %s", loop.step, self.stop)
         return loop.history[-1] if loop.history else {}
 
-    def auto_batch_size(self, global_batch, max_seq_length, max_predictions_per_seq, memory_limit_mb=None,
-                        memory_per_tower_mb=None, use_xla=False):
+    def auto_batch_size(self, global_batch: int, max_seq_length: int, max_predictions_per_seq: int,
+                        memory_limit_mb: float | None = None, memory_per_tower_mb: float | None = None,
+                        use_xla: bool = False) -> int:
         """Set the towers' micro-batch to the largest that fits (memory.py) and divides the global batch
         into whole accumulation steps; returns it."""
         fits = memory.find_for_model(
@@ -331,7 +339,7 @@ class BertPretrainer:
         self.towers.set_batch(micro)
         return micro
 
-    def evaluate(self, data, batch_size=32, max_steps=None):
+    def evaluate(self, data: PretrainingData, batch_size: int = 32, max_steps: int | None = None) -> dict:
         """google-bert's run_pretraining eval results: masked-LM (and NSP) loss and accuracy."""
         trainer = Trainer(self.towers.strategy, self.model, loss_fn=pretraining_model.pretraining_loss)
         stats = trainer.evaluate(data.dataset(batch_size, training=False), max_steps)
@@ -343,7 +351,7 @@ class BertPretrainer:
         return write_eval_results(output_dir, {**results, "global_step": global_step})
 
     # ------------------------------------------------------------------ outputs
-    def save_finetune_checkpoint(self, directory, step, data=None):
+    def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
         """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads."""
         tmp = directory + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,6 +17,7 @@ import glob
 import json
 import logging
 import os
+from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -173,12 +174,13 @@ class Run:
         run.close()
     """
 
-    def __init__(self, directory, settings, write_files=lambda directory, step: None, overwrite=False):
+    def __init__(self, directory: str, settings: dict,
+                 write_files: Callable[[str, int], object] = lambda directory, step: None, overwrite: bool = False):
         self.directory, self.settings, self.write_files = check_output_dir(directory), settings, write_files
         check_same_run(directory, settings, overwrite)
         self.checkpoints, self._writer = None, None
 
-    def restore(self, ckpt, weights):
+    def restore(self, ckpt: tf.train.Checkpoint, weights) -> str | None:
         """Track `ckpt` (weights: the ones checked for NaN before saving); restore the newest readable
         checkpoint. Returns its path, or None for a new run."""
         self.checkpoints = Checkpoints(ckpt, self.directory, weights)

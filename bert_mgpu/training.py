@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import devices, fused_encoder, guards
+from bert_mgpu import distribute, fused_encoder, guards
 
 
 def classification_loss(model, features, labels, training=True):
@@ -92,7 +92,7 @@ class Trainer:
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
                  accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20, collective_timeout_seconds=None):
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
-        devices.per_tower_seeds(model)  # else every tower draws the same dropout masks
+        distribute.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
             with strategy.scope():  # here, not in the first traced step, whose graph its variables would keep
                 optimizer.build(model.trainable_variables)
@@ -148,7 +148,7 @@ class Trainer:
         # Variables the loss does not reach (the pooler when pretraining without NSP) are left alone.
         used = [(g, v, d) for g, v, d in zip(grads, self.model.trainable_variables, self._allreduce_dtypes)
                 if g is not None]
-        grads = devices.all_reduce(tf.distribute.ReduceOp.SUM, [_share(g, d, self.strategy.num_replicas_in_sync)
+        grads = distribute.all_reduce(tf.distribute.ReduceOp.SUM, [_share(g, d, self.strategy.num_replicas_in_sync)
                                                                 for g, _, d in used],
                                    self._comm, self.bytes_per_pack)
         used = [(g, v) for g, (_, v, _) in zip(grads, used)]
@@ -174,7 +174,7 @@ class Trainer:
         self.input_spec = element_spec
         return self._train_function().get_concrete_function(element_spec).graph
 
-    def train_step(self, batch):
+    def train_step(self, batch) -> tuple[float, np.ndarray]:
         """One optimizer step on a distributed batch -> (mean loss over towers, examples seen per tower).
 
         The step's other statistics (mean over towers) are left in `self.stats`.
@@ -229,7 +229,7 @@ class Trainer:
             inner.learning_rate)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, dataset, max_steps=None):
+    def evaluate(self, dataset: tf.data.Dataset, max_steps: int | None = None) -> dict:
         """Mean loss and statistics of `loss_fn` (inference mode) per example, over a dataset or its first
         `max_steps` batches. A tower left without examples by the last, partial batch counts for nothing."""
         if self._eval_fn is None:
@@ -247,7 +247,7 @@ class Trainer:
             self._eval_fn = tf.function(step, reduce_retracing=True)
         totals, count, batches = {}, 0.0, 0
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once
-            for batch in devices.distribute_dataset(self.strategy, dataset):
+            for batch in distribute.distribute_dataset(self.strategy, dataset):
                 if max_steps is not None and batches >= max_steps:
                     break
                 sums, n = self._eval_fn(batch)
@@ -259,9 +259,9 @@ class Trainer:
         return {k: v / count for k, v in totals.items()}
 
     # ------------------------------------------------------------------ prediction
-    def predict_logits(self, dataset):
+    def predict_logits(self, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
         """(logits [N, C], labels [N]) for a dataset of (features, label, index), in input order."""
-        dist = devices.distribute_dataset(self.strategy, dataset)
+        dist = distribute.distribute_dataset(self.strategy, dataset)
         if self._predict_fn is None:
             def step(batch):
                 features, labels, index = batch

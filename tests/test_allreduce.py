@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from conftest import tiny_config
 
-from bert_mgpu import devices, memory, modeling, optimization, training
+from bert_mgpu import devices, distribute, memory, modeling, optimization, training
 
 
 def nccl_packs(graph):
@@ -31,7 +31,7 @@ def test_the_step_sends_its_gradients_in_packs_of_the_size_asked_last_layers_fir
         opt = optimization.create_optimizer(1e-3, 10, 0)
     trainer = training.Trainer(strategy, model, opt, bytes_per_pack=bytes_per_pack)
     batch = memory.classifier_batch(4, 16)
-    spec = devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)).element_spec
+    spec = distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)).element_spec
     graph = trainer.step_graph(spec)
     packs = nccl_packs(graph)
     total = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
@@ -44,12 +44,12 @@ def test_the_step_sends_its_gradients_in_packs_of_the_size_asked_last_layers_fir
     largest = max(int(np.prod(v.shape)) for v in model.trainable_variables) * 4
     assert len(packs) >= total * 4 // max(bytes_per_pack, largest)
     assert all(p * 4 <= max(bytes_per_pack, largest) for p in packs)
-    order = devices.gradient_packs([int(np.prod(v.shape)) * 4 for v in model.trainable_variables], bytes_per_pack)
+    order = distribute.gradient_packs([int(np.prod(v.shape)) * 4 for v in model.trainable_variables], bytes_per_pack)
     assert order[0][0] == len(model.trainable_variables) - 1  # the head's last variable leads the first pack
 
 
 def test_float16_gradients_cross_as_float16_but_layer_norms_embeddings_and_the_head_in_float32():
-    with devices.make_strategy(devices.plan_devices(0, 1, 1, ())).scope():
+    with distribute.make_strategy(devices.plan_devices(0, 1, 1, ())).scope():
         model = modeling.build_classifier(tiny_config(38), 2, "mixed_float16")
     dtypes = dict(zip((v.path for v in model.trainable_variables),
                       training.allreduce_dtypes(model, tf.float16)))
@@ -68,9 +68,9 @@ EIGHT_TOWERS = """
 import keras, numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-from bert_mgpu import devices, optimization, training
+from bert_mgpu import devices, distribute, optimization, training
 keras.mixed_precision.set_global_policy("mixed_float16")
-strategy = devices.make_strategy(devices.plan_devices(0, 8, 1, ()))
+strategy = distribute.make_strategy(devices.plan_devices(0, 8, 1, ()))
 with strategy.scope():
     inputs = keras.Input([1])
     model = keras.Model(inputs, keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")(inputs))
@@ -80,7 +80,7 @@ def loss_fn(model, features, labels, training=True):  # gradient of the kernel: 
 trainer = training.Trainer(strategy, model, opt, loss_fn=loss_fn)
 assert trainer.allreduce_dtype == tf.float16
 batch = (np.ones([8, 1], np.float32), np.zeros([8], np.int32))
-dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
+dist = next(iter(distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
 trainer.train_step(dist)
 print("applied", trainer.applied_steps, "skipped", trainer.skipped_steps,
       "kernel", float(model.weights[0].numpy()[0, 0]))
@@ -100,7 +100,7 @@ def test_eight_towers_float16_sum_that_would_overflow_is_applied_not_skipped():
 
 
 def test_a_collective_timeout_reaches_the_all_reduce_options():
-    strategy = devices.make_strategy(devices.plan_devices(0, 2, 1, ()))
+    strategy = distribute.make_strategy(devices.plan_devices(0, 2, 1, ()))
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2)
     assert training.Trainer(strategy, model)._comm.timeout_seconds is None
@@ -111,7 +111,7 @@ GROUPS = """
 import numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
-from bert_mgpu import devices
+from bert_mgpu import devices, distribute
 plan = devices.DevicePlan("GPU", (0, 1), ("0", "1"), 2, 8)  # 2 GPUs x 2 towers, as the plan numbers them
 assert plan.all_reduce == "hierarchical" and plan.tower_groups == [[0, 1], [2, 3]]
 places = [f"/cpu:{i}" for i in range(4)]
@@ -119,12 +119,12 @@ places = [f"/cpu:{i}" for i in range(4)]
 def replica():
     t = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32) + 1.0  # 1..4
     values = [tf.fill([3, 2], t), tf.cast(tf.fill([5], t * 10.0), tf.float16), tf.fill([1000], t)]
-    return (devices.all_reduce(tf.distribute.ReduceOp.SUM, values, bytes_per_pack=64),
-            devices.all_reduce(tf.distribute.ReduceOp.MEAN, values))
+    return (distribute.all_reduce(tf.distribute.ReduceOp.SUM, values, bytes_per_pack=64),
+            distribute.all_reduce(tf.distribute.ReduceOp.MEAN, values))
 
 for nccl in (False, True):
     strategy = tf.distribute.MirroredStrategy(places, cross_device_ops=tf.distribute.ReductionToOneDevice(places[0]))
-    devices.reduce_in_groups(strategy, plan.tower_groups, nccl=nccl)
+    distribute.reduce_in_groups(strategy, plan.tower_groups, nccl=nccl)
     step = tf.function(lambda: strategy.run(replica))
     if not nccl:
         sums, means = step()
@@ -148,7 +148,7 @@ weights = []
 for grouped in (False, True):  # two training steps, plain reduction to tower 0 against the grouped one
     strategy = tf.distribute.MirroredStrategy(places, cross_device_ops=tf.distribute.ReductionToOneDevice(places[0]))
     if grouped:
-        devices.reduce_in_groups(strategy, plan.tower_groups, nccl=False)
+        distribute.reduce_in_groups(strategy, plan.tower_groups, nccl=False)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = modeling.build_classifier(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1,
@@ -158,7 +158,7 @@ for grouped in (False, True):  # two training steps, plain reduction to tower 0 
     trainer = training.Trainer(strategy, model, opt, bytes_per_pack=4096)
     batch = memory.classifier_batch(8, 16)
     batch = (batch[0], np.arange(8) % 2)
-    dist = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
+    dist = next(iter(distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
     for _ in range(2):
         trainer.train_step(dist)
     weights.append([w.numpy() for w in model.weights])

@@ -77,3 +77,25 @@ def test_per_replica_spec_is_what_tf_distribute_reports():
     except (ImportError, AttributeError) as e:
         raise AssertionError(_moved("tensorflow.python.distribute.values.PerReplicaSpec", e)) from None
     assert type(spec) is type(own), (type(spec), type(own))
+
+
+def test_keras_optimizer_slots_decay_and_learning_rate_are_where_compat_reads_them():
+    import keras
+    import numpy as np
+
+    from bert_mgpu import _compat
+
+    for cls in (keras.optimizers.AdamW, keras.optimizers.Lamb):
+        kernel, bias = keras.Variable(np.ones((2, 3), "float32"), name="kernel"), keras.Variable(
+            np.zeros(3, "float32"), name="bias")
+        opt = cls(learning_rate=keras.optimizers.schedules.PolynomialDecay(0.5, 10, 0.0), weight_decay=0.1)
+        opt.exclude_from_weight_decay(var_names=["bias"])
+        opt.build([kernel, bias])
+        try:
+            m, v = _compat.optimizer_moments(opt, kernel)
+            decays = (_compat.uses_weight_decay(opt, kernel), _compat.uses_weight_decay(opt, bias))
+            lr = float(_compat.current_learning_rate(opt))
+        except AttributeError as e:
+            raise AssertionError(_moved(f"{cls.__name__}'s moments, decay or learning rate", e)) from None
+        assert tuple(m.shape) == tuple(v.shape) == (2, 3) and m is not v, cls
+        assert decays == (True, False) and lr == 0.5, (cls, decays, lr)

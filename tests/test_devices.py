@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu import devices
+from bert_mgpu import devices, distribute
 from bert_mgpu.errors import UserError
 
 
@@ -65,7 +65,7 @@ def test_visible_names_empty_and_unset():
 def test_strategy_on_two_logical_cpus():
     plan = devices.plan_devices(0, 2, 4, ())
     devices.configure_devices(plan)  # runtime already started by conftest: reuses its 2 devices
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     assert strategy.num_replicas_in_sync == 2
     assert [d.split("/")[-1] for d in strategy.extended.worker_devices] == ["device:CPU:0", "device:CPU:1"]
     assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
@@ -78,13 +78,13 @@ def test_configure_refuses_more_towers_than_started_devices():
 
 
 def _two_towers():
-    return devices.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    return distribute.make_strategy(devices.plan_devices(0, 2, 4, ()))
 
 
 def test_distribute_dataset_splits_each_global_batch_across_the_towers():
     strategy = _two_towers()
     ds = tf.data.Dataset.range(11).map(lambda i: ({"ids": tf.fill([3], i)}, i)).batch(4)
-    dist = devices.distribute_dataset(strategy, ds)
+    dist = distribute.distribute_dataset(strategy, ds)
     assert dist.dataset.options().autotune.enabled is False  # no autotuning thread to wait for on drop
     seen = []
     for features, labels in dist:
@@ -101,7 +101,7 @@ def test_distribute_dataset_splits_each_global_batch_across_the_towers():
 def test_distribute_dataset_traces_a_step_once_and_leaves_a_tower_empty_when_rows_run_out():
     strategy = _two_towers()
     ds = tf.data.Dataset.range(9).batch(4)  # batches of 4, 4, 1: the last gives tower 1 nothing
-    dist = devices.distribute_dataset(strategy, ds)
+    dist = distribute.distribute_dataset(strategy, ds)
     step = tf.function(lambda b: strategy.run(lambda x: tf.stack([tf.size(x, tf.int64), tf.reduce_sum(x)]),
                                               args=(b,)), input_signature=[dist.element_spec])
     out = [[r.numpy().tolist() for r in strategy.experimental_local_results(step(b))] for b in dist]
@@ -112,8 +112,8 @@ def test_distribute_dataset_traces_a_step_once_and_leaves_a_tower_empty_when_row
 def test_distribute_dataset_cuts_every_dataset_of_one_signature_with_one_trace():
     """A prediction pass makes a new dataset: its split must not be traced again (NOTES.md item 21)."""
     strategy = _two_towers()
-    first = devices.distribute_dataset(strategy, tf.data.Dataset.range(10, 19).batch(4))
-    second = devices.distribute_dataset(strategy, tf.data.Dataset.range(5).batch(4))
+    first = distribute.distribute_dataset(strategy, tf.data.Dataset.range(10, 19).batch(4))
+    second = distribute.distribute_dataset(strategy, tf.data.Dataset.range(5).batch(4))
     got = [[r.numpy().tolist() for r in strategy.experimental_local_results(b)] for d in (first, second) for b in d]
     assert got == [[[10, 11], [12, 13]], [[14, 15], [16, 17]], [[18], []], [[0, 1], [2, 3]], [[4], []]]
     assert first._split is second._split and first._split.experimental_get_tracing_count() == 1
@@ -121,18 +121,18 @@ def test_distribute_dataset_cuts_every_dataset_of_one_signature_with_one_trace()
 
 def test_distribute_dataset_keeps_a_static_batch_static_per_tower():
     strategy = _two_towers()
-    fixed = devices.distribute_dataset(strategy, tf.data.Dataset.range(16).batch(4, drop_remainder=True))
+    fixed = distribute.distribute_dataset(strategy, tf.data.Dataset.range(16).batch(4, drop_remainder=True))
     assert [s.shape.as_list() for s in fixed.element_spec._value_specs] == [[2], [2]]
-    odd = devices.distribute_dataset(strategy, tf.data.Dataset.range(15).batch(3, drop_remainder=True))
+    odd = distribute.distribute_dataset(strategy, tf.data.Dataset.range(15).batch(3, drop_remainder=True))
     assert [s.shape.as_list() for s in odd.element_spec._value_specs] == [[None], [None]]
 
 
 def test_distribute_dataset_refuses_what_it_cannot_split():
     ragged = tf.data.Dataset.from_tensor_slices(tf.ragged.constant([[1], [2, 3]])).batch(2)
     with pytest.raises(TypeError, match="splits batched dense tensors, not RaggedTensorSpec"):
-        devices.distribute_dataset(_two_towers(), ragged)
+        distribute.distribute_dataset(_two_towers(), ragged)
     with pytest.raises(TypeError, match="splits batched dense tensors"):
-        devices.distribute_dataset(_two_towers(), tf.data.Dataset.range(3))  # unbatched scalars
+        distribute.distribute_dataset(_two_towers(), tf.data.Dataset.range(3))  # unbatched scalars
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -142,12 +142,12 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
 
     from bert_mgpu import modeling, run_dir
 
-    strategy = devices.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    strategy = distribute.make_strategy(devices.plan_devices(0, 2, 4, ()))
     keras.utils.set_random_seed(3)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2, "float32", fused=fused)  # dropout 0.1
     ids = np.tile(np.arange(2, 14, dtype=np.int32), (8, 1))  # every row the same, 4 on each tower
-    batch = next(iter(devices.distribute_dataset(strategy, tf.data.Dataset.from_tensors(
+    batch = next(iter(distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(
         {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}))))
     states = {k: v.numpy() for k, v in run_dir.rng_states(model).items()}
 
@@ -161,8 +161,8 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
     keras_own = towers_logits()
     assert not np.allclose(keras_own[0][0], keras_own[0][1])  # dropout is on: rows of one tower differ
     np.testing.assert_array_equal(keras_own[0], keras_own[1])  # Keras alone: the towers drop the same units
-    devices.per_tower_seeds(model)
-    devices.per_tower_seeds(model)  # a second call changes nothing
+    distribute.per_tower_seeds(model)
+    distribute.per_tower_seeds(model)  # a second call changes nothing
     tower_0, tower_1 = towers_logits()
     np.testing.assert_array_equal(tower_0, keras_own[0])
     assert np.abs(tower_1 - tower_0).max() > 1e-3

@@ -11,7 +11,7 @@ import tensorflow as tf
 from conftest import tiny_config
 from test_training import batch
 
-from bert_mgpu import devices, guards, memory, modeling, optimization, run_dir, training
+from bert_mgpu import devices, distribute, guards, memory, modeling, optimization, run_dir, training
 from bert_mgpu.errors import RunError
 from bert_mgpu.loop import Loop
 
@@ -61,7 +61,7 @@ training_loss = training.classification_loss
 
 def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan):
     plan = devices.plan_devices(0, 2, 4, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2)
@@ -116,7 +116,7 @@ def test_a_real_out_of_memory_names_the_tower_batch_and_length():
     import resource
 
     plan = devices.plan_devices(0, 2, 32768, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2)
         optimizer = optimization.create_optimizer(1e-3, 10, 0)

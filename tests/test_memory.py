@@ -4,7 +4,7 @@ import keras
 import pytest
 from conftest import tiny_config
 
-from bert_mgpu import devices, memory, modeling, optimization, training
+from bert_mgpu import devices, distribute, memory, modeling, optimization, training
 from bert_mgpu.errors import UserError
 from bert_mgpu.loop import Loop
 
@@ -19,7 +19,7 @@ def test_largest_fitting_finds_the_edge_in_few_trials(largest, cap):
 
 def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     plan = devices.plan_devices(0, 2, 1, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_size=64, intermediate_size=256), 2)
@@ -29,7 +29,9 @@ def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     make = lambda n: memory.classifier_batch(n, 32)  # noqa: E731
     _, probe = memory.find_batch_size(trainer, make, plan, limit_mb=1e9, cap=16)
     peaks = dict(probe)
-    assert peaks[16] > 1.5 * peaks[8] > 2.0 * peaks[4]  # the step's working memory grows with the batch
+    # The step's working memory grows with the batch. Not by a fixed ratio: the same trial reads 8.7 to
+    # 10.2 MiB at batch 8 and 12.4 to 16.9 at 16 from process to process (the BFC allocator's rounding).
+    assert peaks[16] > peaks[8] > peaks[4] > peaks[2] > peaks[1] and peaks[16] > 2 * peaks[1], peaks
     limit = (peaks[8] + peaks[16]) / 2  # so 8 fits and 16 does not; the edge lies between them
     weights = [w.numpy().copy() for w in model.weights]
     best, trials = memory.find_batch_size(trainer, make, plan, limit_mb=limit, cap=64)
@@ -131,7 +133,7 @@ def test_training_and_evaluating_at_the_chosen_batch_stays_under_the_limit():
     import tensorflow as tf
 
     plan = devices.plan_devices(0, 2, 1, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(0)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_size=64, intermediate_size=256), 2)
@@ -161,7 +163,7 @@ def test_training_and_evaluating_at_the_chosen_batch_stays_under_the_limit():
 
 def test_cpu_trials_refuse_an_optimizer_that_would_train():
     plan = devices.plan_devices(0, 1, 1, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2)
         opt = optimization.create_optimizer(1e-3, 10, 0)

@@ -1,12 +1,13 @@
-"""FusedAdamW and SkippableLamb take Keras' AdamW and Lamb steps, alone and on mirrored towers; the loss-scale
-wrapper skips a non-finite step leaving every weight and slot bit-identical, with no tf.cond in the graph."""
+"""TowerOptimizer takes Keras' AdamW and Lamb steps, alone and on mirrored towers, as one XLA program per
+device; a non-finite step leaves every weight and slot bit-identical, with no tf.cond in the graph."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu import devices, optimization
+from bert_mgpu import devices, distribute, optimization
+from bert_mgpu.schedules import WarmupLinearDecay
 
 
 def _steps(opt_class, towers=None, steps=3, poison=(), drop=(), graphs=None):
@@ -19,7 +20,8 @@ def _steps(opt_class, towers=None, steps=3, poison=(), drop=(), graphs=None):
     for i in poison:
         grads[i][0][1, 2], grads[i][1][0] = np.nan, np.inf
     grads = [g for i, g in enumerate(grads) if i not in drop]
-    strategy = devices.make_strategy(devices.plan_devices(0, towers, 1, ())) if towers else tf.distribute.get_strategy()
+    plan = devices.plan_devices(0, towers, 1, ()) if towers else None
+    strategy = distribute.make_strategy(plan) if towers else tf.distribute.get_strategy()
     with strategy.scope():
         variables = [keras.Variable(w) for w in init]
         if isinstance(opt_class, type):
@@ -46,24 +48,24 @@ def _steps(opt_class, towers=None, steps=3, poison=(), drop=(), graphs=None):
     return [v.numpy() for v in variables], opt
 
 
-@pytest.mark.parametrize("opt_class,towers", [(optimization.FusedAdamW, None),
-                                              (optimization.TowerAveragedAdamW, 2)])
-def test_fused_adamw_equals_keras_adamw(opt_class, towers):
+def _keras(name):
+    """Keras' own optimizer with create_optimizer's schedule and hyperparameters, applied directly."""
+    def make(lr):
+        cls = {"adamw": keras.optimizers.AdamW, "lamb": keras.optimizers.Lamb}[name]
+        opt = cls(WarmupLinearDecay(lr, 10, 2), weight_decay=0.01, epsilon=1e-6)
+        opt.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
+        return opt
+    return make
+
+
+@pytest.mark.parametrize("name,towers", [("adamw", None), ("adamw", 2), ("lamb", None), ("lamb", 2)])
+def test_tower_optimizer_takes_keras_steps(name, towers):
     """On towers, every tower's copy must take the update (each is fed the same, already averaged grads)."""
-    ref, _ = _steps(keras.optimizers.AdamW)
-    got, _ = _steps(opt_class, towers)
+    ref, _ = _steps(_keras(name))
+    got, _ = _steps(lambda lr: optimization.create_optimizer(lr, 10, 2, optimizer=name, clipnorm=None), towers)
     for a, b in zip(got, ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # float32 rounding of a reordered formula
-    assert not np.allclose(ref[0], _steps(keras.optimizers.AdamW, steps=0)[0][0])  # the steps moved them
-
-
-@pytest.mark.parametrize("towers", [None, 2])
-def test_skippable_lamb_equals_keras_lamb(towers):
-    ref, _ = _steps(keras.optimizers.Lamb)
-    got, _ = _steps(optimization.TowerAveragedLamb if towers else optimization.SkippableLamb, towers)
-    for a, b in zip(got, ref):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    assert not np.allclose(ref[0], _steps(keras.optimizers.Lamb, steps=0)[0][0])
+    assert not np.allclose(ref[0], _steps(_keras(name), steps=0)[0][0])  # the steps moved them
 
 
 def _wrapped(name, float16=True):
@@ -73,7 +75,7 @@ def _wrapped(name, float16=True):
 def _keras_reference(clipnorm):
     """Keras' own loss scaling around Keras' AdamW clipping the global norm: what create_optimizer fuses."""
     def make(lr):
-        inner = keras.optimizers.AdamW(optimization.WarmupLinearDecay(lr, 10, 2), weight_decay=0.01,
+        inner = keras.optimizers.AdamW(WarmupLinearDecay(lr, 10, 2), weight_decay=0.01,
                                        epsilon=1e-6, global_clipnorm=clipnorm)
         inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
         return keras.optimizers.LossScaleOptimizer(inner, initial_scale=2.0**15)
@@ -94,9 +96,9 @@ def test_unscale_and_clip_in_one_multiply_equal_keras(clipnorm, towers):
 
 
 def test_clipping_in_the_inner_optimizer_is_refused():
-    inner = optimization.FusedAdamW(learning_rate=0.1, global_clipnorm=1.0)
+    inner = keras.optimizers.AdamW(learning_rate=0.1, global_clipnorm=1.0)
     with pytest.raises(ValueError, match="not in the inner optimizer"):
-        optimization.SkippingLossScaleOptimizer(inner, 1.0)
+        optimization.TowerOptimizer(inner, 1.0)
 
 
 @pytest.mark.parametrize("name", ["adamw", "lamb"])
@@ -115,22 +117,24 @@ def test_a_non_finite_step_changes_nothing_and_halves_the_scale(name):
 
 
 def test_the_scale_doubles_after_growth_steps_finite_steps_in_a_row():
-    grown, opt = _steps(lambda lr: optimization.SkippingLossScaleOptimizer(
-        optimization.FusedAdamW(lr), initial_scale=8.0, dynamic_growth_steps=2), towers=2, steps=5, poison=[2])
+    grown, opt = _steps(lambda lr: optimization.TowerOptimizer(
+        keras.optimizers.AdamW(lr), initial_scale=8.0, dynamic_growth_steps=2), towers=2, steps=5, poison=[2])
     # steps 0, 1 finite: 8 -> 16; step 2 skipped: 8; steps 3, 4 finite: 16
     assert float(opt.dynamic_scale.numpy()) == 16.0 and int(opt.step_counter.numpy()) == 0
     assert int(opt.iterations.numpy()) == 4
 
 
-def test_wrapped_adamw_is_one_xla_program_per_tower_traced_once():
-    """create_optimizer's AdamW step: one XLA-compiled call on each tower's device, no per-variable Adam
-    kernel; its trace takes the variables as arguments, so other variables of the same shapes reuse it."""
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_each_step_is_one_xla_program_per_tower_traced_once(name):
+    """create_optimizer's step: one XLA-compiled call on each tower's device, no per-variable kernel; its
+    trace takes the variables as arguments, so other variables of the same shapes reuse it."""
     graphs = []
-    _steps(_wrapped("adamw"), towers=2, steps=1, graphs=graphs)
+    program = {"adamw": optimization._adamw_program, "lamb": optimization._lamb_program}[name]
+    _steps(_wrapped(name), towers=2, steps=1, graphs=graphs)
     ops = graphs[0].get_operations()
     calls = [op for op in ops if op.type == "StatefulPartitionedCall" and op.node_def.attr["_XlaMustCompile"].b]
     assert sorted(op.device.rsplit("/", 1)[-1] for op in calls) == ["device:CPU:0", "device:CPU:1"]
-    assert "ResourceApplyAdam" not in {op.type for op in ops}
-    traces = optimization._adamw_program.experimental_get_tracing_count()
-    _steps(_wrapped("adamw"), towers=2, steps=2)  # new variables, optimizer and step function
-    assert optimization._adamw_program.experimental_get_tracing_count() == traces
+    assert not {"ResourceApplyAdam", "AssignSubVariableOp"} & {op.type for op in ops}
+    traces = program.experimental_get_tracing_count()
+    _steps(_wrapped(name), towers=2, steps=2)  # new variables, optimizer and step function
+    assert program.experimental_get_tracing_count() == traces

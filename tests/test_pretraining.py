@@ -9,7 +9,7 @@ import pytest
 from conftest import tiny_config, write_google_release, write_vocab
 
 import bert_mgpu
-from bert_mgpu import checkpoints, kernels, optimization, pretraining_model
+from bert_mgpu import checkpoints, kernels, pretraining_model, schedules
 from bert_mgpu.modeling import build_backbone
 from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
 from bert_mgpu.pretraining_input import PretrainingData
@@ -98,7 +98,7 @@ def test_resume_continues_from_saved_step_on_same_data(text, tmp_path):
 
 
 def test_time_based_learning_rate_shape():
-    lr = lambda p, curve="linear": float(optimization.time_based_lr(p, 1e-3, 0.1, curve))  # noqa: E731
+    lr = lambda p, curve="linear": float(schedules.time_based_lr(p, 1e-3, 0.1, curve))  # noqa: E731
     assert lr(0.05) == pytest.approx(0.5e-3)
     assert lr(0.1) == pytest.approx(1e-3)
     assert lr(0.55) == pytest.approx(0.5e-3)
@@ -119,7 +119,7 @@ def test_time_budget_fake_clock_warmup_markers_and_zero_at_end(text, tmp_path):
     lrs = np.array([h["learning_rate"] for h in pre.history])
     progress = np.array([h["progress"] for h in pre.history])
     # Warmup over the first 20% of the time, then down to 0 when the budget is spent.
-    np.testing.assert_allclose(lrs, [float(optimization.time_based_lr(p, 1e-3, 0.2)) for p in progress],
+    np.testing.assert_allclose(lrs, [float(schedules.time_based_lr(p, 1e-3, 0.2)) for p in progress],
                                rtol=1e-5, atol=1e-9)
     assert progress[0] < 0.1 and progress[-1] > 0.9 and (np.diff(progress) > 0).all()
     assert lrs.max() <= 1e-3 and lrs[0] < 0.2e-3 and lrs[-1] < 0.1e-3

@@ -86,3 +86,30 @@ def test_output_dir_must_be_a_writable_directory(tmp_path):
     with pytest.raises(UserError, match=r"--output_dir=/sys/kernel is not writable"):
         run_dir.check_output_dir("/sys/kernel")  # read-only even for root
     assert run_dir.check_output_dir(str(tmp_path / "new" / "dir")) and (tmp_path / "new" / "dir").is_dir()
+
+
+def test_run_restores_saves_with_run_files_and_refuses_other_settings(tmp_path):
+    from bert_mgpu.run_dir import Run
+
+    written = []
+
+    def write_files(directory, step):  # what BertClassifier._write_run does: the settings beside the checkpoint
+        written.append((directory, step))
+        (tmp_path / run_dir.RUN_FILE).write_text(json.dumps({"settings": {"lr": 1}, "global_step": step}))
+
+    step, w = tf.Variable(0, dtype=tf.int64), tf.Variable([1.0, 2.0])
+    run = Run(str(tmp_path), {"lr": 1}, write_files=write_files)
+    assert run.restore(tf.train.Checkpoint(step=step, w=w), [w]) is None  # a new run
+    step.assign(3)
+    w.assign([5.0, 6.0])
+    run.save(3)
+    with run.writer.as_default(step=3):
+        tf.summary.scalar("loss", 0.5)
+    run.close()
+    assert written == [(str(tmp_path), 3)] and os.path.isdir(tmp_path / "train")
+    again_step, again_w = tf.Variable(0, dtype=tf.int64), tf.Variable([0.0, 0.0])
+    again = Run(str(tmp_path), {"lr": 1})
+    assert again.restore(tf.train.Checkpoint(step=again_step, w=again_w), [again_w]).endswith("ckpt-3")
+    assert int(again_step.numpy()) == 3 and again_w.numpy().tolist() == [5.0, 6.0]
+    with pytest.raises(UserError, match=r"other settings \(--lr=1 -> 2\)"):
+        Run(str(tmp_path), {"lr": 2})

@@ -3,8 +3,8 @@
 Two TensorFlow mechanisms used to keep every traced training step (thousands of ops) for the life of the
 process: `ReplicaContext.all_reduce` registers a custom gradient in a global registry, and `tf.cond`
 registers its branch functions in the eager context (tensorflow/tensorflow#62854). Together 22 MiB per fit
-of this tiny model on one tower. bert_mgpu uses neither in its step (devices.all_reduce,
-optimization.SkippingLossScaleOptimizer); measured now: 6 MiB per fit, the Python heap flat, the rest
+of this tiny model on one tower. bert_mgpu uses neither in its step (distribute.all_reduce,
+optimization.TowerOptimizer); measured now: 6 MiB per fit, the Python heap flat, the rest
 native allocator growth. The bound fails if either leak comes back.
 """
 

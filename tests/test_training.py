@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 from conftest import tiny_config
 
-from bert_mgpu import devices, modeling, optimization, training
+from bert_mgpu import devices, distribute, modeling, optimization, schedules, training
 
 
 def batch(n=8, length=12, seed=0):
@@ -24,7 +24,7 @@ def batch(n=8, length=12, seed=0):
 
 def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, use_xla=False):
     plan = devices.plan_devices(0, towers, 8 // towers, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2, policy)
@@ -78,7 +78,7 @@ def test_mixed_float16_trains_with_finite_scale():
 
 def test_a_finished_trainer_leaves_no_traced_step_behind():
     """Notebook use: the traced step (thousands of ops) dies with its trainer. TensorFlow's own
-    ReplicaContext.all_reduce would keep it for the life of the process (see devices.all_reduce)."""
+    ReplicaContext.all_reduce would keep it for the life of the process (see distribute.all_reduce)."""
     from tensorflow.python.framework.func_graph import FuncGraph
 
     def steps_alive():
@@ -106,7 +106,7 @@ def test_prediction_returns_every_example_in_order(n, per_batch):
 
 
 def test_warmup_then_linear_decay():
-    s = optimization.WarmupLinearDecay(1e-3, total_steps=100, warmup_steps=10)
+    s = schedules.WarmupLinearDecay(1e-3, total_steps=100, warmup_steps=10)
     got = [float(s(i)) for i in (0, 5, 10, 55, 100, 120)]
     np.testing.assert_allclose(got, [0.0, 5e-4, 9e-4, 4.5e-4, 0.0, 0.0], atol=1e-9)
 
@@ -117,7 +117,7 @@ def test_float16_models_all_reduce_in_float16_and_still_match():
     trainer, before, half, _ = one_step(2, steps=1, policy="mixed_float16")
     assert trainer.allreduce_dtype == tf.float16
     plan = devices.plan_devices(0, 2, 4, ())
-    strategy = devices.make_strategy(plan)
+    strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2, "mixed_float16")

@@ -1,0 +1,276 @@
+"""tf.distribute in one place: the strategy over a plan's towers, the gradient all-reduce, per-tower
+random seeds, and global batches split onto the towers. The rest of bert_mgpu is strategy-agnostic: it
+builds models under `strategy.scope()` and calls what is here.
+
+Example:
+    strategy = make_strategy(plan_devices(n_gpus=0, towers_per_gpu=2, per_tower_batch=16, visible_gpus=[]))
+    for batch in distribute_dataset(strategy, dataset):     # per-tower values
+        strategy.run(step, args=(batch,))
+"""
+
+import itertools
+import os
+import weakref
+
+from bert_mgpu import _compat
+from bert_mgpu.errors import UserError
+
+
+def make_strategy(plan):
+    """MirroredStrategy over the plan's towers with the all-reduce that suits them."""
+    import tensorflow as tf
+
+    cross = {
+        "nccl": lambda: tf.distribute.NcclAllReduce(),
+        "one_device": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
+        "hierarchical": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
+        "none": lambda: None,
+    }[plan.all_reduce]()
+    strategy = tf.distribute.MirroredStrategy(devices=list(plan.devices), cross_device_ops=cross)
+    if plan.all_reduce == "hierarchical":  # gradients; the few scalars of a step still go to tower 0
+        reduce_in_groups(strategy, plan.tower_groups)
+    return strategy
+
+
+_GROUPS = weakref.WeakKeyDictionary()
+
+
+def reduce_in_groups(strategy, groups, nccl=True):
+    """Make `all_reduce` under `strategy` sum each group's towers on the group's first device, then sum those
+    across groups with NCCL (nccl=False: on the first group's device, so it runs on CPUs for tests), and give
+    every tower the result: for several towers on each GPU, instead of funnelling all through one GPU."""
+    _GROUPS[strategy] = ([list(g) for g in groups], nccl)
+    return strategy
+
+
+def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
+    """`ReplicaContext.all_reduce` of a list of tensors, from inside a tower, for values never differentiated.
+
+    TensorFlow's own wraps the reduce in `tf.custom_gradient`, whose graph-mode gradient is registered in
+    a process-wide registry that is never emptied; its closure keeps the whole traced training step alive
+    (measured: ~19 MiB per new model in a notebook). A merge_call to the strategy's batch_reduce_to is the
+    same reduction (what the custom-gradient wrapper runs inside) with nothing left behind.
+
+    bytes_per_pack: the values go in packs of about this many bytes, last value first, one reduction per
+    pack. TensorFlow's NCCL reduction on one machine ignores CommunicationOptions and concatenates all it
+    is given into one buffer, which waits for the last gradient; a pack here depends only on its own
+    values, so for gradients listed in layer order, the last layers' pack can cross while backprop
+    still computes the first layers.
+    """
+    import tensorflow as tf
+
+    flat = tf.nest.flatten(values)
+    packs = gradient_packs([_nbytes(v) for v in flat], bytes_per_pack)
+
+    def reduce(strategy, *flat):
+        if strategy in _GROUPS:
+            return _reduce_in_groups(strategy, reduce_op, flat, packs, *_GROUPS[strategy])
+        # Per-tower values go back to their towers; a plain tensor (one tower) stays on its device.
+        pairs = [(v, v.device if isinstance(v, tf.Tensor) else v) for v in flat]
+        out = [None] * len(flat)
+        for pack in packs:
+            for i, r in zip(pack, strategy.extended.batch_reduce_to(reduce_op, [pairs[i] for i in pack], options)):
+                out[i] = r
+        return out
+
+    reduced = tf.distribute.get_replica_context().merge_call(reduce, args=tuple(flat))
+    return tf.nest.pack_sequence_as(values, list(reduced))
+
+
+_PACK_IDS = itertools.count()
+
+
+def _reduce_in_groups(strategy, reduce_op, flat, packs, groups, nccl):
+    """`all_reduce`'s merge step for towers in groups (see `reduce_in_groups`): one buffer per pack, dtype
+    and tower; summed within each group on its first device; NCCL between those; split back per tower."""
+    import tensorflow as tf
+
+    places = strategy.extended.worker_devices
+    towers = sum(len(g) for g in groups)
+    parts = [strategy.experimental_local_results(v) for v in flat]  # [value][tower]
+    out = [[None] * towers for _ in flat]
+    for pack in packs:
+        for dtype in sorted({parts[i][0].dtype for i in pack}, key=lambda d: d.name):
+            members = [i for i in pack if parts[i][0].dtype == dtype]
+            sums = []
+            for group in groups:
+                with tf.device(places[group[0]]):
+                    sums.append(tf.add_n([tf.concat([tf.reshape(parts[i][t], [-1]) for i in members], 0)
+                                          for t in group]))
+            if nccl:
+                name, totals = f"bert_mgpu_pack_{next(_PACK_IDS)}", []
+                for group, partial in zip(groups, sums):
+                    with tf.device(places[group[0]]):
+                        totals.append(tf.raw_ops.NcclAllReduce(input=partial, reduction="sum",
+                                                               num_devices=len(groups), shared_name=name))
+            else:
+                with tf.device(places[groups[0][0]]):
+                    totals = [tf.add_n(sums)] * len(groups)
+            for group, total in zip(groups, totals):
+                if reduce_op == tf.distribute.ReduceOp.MEAN:
+                    total = total / tf.cast(towers, total.dtype)
+                for t in group:
+                    with tf.device(places[t]):
+                        pieces = tf.split(tf.identity(total), [parts[i][t].shape.num_elements() for i in members])
+                        for i, piece in zip(members, pieces):
+                            out[i][t] = tf.reshape(piece, tf.shape(parts[i][t]))
+    return [strategy.experimental_distribute_values_from_function(lambda ctx, o=o: o[ctx.replica_id_in_sync_group])
+            for o in out]
+
+
+def gradient_packs(sizes, bytes_per_pack=None):
+    """Indices of values grouped into packs of about `bytes_per_pack` (a value larger than that is a pack
+    of its own), from the last value to the first; one pack of all when bytes_per_pack is None."""
+    order = list(range(len(sizes) - 1, -1, -1))
+    if not bytes_per_pack:
+        return [order] if order else []
+    packs, current, filled = [], [], 0
+    for i in order:
+        if current and filled + sizes[i] > bytes_per_pack:
+            packs.append(current)
+            current, filled = [], 0
+        current.append(i)
+        filled += sizes[i]
+    return packs + ([current] if current else [])
+
+
+def _nbytes(value):
+    shape = value.shape
+    count = shape.num_elements() if shape.is_fully_defined() else None
+    return float("inf") if count is None else count * value.dtype.size
+
+
+def per_tower_seeds(model):
+    """Make each tower draw its own random numbers (dropout masks) from `model`'s Keras seed generators.
+
+    Keras keeps a SeedGenerator's state as one copy per replica (aggregation "none"), stepped in lockstep,
+    so under MirroredStrategy every tower drew the same dropout masks: N towers of B examples trained with
+    the dropout noise of one tower's B. Here each generator's seeds get the replica id added to their
+    first word (the second is the counter Keras steps). Replica 0, and calls outside a strategy, draw
+    Keras' own seeds, so one tower computes what it did before; the state variables, and with them the
+    checkpoints, stay as they are. Safe to call more than once.
+    """
+    import tensorflow as tf
+
+    def tower_next(keras_next, ordered=True):
+        seed = keras_next(ordered)
+        context = tf.distribute.get_replica_context()
+        replica = 0 if context is None else context.replica_id_in_sync_group
+        if isinstance(replica, int) and replica == 0:
+            return seed
+        return seed + tf.stack([tf.cast(replica, seed.dtype), tf.zeros([], seed.dtype)])
+
+    for layer in _compat.sublayers(model):
+        for generator in _compat.seed_generators(layer):
+            _compat.wrap_seed_generator(generator, tower_next)
+    return model
+
+
+def distribute_dataset(strategy, dataset):
+    """Global batches of `dataset` split across the towers: an iterable of per-tower values.
+
+    Used instead of `strategy.experimental_distribute_dataset`, whose iterator stalls when it is dropped.
+    TensorFlow's MultiDeviceIterator builds one pipeline per tower with default tf.data options, so each
+    runs tf.data's autotuning thread, and dropping the iterator waits for that thread's timed sleep, which
+    cancellation does not cut short and which grows with the iterator's age (up to a minute measured at
+    the end of a 2-tower `make demo`). Here one plain
+    host iterator, autotuning off, reads the global batch, and one traced function cuts it into
+    contiguous slices, one on each tower's device (sizes differ by at most one row in a partial batch;
+    a tower may get none). Under MultiWorkerMirroredStrategy every worker reads the same batches and
+    keeps its own towers' slices, as tf.distribute's data sharding does.
+
+    Example:
+        for batch in distribute_dataset(strategy, dataset):   # batch: PerReplica values
+            strategy.run(step, args=(batch,))
+    """
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return TowerBatches(strategy, dataset.with_options(options))
+
+
+class TowerBatches:
+    """What `distribute_dataset` returns: iterable, with the `element_spec` to trace a step once."""
+
+    def __init__(self, strategy, dataset):
+        import tensorflow as tf
+
+        self.strategy, self.dataset = strategy, dataset
+        # Global ids of this worker's towers (0..n-1 on one machine), in the order of their devices.
+        self._ids = tuple(strategy.experimental_local_results(
+            strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)))
+        total, self._places = strategy.num_replicas_in_sync, strategy.extended.worker_devices
+
+        def tower_spec(spec):  # a static global batch divisible by the towers stays static per tower
+            if not isinstance(spec, tf.TensorSpec) or not spec.shape.rank:
+                raise TypeError(f"distribute_dataset splits batched dense tensors, not {spec}")
+            rows = spec.shape[0]
+            rows = rows // total if rows is not None and rows % total == 0 else None
+            return _compat.per_replica_spec(*[tf.TensorSpec([rows] + spec.shape[1:], spec.dtype)] * len(self._ids))
+
+        self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)  # refuses what it cannot cut
+        self._split = _splitter(self._ids, total, dataset.element_spec)
+
+    def __iter__(self):
+        import tensorflow as tf
+
+        def place(part, device):  # a function's outputs come back on the host; move each to its tower
+            if all(t.device == device for t in tf.nest.flatten(part)):  # already there (one CPU tower)
+                return part
+            with tf.device(device):
+                return tf.nest.map_structure(tf.identity, part)
+
+        for batch in self.dataset:
+            parts = {i: place(p, d) for i, p, d in zip(self._ids, self._split(batch), self._places)}
+            yield self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, parts=parts: parts[ctx.replica_id_in_sync_group])
+
+
+def first_tower_only(strategy, batch):
+    """A distributed value giving all of `batch` to the first tower and no rows to the others."""
+    import tensorflow as tf
+
+    def part(ctx):
+        return tf.nest.map_structure(lambda a: tf.constant(a if ctx.replica_id_in_sync_group == 0 else a[:0]),
+                                     batch)
+
+    return strategy.experimental_distribute_values_from_function(part)
+
+
+_SPLITTERS = {}
+
+
+def _splitter(ids, total, spec):
+    """batch -> [slice for tower i in ids]: a traced function, one per towers and input signature.
+
+    Kept across datasets, because a prediction pass makes a new one and tracing per dataset cost 6% of
+    a pass. One tower takes the batch as it is.
+    """
+    import tensorflow as tf
+
+    if total == 1:
+        return lambda batch: [batch]
+    key = (ids, total, repr(spec))
+    if key not in _SPLITTERS:
+        def rows(t, i):
+            n = tf.shape(t)[0]
+            size, extra = n // total, n % total
+            start = i * size + tf.minimum(i, extra)
+            return t[start:start + size + tf.cast(i < extra, tf.int32)]
+
+        _SPLITTERS[key] = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)  # noqa: B023
+                                                     for i in ids], input_signature=[spec])
+    return _SPLITTERS[key]
+
+
+def multi_worker_strategy():
+    """Across machines: TensorFlow's MultiWorkerMirroredStrategy, cluster taken from TF_CONFIG."""
+    import tensorflow as tf
+
+    if "TF_CONFIG" not in os.environ:
+        raise UserError("--multi_worker needs the TF_CONFIG environment variable (cluster and task)")
+    comm = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
+    )
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)

@@ -1,0 +1,92 @@
+"""The one training loop: hooks stop and evaluate, Keras callbacks hear every evaluation and can stop it,
+and every record carries the same keys for fine-tuning and pretraining."""
+
+import csv
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import tiny_config
+from test_pretraining import new_pretrainer, text, text_data  # noqa: F401  (text: a fixture)
+from test_training import batch
+
+from bert_mgpu import devices, distribute, modeling, optimization, run_dir, training
+from bert_mgpu.loop import Evaluation, Hook, Loop
+from bert_mgpu.pretraining import Budget
+
+
+def tiny_trainer(steps=20):
+    strategy = distribute.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    keras.utils.set_random_seed(3)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2)
+        opt = optimization.create_optimizer(1e-3, steps, 0)
+    features, labels, _ = batch()
+    return training.Trainer(strategy, model, opt), tf.data.Dataset.from_tensors((features, labels)).repeat()
+
+
+def test_evaluation_hook_and_keras_early_stopping_and_csv_logger(tmp_path):
+    """Validation losses 0.9, 0.5, 0.6, 0.7 every 2 steps: EarlyStopping(patience=2) stops after the
+    fourth evaluation (step 8); CSVLogger wrote one row per evaluation with the val_ keys."""
+    trainer, data = tiny_trainer()
+    losses = iter([0.9, 0.5, 0.6, 0.7, 0.8, 0.9])
+    stopper = keras.callbacks.EarlyStopping(monitor="val_loss", patience=2)
+    log_csv = str(tmp_path / "log.csv")
+    loop = Loop(trainer, 8, hooks=[Evaluation(lambda: {"loss": next(losses)}, every=2)],
+                callbacks=[stopper, keras.callbacks.CSVLogger(log_csv)], log_every=2, verbose=False)
+    loop.run(data, until_step=20)
+    assert loop.step == 8 and loop.stop == "stopped by a Keras callback at step 8", loop.stop
+    evaluations = [r for r in loop.history if "eval_loss" in r]
+    assert [(r["step"], r["eval_loss"]) for r in evaluations] == [(2, 0.9), (4, 0.5), (6, 0.6), (8, 0.7)]
+    with open(log_csv, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["val_loss"]) for r in rows] == [0.9, 0.5, 0.6, 0.7]
+    assert all(np.isfinite(float(r["loss"])) for r in rows)  # the training record's loss beside it
+
+
+def test_hooks_stop_add_to_records_and_the_loop_saves_once_at_the_end():
+    class StopAt(Hook):
+        def __init__(self):
+            self.seen = []
+
+        def should_stop(self, loop):
+            return "five is enough" if loop.step >= 5 else None
+
+        def before_step(self, loop):
+            self.seen.append(loop.step)
+
+        def on_log(self, loop, record):
+            record["hook_key"] = 1.5
+
+    trainer, data = tiny_trainer()
+    saved, hook = [], StopAt()
+    loop = Loop(trainer, 8, hooks=[hook], log_every=1, save=lambda: saved.append(loop.step), save_every=2,
+                verbose=False)
+    record = loop.run(data, until_step=20)
+    assert loop.stop == "five is enough" and hook.seen == [0, 1, 2, 3, 4] and saved == [2, 4, 5]
+    keys = {"step", "loss", "learning_rate", "loss_scale", "examples_per_second", "skipped_steps", "hook_key"}
+    assert set(record) == keys and record["step"] == 5 and [r["step"] for r in loop.history] == [1, 2, 3, 4, 5]
+    assert record["examples_per_second"] > 0 and record["skipped_steps"] == 0
+
+
+@pytest.mark.parametrize("kind", ["classifier", "pretraining"])
+def test_both_apis_log_the_same_keys_to_tensorboard(tmp_path, kind, text):  # noqa: F811  (the fixture)
+    """The drift the loop removed: pretraining logged sequences_per_second and no skipped_steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    if kind == "classifier":
+        trainer, data = tiny_trainer()
+        run = run_dir.Run(str(tmp_path), {"x": 1})
+        Loop(trainer, 8, writer=run.writer, log_every=2, verbose=False).run(data, until_step=4)
+        run.close()
+        expected = set()
+    else:
+        pre = new_pretrainer(text)
+        pre.fit(text_data(pre, text), str(tmp_path), Budget(num_train_steps=4), log_every=2, verbose=False)
+        expected = {"mlm_loss", "mlm_accuracy", "tokens_per_second", "progress"}
+    events = EventAccumulator(os.path.join(str(tmp_path), "train"), size_guidance={"tensors": 0}).Reload()
+    tags = set(events.Tags()["tensors"])
+    common = {"loss", "learning_rate", "loss_scale", "examples_per_second", "skipped_steps"}
+    assert common | expected <= tags, tags
