@@ -109,7 +109,7 @@ def run():
         clf.fit(train, FLAGS.output_dir, epochs=FLAGS.num_train_epochs, learning_rate=FLAGS.learning_rate,
                 warmup_proportion=FLAGS.warmup_proportion, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
                 seed=FLAGS.seed, use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
-                overwrite=FLAGS.overwrite_output_dir, settings=settings)
+                overwrite=FLAGS.overwrite_output_dir, settings=settings, log_every=FLAGS.log_every_steps)
         if clf.interrupted:
             print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
                   f"{FLAGS.output_dir}. Rerun the same command to resume")

@@ -78,7 +78,7 @@ flags.DEFINE_float("validation_epochs_begin", None, "Validation interval (epochs
 flags.DEFINE_float("validation_epochs_end", None, "Validation interval (epochs) at the end.")
 flags.DEFINE_float("early_stop_time", None, "Minutes after which a validation loss above ...")
 flags.DEFINE_float("early_stop_eval_loss", None, "... this stops the run.")
-flags.DEFINE_integer("log_every", 10, "Log every this many steps.")
+flags.DEFINE_alias("log_every", "log_every_steps")  # the name this script had first
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, masks, dropout).")
 # reliability (shared with the other script)
 define_reliability_flags("Micro-batch: the largest per tower that fits and divides --train_batch_size")
@@ -186,7 +186,7 @@ def run():
                 learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, beta_1=FLAGS.adam_beta1,
                 beta_2=FLAGS.adam_beta2, epsilon=FLAGS.adam_eps, weight_decay=FLAGS.weight_decay,
                 clipnorm=FLAGS.max_grad_norm, validation=validation,
-                save_checkpoints_steps=FLAGS.save_checkpoints_steps, log_every=FLAGS.log_every,
+                save_checkpoints_steps=FLAGS.save_checkpoints_steps, log_every=FLAGS.log_every_steps,
                 use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
                 overwrite=FLAGS.overwrite_output_dir, settings=settings)
         step = int(pre.trainer.step.numpy())

@@ -13,6 +13,7 @@ Example:
 
 import hashlib
 import logging
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -121,7 +122,7 @@ class BertClassifier:
     def fit(self, examples: Sequence[Example], output_dir: str, epochs: float = 3.0, learning_rate: float = 5e-5,
             warmup_proportion: float = 0.1, save_checkpoints_steps: int = 1000, seed: int = 12345,
             use_xla: bool = False, verbose: bool = True, max_consecutive_skips: int = 10, overwrite: bool = False,
-            settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 10) -> dict | None:
+            settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 50) -> dict | None:
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
         The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
@@ -207,8 +208,10 @@ class BertClassifier:
 
     # ------------------------------------------------------------------ inference
     def _logits(self, examples, batch_size, source):
+        # Rows padded to a multiple of 8 (or of the batch) per tower: few shapes for the XLA kernels.
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length,
-                               self.towers.batch(batch_size), training=False, source=source)
+                               self.towers.batch(batch_size), training=False, source=source,
+                               rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
         return self._predictor.predict_logits(dataset)
 
     def predict(self, examples: Sequence[Example], batch_size: int = 8) -> np.ndarray:

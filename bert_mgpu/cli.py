@@ -57,6 +57,8 @@ def define_tower_flags():
     flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
                       "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
     flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
+    flags.DEFINE_integer("log_every_steps", 50, "Log (console, TensorBoard) every this many steps; only then "
+                         "does the host wait for the GPUs, which otherwise always have the next step queued.")
 
 
 def plan_from_flags(per_tower_batch):

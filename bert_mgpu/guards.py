@@ -45,20 +45,16 @@ class StopSignal:
 
 
 class SkipGuard:
-    """Counts steps skipped in a row; `limit` of them (0: no limit) raise RunError."""
+    """`limit` steps skipped in a row (0: no limit) raise RunError. The training step counts the runs on
+    the device; the loop hands the longest since its last look to `check`."""
 
     def __init__(self, limit):
-        self.limit, self.in_a_row, self.total = int(limit or 0), 0, 0
+        self.limit = int(limit or 0)
 
-    def update(self, applied, step, last_checkpoint):
-        if applied:
-            self.in_a_row = 0
-            return
-        self.in_a_row += 1
-        self.total += 1
-        if self.limit and self.in_a_row >= self.limit:
+    def check(self, longest_run, step, last_checkpoint):
+        if self.limit and longest_run >= self.limit:
             raise RunError(
-                f"step {step}: {self.in_a_row} steps in a row had non-finite gradients and were skipped; "
+                f"step {step}: {longest_run} steps in a row had non-finite gradients and were skipped; "
                 f"stopped. Last good checkpoint: {last_checkpoint or 'none written yet'}. Lower the learning "
                 "rate, check the input, or raise --max_consecutive_skips")
 

@@ -60,17 +60,20 @@ def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
 
 
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data", pad_to_multiple=8):
+                 source="data", pad_to_multiple=8, rows_multiple=None):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and yields only full batches (every step has the full global
     batch); the same seed gives the same stream of batches, so a resumed run skips what it has seen.
-    training=False keeps every example once, sorted by length, with `index` to restore input order.
+    training=False keeps every example once, sorted by length, with `index` to restore input order;
+    `rows_multiple` then pads each batch's rows to a multiple of it with rows of index -1 (a [CLS] alone),
+    which prediction drops: the batch shapes a pass can meet are then (width, rows) from short lists, so
+    XLA-compiled kernels compile for few shapes.
     """
     arrays = examples_to_arrays(examples, label_list, source)
     pairs = any(e.text_b is not None for e in examples)
     if not training:
-        return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple)
+        return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple)
     ds = tf.data.Dataset.from_tensor_slices(arrays)
     ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
 
@@ -128,7 +131,7 @@ def _encoder(tokenizer, max_seq_length, pairs):
     return fns[key]
 
 
-def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple):
+def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple=None):
     """Every example once: the set tokenized, sorted by length, cut into batches of one padded width.
 
     Widths are lengths rounded up to pad_to_multiple; a batch never mixes widths, so no example is
@@ -166,8 +169,16 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
 
     def to_model_inputs(batch):
         ids = batch["token_ids"].to_tensor()  # every row of a batch has its width: no padding added
-        features = {"token_ids": ids, "segment_ids": batch["segment_ids"].to_tensor(),
-                    "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
-        return features, batch["label"], batch["index"]
+        segments, label, index = batch["segment_ids"].to_tensor(), batch["label"], batch["index"]
+        if rows_multiple:
+            extra = -tf.shape(index)[0] % rows_multiple
+            width = tf.shape(ids)[1]
+            filler = tf.concat([tf.fill([extra, 1], tf.cast(tokenizer.cls_id, ids.dtype)),
+                                tf.fill([extra, width - 1], tf.cast(tokenizer.pad_id, ids.dtype))], axis=1)
+            ids, segments = tf.concat([ids, filler], 0), tf.concat([segments, tf.zeros_like(filler)], 0)
+            label = tf.concat([label, tf.fill([extra], tf.constant(-1, label.dtype))], 0)
+            index = tf.concat([index, tf.fill([extra], tf.constant(-1, index.dtype))], 0)
+        features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
+        return features, label, index
 
     return tf.data.Dataset.from_tensor_slices(batches).map(to_model_inputs).prefetch(tf.data.AUTOTUNE)

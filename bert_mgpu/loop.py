@@ -1,11 +1,13 @@
 """The training loop: one for fine-tuning and pretraining; what differs between them is hooks.
 
 A step: every hook may stop the run (`should_stop`), hooks prepare (`before_step`, e.g. the time-based
-schedule's progress), `Trainer.train_step` runs, the skip guard counts, every `log_every` steps a record
-(loss, learning rate, loss scale, examples/s, skipped steps and the step's statistics) goes to the
-writer, `history` and the console, hooks act (`after_step`: validation, fine-tune markers, early stop),
-Keras callbacks hear of it, and a checkpoint is saved every `save_every` steps and when the loop ends.
-SIGTERM or Ctrl-C end the loop after the step under way, with a checkpoint.
+schedule's progress), and `Trainer.run_step` queues the step without waiting for it. Only every
+`log_every` steps does the host wait for the device (`Trainer.read`), so a GPU always has the next step
+queued: then the skip guard looks at the runs of non-finite steps the device counted, a record (loss,
+learning rate, loss scale, examples/s, skipped steps and the step's statistics) goes to the writer,
+`history` and the console, and Keras callbacks hear of the batch. Hooks act after every step
+(`after_step`: validation, fine-tune markers, early stop), and a checkpoint is saved every `save_every`
+steps and when the loop ends. SIGTERM or Ctrl-C end the loop after the step under way, with a checkpoint.
 """
 
 import logging
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from bert_mgpu import distribute, guards
+from bert_mgpu import guards
 
 log = logging.getLogger("bert_mgpu")
 
@@ -81,12 +83,13 @@ class Loop:
         global_batch: examples per step, for the examples/s it logs.
         hooks: `Hook`s, run in order.
         callbacks: Keras callbacks (`EarlyStopping`, `CSVLogger`, your own). They see one "epoch" per
-            evaluation (per logging step when no hook evaluates), with `val_` statistics; one that sets
-            `model.stop_training` stops the run.
+            evaluation (per logging step when no hook evaluates), with `val_` statistics, and a batch end
+            on each logging step; one that sets `model.stop_training` stops the run.
         writer: a `tf.summary` writer for TensorBoard, or None.
         save: `save()` writes a checkpoint; called every `save_every` steps and when the loop ends.
         last_checkpoint: `() -> path` named when non-finite steps stop the run.
-        max_consecutive_skips: non-finite steps in a row that stop the run (0: never).
+        max_consecutive_skips: non-finite steps in a row that stop the run (0: never), at the logging step
+            that sees them.
         clock: seconds, read twice a step (before and after it); `elapsed()` adds what it counted to
             `elapsed_before` (a resumed run's time).
 
@@ -97,7 +100,7 @@ class Loop:
     """
 
     def __init__(self, trainer, global_batch: int, hooks: Sequence[Hook] = (), callbacks: Sequence | None = None,
-                 writer=None, log_every: int = 10, save: Callable[[], object] | None = None, save_every: int = 1000,
+                 writer=None, log_every: int = 50, save: Callable[[], object] | None = None, save_every: int = 1000,
                  last_checkpoint: Callable[[], str | None] = lambda: None, max_consecutive_skips: int = 0,
                  clock: Callable[[], float] = time.monotonic, elapsed_before: float = 0.0, verbose: bool = True):
         self.trainer, self.global_batch, self.hooks = trainer, global_batch, list(hooks)
@@ -162,8 +165,7 @@ class Loop:
     def run(self, dataset: tf.data.Dataset, until_step: int | None = None) -> dict:
         """Train on `dataset` (a global-batch tf.data.Dataset) -> the last training record."""
         trainer = self.trainer
-        dist = distribute.distribute_dataset(trainer.strategy, dataset)
-        trainer.input_spec, batches = dist.element_spec, iter(dist)  # one trace for every step (see Trainer)
+        batches = trainer.training_batches(dataset)
         skips = guards.SkipGuard(self.max_consecutive_skips)
         self.stop, self.interrupted, self._saved = None, None, self.step
         self._start = tic = self.clock()
@@ -171,6 +173,7 @@ class Loop:
         trainer.model.stop_training = False
         self.callbacks.on_train_begin()
         self.callbacks.on_epoch_begin(self._epoch)
+        outputs = None
         with guards.StopSignal() as signals:
             while True:
                 self._read_clock()
@@ -182,18 +185,18 @@ class Loop:
                 for hook in self.hooks:
                     hook.before_step(self)
                 self.callbacks.on_train_batch_begin(self.step)
-                applied = trainer.applied_steps
-                loss, _ = trainer.train_step(next(batches))
+                outputs = trainer.run_step(next(batches))  # queued: the host reads only on logging steps
                 self.step, since = self.step + 1, since + 1
-                skips.update(trainer.applied_steps > applied, self.step, self.last_checkpoint())
                 now, record = self._read_clock(), None
                 if self.step % self.log_every == 0 or self.step == until_step:
+                    loss, _, longest_skips = trainer.read(outputs)
+                    skips.check(longest_skips, self.step, self.last_checkpoint())
                     record = self._train_record = self._record(loss, since, now - tic)
                     tic, since = now, 0
                     self.log(record)
+                    self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
                 for hook in self.hooks:
                     hook.after_step(self, record)
-                self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
                 if record is not None and not self.epochs_at_evaluation:
                     self.end_epoch({})
                 if signals.requested:
@@ -201,6 +204,8 @@ class Loop:
                     self.stop = f"interrupted by {signals.requested}; rerun to resume"
                 elif self.step % self.save_every == 0:
                     self.save()
+        if outputs is not None and record is None:  # the last steps were not read: check them before saving
+            skips.check(trainer.read(outputs)[2], self.step, self.last_checkpoint())
         self.save()
         self.callbacks.on_train_end(self._train_record)
         for hook in self.hooks:

@@ -57,7 +57,9 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
 
     def apply(self, grads, trainable_variables=None):
         """Apply the towers' averaged (loss-scaled) gradients, from inside a replica."""
-        variables = list(trainable_variables if trainable_variables is not None else self._trainable_variables)
+        if trainable_variables is None:
+            raise ValueError("TowerOptimizer.apply needs the variables the gradients belong to")
+        variables = list(trainable_variables)
         if not self.built:
             self.build(variables)
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]

@@ -246,7 +246,7 @@ class BertPretrainer:
     def fit(self, data: PretrainingData, output_dir: str, budget: Budget, train_batch_size: int | None = None,
             learning_rate: float = 1e-4, optimizer: str = "adamw", beta_1: float = 0.9, beta_2: float = 0.999,
             epsilon: float = 1e-6, weight_decay: float = 0.01, clipnorm: float | None = 1.0,
-            validation: Validation | None = None, save_checkpoints_steps: int = 1000, log_every: int = 10,
+            validation: Validation | None = None, save_checkpoints_steps: int = 1000, log_every: int = 50,
             use_xla: bool = False, clock: Callable[[], float] = time.monotonic, verbose: bool = True,
             steps: int | None = None, max_consecutive_skips: int = 10, overwrite: bool = False,
             settings: dict | None = None, callbacks: Sequence | None = None) -> dict:

@@ -106,14 +106,26 @@ class Trainer:
         self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
         self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # attempted steps
+        # Non-finite steps in a row, and the longest such run since the host last looked (`read`): the
+        # skip guard needs no host read per step.
+        self._skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="skips_in_a_row")
+        self._longest_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="longest_skips")
+        self.host_reads = 0  # how often `read` waited for the device (tests count them)
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
         self._grads_fn = tf.function(self._loss_and_grads, jit_compile=True) if use_xla else self._loss_and_grads
         self._train_fn = self._predict_fn = self._eval_fn = None
         self._probe_fn = None
-        # The distributed dataset's element_spec (dynamic batch and length): set before the first step,
+        # The distributed dataset's element_spec (dynamic batch and length), set by `training_batches`:
         # every step runs one trace, so a resumed run computes exactly what an uninterrupted one did
         # (shape-specialized traces would round differently from the generic one they relax into).
         self.input_spec = None
+
+    def training_batches(self, dataset: tf.data.Dataset):
+        """The towers' batches of a global-batch dataset, for `train_step`; every step of them then runs
+        the one trace of the dataset's element_spec."""
+        dist = distribute.distribute_dataset(self.strategy, dataset)
+        self.input_spec = dist.element_spec
+        return iter(dist)
 
     # ------------------------------------------------------------------ one step
     def _loss_and_grads(self, features, labels):
@@ -160,7 +172,11 @@ class Trainer:
         if self._train_fn is None:
             def step(batch):
                 features, labels = batch[0], batch[1]
+                before = tf.identity(self.optimizer.iterations)
                 loss, stats, seen = self.strategy.run(self._train_replica, args=(features, labels))
+                skips = tf.where(self.optimizer.iterations > before, tf.constant(0, tf.int64), self._skips + 1)
+                self._skips.assign(skips)
+                self._longest_skips.assign(tf.maximum(self._longest_skips, skips))
                 mean = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None)  # noqa: E731
                 return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
@@ -174,19 +190,31 @@ class Trainer:
         self.input_spec = element_spec
         return self._train_function().get_concrete_function(element_spec).graph
 
-    def train_step(self, batch) -> tuple[float, np.ndarray]:
-        """One optimizer step on a distributed batch -> (mean loss over towers, examples seen per tower).
-
-        The step's other statistics (mean over towers) are left in `self.stats`.
-        """
+    def run_step(self, batch):
+        """One optimizer step on a distributed batch, queued, not waited for -> the step's outputs as
+        device tensors (mean loss, statistics, examples seen per tower); `read` turns them into numbers."""
         self._train_function()
         try:
-            loss, stats, seen = self._train_fn(batch)
+            outputs = self._train_fn(batch)
         except tf.errors.ResourceExhaustedError as e:
             raise self._out_of_memory(e, batch) from None
         self.step.assign_add(1)
+        return outputs
+
+    def read(self, outputs):
+        """Wait for a step's outputs -> (loss, examples seen per tower, longest run of non-finite steps
+        since the last read). Sets `self.stats` (means over towers)."""
+        loss, stats, seen = outputs
+        self.host_reads += 1
         self.stats = {k: float(v) for k, v in stats.items()}
-        return float(loss), seen.numpy()
+        longest = int(self._longest_skips.numpy())
+        self._longest_skips.assign(int(self._skips.numpy()))
+        return float(loss), seen.numpy(), longest
+
+    def train_step(self, batch) -> tuple[float, np.ndarray]:
+        """`run_step` and `read`: one step -> (mean loss over towers, examples seen per tower)."""
+        loss, seen, _ = self.read(self.run_step(batch))
+        return loss, seen
 
     def _out_of_memory(self, error, batch):
         first = lambda t: self.strategy.experimental_local_results(t)[0]  # noqa: E731
@@ -260,7 +288,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ prediction
     def predict_logits(self, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
-        """(logits [N, C], labels [N]) for a dataset of (features, label, index), in input order."""
+        """(logits [N, C], labels [N]) for a dataset of (features, label, index), in input order; rows
+        whose index is negative are filler and dropped."""
         dist = distribute.distribute_dataset(self.strategy, dataset)
         if self._predict_fn is None:
             def step(batch):
@@ -273,6 +302,8 @@ class Trainer:
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
             parts = [tuple(t.numpy() for t in self._predict_fn(batch)) for batch in dist]
         logits, labels, index = (np.concatenate(p) for p in zip(*parts))
+        real = index >= 0  # rows of index -1 only fill a batch (input_pipeline's rows_multiple)
+        logits, labels, index = logits[real], labels[real], index[real]
         order = np.argsort(index, kind="stable")
         if not np.array_equal(index[order], np.arange(len(index))):
             raise RuntimeError(f"prediction lost or duplicated examples ({len(index)} rows)")

@@ -26,14 +26,13 @@ def test_signal_is_recorded_not_fatal_and_handler_restored():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_skips_in_a_row_stop_and_an_applied_step_resets_the_count():
+def test_a_run_of_limit_skips_stops_naming_the_step_and_checkpoint():
     guard = guards.SkipGuard(3)
-    for step, applied in enumerate([False, False, True, False, False], 1):
-        guard.update(applied, step, "out/ckpt-2")
-    assert (guard.in_a_row, guard.total) == (2, 4)
+    guard.check(2, 5, "out/ckpt-2")  # under the limit: goes on
+    guards.SkipGuard(0).check(100, 5, None)  # 0: no limit
     with pytest.raises(RunError, match=r"step 6: 3 steps in a row had non-finite gradients .* Last good "
                                        r"checkpoint: out/ckpt-2"):
-        guard.update(False, 6, "out/ckpt-2")
+        guard.check(3, 6, "out/ckpt-2")
 
 
 def test_out_of_memory_names_tower_batch_length_and_a_batch_to_try():
@@ -59,7 +58,7 @@ def poisoned_loss(model, features, labels, training=True):
 training_loss = training.classification_loss
 
 
-def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan):
+def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan, log_every=1):
     plan = devices.plan_devices(0, 2, 4, ())
     strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
@@ -74,7 +73,7 @@ def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan):
     saved = run_dir.Checkpoints(tf.train.Checkpoint(model=model), str(tmp_path), model.weights)
     on_save = lambda: saved.save(int(trainer.step.numpy()))  # noqa: E731
     loop = Loop(trainer, 8, save=on_save, save_every=2, verbose=False, max_consecutive_skips=limit,
-                last_checkpoint=lambda: saved.latest)
+                last_checkpoint=lambda: saved.latest, log_every=log_every)
     return trainer, model, saved, lambda: loop.run(ds, until_step=steps)["loss"]
 
 
@@ -92,6 +91,14 @@ def test_too_many_poisoned_batches_in_a_row_stop_naming_the_last_good_checkpoint
     with pytest.raises(RunError, match=r"step 7: 3 steps in a row .* Last good checkpoint: .*ckpt-6"):
         fit()
     assert trainer.applied_steps == 4  # steps 5-7 changed nothing
+
+
+def test_skips_between_logging_steps_are_seen_at_the_next_one(tmp_path):
+    """The device counts the runs of skips; a run of 3 that ended before the logging step still stops it."""
+    trainer, model, saved, fit = poisoned_run(tmp_path, {2, 3, 4}, limit=3, log_every=5)
+    with pytest.raises(RunError, match=r"step 5: 3 steps in a row .* Last good checkpoint: .*ckpt-4"):
+        fit()
+    assert trainer.applied_steps == 2 and trainer.host_reads == 1  # steps 1 and 5 applied; one read
 
 
 def test_out_of_memory_in_a_step_becomes_one_line(tmp_path):

@@ -113,3 +113,22 @@ def test_evaluation_and_training_inputs_agree_and_evaluation_is_sorted(tok, monk
     training, _ = rows(make_dataset(examples, tok, ["a", "b"], 40, 6, training=True, seed=0), batches=30)
     assert len(training) > 30 and all(training[i] == evaluation[i] for i in training)
     assert evaluation[3][2] == 1 and evaluation[4][2] == 0
+
+
+def test_padded_rows_keep_the_shapes_of_a_pass_to_short_lists_and_every_example_once(tok):
+    """200 examples of 1-60 words, 2 towers x 16 rows, rows padded to multiples of 2 x 8: each batch is
+    (rows in {16, 32}) x (width in multiples of 8), and the filler rows (index -1) are [CLS] alone."""
+    rng = np.random.default_rng(4)
+    examples = [Example(str(i), words(int(n), i), None, "ab"[i % 2]) for i, n in enumerate(rng.integers(1, 61, 200))]
+    plain = list(make_dataset(examples, tok, ["a", "b"], 64, 32, training=False))
+    padded = list(make_dataset(examples, tok, ["a", "b"], 64, 32, training=False, rows_multiple=16))
+    shapes = {tuple(f["token_ids"].shape) for f, _, _ in padded}
+    assert {r for r, _ in shapes} <= {16, 32} and {w % 8 for _, w in shapes} == {0}, shapes
+    assert any(f["token_ids"].shape[0] % 16 for f, _, _ in plain)  # without: rows of any count
+    index = np.concatenate([i.numpy() for _, _, i in padded])
+    assert sorted(index[index >= 0].tolist()) == list(range(200))
+    for features, label, i in padded:
+        filler = i.numpy() < 0
+        assert (label.numpy()[filler] == -1).all()
+        assert (features["padding_mask"].numpy()[filler].sum(1) == 1).all()
+        assert (features["token_ids"].numpy()[filler, 0] == tok.cls_id).all()

@@ -90,3 +90,18 @@ def test_both_apis_log_the_same_keys_to_tensorboard(tmp_path, kind, text):  # no
     tags = set(events.Tags()["tensors"])
     common = {"loss", "learning_rate", "loss_scale", "examples_per_second", "skipped_steps"}
     assert common | expected <= tags, tags
+
+
+def test_reading_every_fifth_step_trains_bit_identically_with_one_host_read_per_interval():
+    """The host waits for the device only on logging steps; what is computed does not change."""
+    weights, reads = {}, {}
+    for log_every in (1, 5):
+        trainer, data = tiny_trainer()
+        loop = Loop(trainer, 8, log_every=log_every, verbose=False)
+        loop.run(data, until_step=10)
+        weights[log_every] = [v.numpy() for v in trainer.model.weights]
+        reads[log_every] = trainer.host_reads
+        assert [r["step"] for r in loop.history] == list(range(log_every, 11, log_every))
+    assert reads == {1: 10, 5: 2}
+    for a, b in zip(weights[1], weights[5]):
+        np.testing.assert_array_equal(a, b)
