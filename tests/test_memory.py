@@ -30,8 +30,9 @@ def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     _, probe = memory.find_batch_size(trainer, make, plan, limit_mb=1e9, cap=16)
     peaks = dict(probe)
     # The step's working memory grows with the batch. Not by a fixed ratio: the same trial reads 8.7 to
-    # 10.2 MiB at batch 8 and 12.4 to 16.9 at 16 from process to process (the BFC allocator's rounding).
-    assert peaks[16] > peaks[8] > peaks[4] > peaks[2] > peaks[1] and peaks[16] > 2 * peaks[1], peaks
+    # 10.2 MiB at batch 8 and 12.4 to 16.9 at 16 from process to process (the BFC allocator's rounding);
+    # oneDNN's allocator reads 0 above the resident weights for the smallest batches.
+    assert peaks[16] > peaks[8] >= peaks[4] >= peaks[2] >= peaks[1] and peaks[16] > 2 * peaks[1], peaks
     limit = (peaks[8] + peaks[16]) / 2  # so 8 fits and 16 does not; the edge lies between them
     weights = [w.numpy().copy() for w in model.weights]
     best, trials = memory.find_batch_size(trainer, make, plan, limit_mb=limit, cap=64)
