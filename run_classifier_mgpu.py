@@ -31,7 +31,10 @@ flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (batche
 flags.DEFINE_bool("do_train", False, "Fine-tune.")
 flags.DEFINE_bool("do_eval", False, "Evaluate on dev; writes eval_results.txt.")
 flags.DEFINE_bool("do_predict", False, "Predict test; writes test_results.tsv, predict.txt, predictions.tsv.")
-flags.DEFINE_integer("train_batch_size", 32, "Per tower; the global batch is this x towers.")
+flags.DEFINE_integer("train_batch_size", 32, "Per tower; the global batch is this x towers x "
+                     "--gradient_accumulation_steps.")
+flags.DEFINE_integer("gradient_accumulation_steps", 1, "Batches each tower runs per step, their gradients "
+                     "averaged: a larger global batch in the same memory.")
 flags.DEFINE_integer("eval_batch_size", 8, "Per tower.")
 flags.DEFINE_integer("predict_batch_size", 8, "Per tower.")
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
@@ -109,7 +112,8 @@ def run():
         clf.fit(train, FLAGS.output_dir, epochs=FLAGS.num_train_epochs, learning_rate=FLAGS.learning_rate,
                 warmup_proportion=FLAGS.warmup_proportion, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
                 seed=FLAGS.seed, use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
-                overwrite=FLAGS.overwrite_output_dir, settings=settings, log_every=FLAGS.log_every_steps)
+                overwrite=FLAGS.overwrite_output_dir, settings=settings, log_every=FLAGS.log_every_steps,
+                gradient_accumulation_steps=FLAGS.gradient_accumulation_steps)
         if clf.interrupted:
             print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
                   f"{FLAGS.output_dir}. Rerun the same command to resume")

@@ -122,16 +122,22 @@ class BertClassifier:
     def fit(self, examples: Sequence[Example], output_dir: str, epochs: float = 3.0, learning_rate: float = 5e-5,
             warmup_proportion: float = 0.1, save_checkpoints_steps: int = 1000, seed: int = 12345,
             use_xla: bool = False, verbose: bool = True, max_consecutive_skips: int = 10, overwrite: bool = False,
-            settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 50) -> dict | None:
+            settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 50,
+            gradient_accumulation_steps: int = 1) -> dict | None:
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
         The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
         skipped). SIGTERM/Ctrl-C stop after the step under way with a checkpoint and set
         `self.interrupted`. Other settings in an output_dir holding checkpoints are refused unless
         `overwrite`. `settings` adds the caller's own (the script's flags) to what is compared.
-        `callbacks`: Keras callbacks (see loop.Loop). Returns the last training record.
+        `callbacks`: Keras callbacks (see loop.Loop). `gradient_accumulation_steps`: each tower runs that
+        many batches of its per-tower size one after another and the step applies their mean gradient, so
+        the global batch is towers x per-tower batch x this. Returns the last training record.
         """
-        global_batch = self.towers.batch(self.towers.plan.per_tower_batch)
+        accum = int(gradient_accumulation_steps)
+        if accum < 1:
+            raise UserError(f"--gradient_accumulation_steps={accum}: expected 1 or more")
+        global_batch = self.towers.batch(self.towers.plan.per_tower_batch) * accum
         num_steps = int(len(examples) / global_batch * epochs)
         if num_steps < 1:
             raise UserError(f"{len(examples)} training examples make no step at global batch {global_batch} "
@@ -141,14 +147,15 @@ class BertClassifier:
             "num_train_epochs": epochs, "learning_rate": learning_rate, "warmup_proportion": warmup_proportion,
             "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
-            "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
+            "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
+            **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
         run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
         with strategy.scope():
             optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
                                                       float16=self.policy == "mixed_float16")
-        trainer = Trainer(strategy, self.model, optimizer, use_xla)
+        trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum)
         restored = run.restore(checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
                                                                rng=run_dir.rng_states(self.model)),
                                self.model.weights)
@@ -156,9 +163,9 @@ class BertClassifier:
             log.info("resuming from %s at step %d", restored, int(trainer.step.numpy()))
         start = int(trainer.step.numpy())
         self._write_run(output_dir, start)
-        log.info("training: %d examples, %d steps of %d (%d towers x %d), warmup %d, from step %d",
-                 len(examples), num_steps, global_batch, self.towers.count, self.towers.plan.per_tower_batch,
-                 warmup, start)
+        log.info("training: %d examples, %d steps of %d (%d towers x %d x %d accumulation steps), warmup %d, "
+                 "from step %d", len(examples), num_steps, global_batch, self.towers.count,
+                 self.towers.plan.per_tower_batch, accum, warmup, start)
         self.interrupted = None
         if start >= num_steps:
             self.global_step = start

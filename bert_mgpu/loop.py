@@ -186,15 +186,17 @@ class Loop:
                     hook.before_step(self)
                 self.callbacks.on_train_batch_begin(self.step)
                 outputs = trainer.run_step(next(batches))  # queued: the host reads only on logging steps
-                self.step, since = self.step + 1, since + 1
-                now, record = self._read_clock(), None
+                self.step, since, record = self.step + 1, since + 1, None
                 if self.step % self.log_every == 0 or self.step == until_step:
                     loss, _, longest_skips = trainer.read(outputs)
+                    now = self._read_clock()  # after the wait: the rate counts the steps done, not queued
                     skips.check(longest_skips, self.step, self.last_checkpoint())
                     record = self._train_record = self._record(loss, since, now - tic)
                     tic, since = now, 0
                     self.log(record)
                     self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
+                else:
+                    self._read_clock()
                 for hook in self.hooks:
                     hook.after_step(self, record)
                 if record is not None and not self.epochs_at_evaluation:

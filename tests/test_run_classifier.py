@@ -92,6 +92,19 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
     assert sorted(os.listdir(out)) == files
 
 
+def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
+    """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run."""
+    out = str(tmp_path / "acc")
+    proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
+                       "--gradient_accumulation_steps=2", "--log_every_steps=10"))
+    assert "20 steps of 32 (2 towers x 8 x 2 accumulation steps)" in proc.stderr
+    with open(os.path.join(out, "bert_mgpu.json"), encoding="utf-8") as f:
+        run_file = json.load(f)
+    assert run_file["global_step"] == 20 and run_file["settings"]["gradient_accumulation_steps"] == 2
+    assert run(*common(data, google_release, out, "--do_train", "--gradient_accumulation_steps=0"),
+               check=False).stderr.strip().endswith("--gradient_accumulation_steps=0: expected 1 or more")
+
+
 def test_dry_run_prints_the_plan():
     proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=3", "--train_batch_size=16")
     assert "3 tower(s) on CPU" in proc.stdout and "global batch = 16 x 3 = 48" in proc.stdout

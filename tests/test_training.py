@@ -22,7 +22,7 @@ def batch(n=8, length=12, seed=0):
     return features, rng.integers(0, 2, n).astype(np.int32), np.arange(n, dtype=np.int32)
 
 
-def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, use_xla=False):
+def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, use_xla=False, accum_steps=1):
     plan = devices.plan_devices(0, towers, 8 // towers, ())
     strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
@@ -30,7 +30,7 @@ def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, u
         model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2, policy)
         opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16",
                                             initial_scale=initial_scale)
-    trainer = training.Trainer(strategy, model, opt, use_xla=use_xla)
+    trainer = training.Trainer(strategy, model, opt, use_xla=use_xla, accum_steps=accum_steps)
     before = [v.numpy() for v in model.trainable_variables]
     ds = tf.data.Dataset.from_tensors(data or batch()).repeat()
     it = iter(strategy.experimental_distribute_dataset(ds))
@@ -52,6 +52,15 @@ def test_three_steps_two_towers_still_equal_one():
     _, _, one, _ = one_step(1, steps=3)
     _, _, two, _ = one_step(2, steps=3)
     assert max(np.abs(a - b).max() for a, b in zip(one, two)) < 1e-5
+
+
+def test_classifier_steps_accumulated_over_two_halves_equal_one_step():
+    """The classifier's --gradient_accumulation_steps: each tower's 4 rows as 2 x 2, the same 2 steps."""
+    _, _, whole, results1 = one_step(2, steps=2)
+    _, _, halves, results2 = one_step(2, steps=2, accum_steps=2)
+    assert [list(seen) for _, seen in results2] == [[4, 4], [4, 4]]
+    assert all(abs(a[0] - b[0]) < 1e-5 for a, b in zip(results1, results2))
+    assert max(np.abs(a - b).max() for a, b in zip(whole, halves)) < 1e-5
 
 
 def test_xla_compiled_towers_give_the_same_step():
