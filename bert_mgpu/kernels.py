@@ -3,8 +3,8 @@
 Dropout from a counter-based hash (the mask is recomputed from the seed in the backward pass, never
 stored); attention's softmax+dropout with one backward kernel; bias+activation with a hand-written
 backward; bias+dropout+residual+LayerNorm; the masked-LM cross-entropy on low-precision logits; and
-`ACTIVATIONS`, the one table of BERT's `hidden_act` values. Why each is hand-written, with its
-measurement, is in benchmarks/NOTES.md (items 7, 8, 10, 16, 18, 27).
+`ACTIVATIONS`, the one table of BERT's `hidden_act` values. Each is here because it measurably beat
+what TensorFlow's own ops compute (the measurements are in benchmarks/NOTES.md).
 
 Example:
     y = softmax_dropout(scores, 0.1, seed)           # the backward recomputes the same mask
