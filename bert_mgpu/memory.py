@@ -6,10 +6,9 @@ ResourceExhaustedError and its peak memory stays under the limit. Each trial run
 compile, then again to be measured; a trial fits when its peak leaves 2% of the limit free for what a
 run holds beyond one step (its input iterators, the loop's own traced functions). On CPUs the trial is
 the real training step (all-reduce and update) of an optimizer whose learning rate is 0, so no weight
-changes. On GPUs it is forward and backward on
-the first tower alone with every gradient held in one buffer, as NCCL's pack holds them, and no
-collective (module `find_batch_size`); the optimizer update's temporaries are not measured there. The
-input pipeline's buffers (a few batches of token ids) are not in any trial.
+changes. On GPUs it is forward and backward on the first tower alone with every gradient held in one
+buffer, as NCCL's pack holds them, then the optimizer's update on that tower's device, and no collective
+(`find_batch_size`). The input pipeline's buffers (a few batches of token ids) are not in any trial.
 
 The peak is TensorFlow's allocator statistic (`get_memory_info`, reset before each trial), so a smaller
 trial after a larger one still reads its own peak. GPUs always keep it. On CPUs, where TensorFlow leaves

@@ -65,7 +65,14 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
         grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
         tf.distribute.get_replica_context().merge_call(self._apply_on_every_device, args=(grads, variables))
 
-    def _apply_on_every_device(self, distribution, grads, variables):
+    def apply_on_first_device(self, grads, variables):
+        """`apply` with the program run on the first device only (its copies of the variables), from inside a
+        replica: an auto-batch trial on a GPU measures the update's memory on one tower alone."""
+        grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+        tf.distribute.get_replica_context().merge_call(self._apply_on_every_device, args=(grads, list(variables)),
+                                                       kwargs={"devices": 1})
+
+    def _apply_on_every_device(self, distribution, grads, variables, devices=None):
         inner = self.inner_optimizer
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         local = distribution.experimental_local_results
@@ -81,7 +88,7 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
         # CPUs, and the towers' copies of the weights drifted apart.
         squares = tf.add_n([2.0 * tf.nn.l2_loss(tf.cast(local(g)[0], tf.float32)) for g, _ in pairs])
         finite = []
-        for d, weights in enumerate(zip(*(local(raw(v)) for _, v in pairs))):
+        for d, weights in enumerate(list(zip(*(local(raw(v)) for _, v in pairs)))[:devices]):
             with tf.device(weights[0].device):
                 finite.append(program(
                     list(weights), [local(raw(m))[d] for m, _ in slots], [local(raw(s))[d] for _, s in slots],

@@ -162,6 +162,28 @@ def test_training_and_evaluating_at_the_chosen_batch_stays_under_the_limit():
     assert meter.read_mb() <= limit, (meter.read_mb(), limit, best)
 
 
+def test_gpu_trials_run_one_tower_alone_with_the_update_and_change_no_weight(monkeypatch):
+    """The GPU path of the search on 2 logical CPU towers (the meter reads the host allocator): each trial
+    is a forward, backward and optimizer update on the first tower alone, with learning rate 0."""
+    import dataclasses
+
+    cpu_plan = devices.plan_devices(0, 2, 1, ())
+    strategy = distribute.make_strategy(cpu_plan)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38, hidden_size=64, intermediate_size=256), 2)
+        opt = optimization.create_optimizer(0.0, 10, 0)
+    trainer = training.Trainer(strategy, model, opt)
+    monkeypatch.setattr(memory, "peak_meter", lambda plan: memory.AllocatorPeak(cpu_plan))
+    gpu_plan = dataclasses.replace(cpu_plan, device_type="GPU")
+    weights = [w.numpy().copy() for w in model.weights]
+    best, trials = memory.find_batch_size(trainer, lambda n: memory.classifier_batch(n, 32), gpu_plan,
+                                          limit_mb=1e9, cap=8)
+    assert best == 8 and [b for b, _ in sorted(trials)] == [1, 2, 4, 8]
+    assert int(opt.iterations.numpy()) == 2 * len(trials)  # two runs a trial, each ran the update
+    assert all((w.numpy() == v).all() for w, v in zip(model.weights, weights))
+
+
 def test_cpu_trials_refuse_an_optimizer_that_would_train():
     plan = devices.plan_devices(0, 1, 1, ())
     strategy = distribute.make_strategy(plan)
