@@ -63,9 +63,14 @@ def tower_of(message):
     """The tower index an out-of-memory message names (`.../device:GPU:3`), or None.
 
     An XLA kernel's message names no device; then the op's replica prefix (`node replica_1/...`) does,
-    for every tower but the first (tf.distribute gives the first replica's ops no prefix)."""
-    found = re.findall(r"device:(?:GPU|CPU):(\d+)", message or "") or re.findall(r"node replica_(\d+)/", message or "")
-    return int(found[-1]) if found else None
+    for every tower but the first: tf.distribute gives the first replica's ops no prefix, so a model op
+    (`node bert_classifier/...`) without one is the first tower's. Outside the towers the step only
+    reduces scalars, which do not run out of memory."""
+    message = message or ""
+    found = re.findall(r"device:(?:GPU|CPU):(\d+)", message) or re.findall(r"node replica_(\d+)/", message)
+    if found:
+        return int(found[-1])
+    return 0 if re.search(r"node (?!replica_)[\w.-]+/", message) else None
 
 
 def out_of_memory(error, per_tower_batch, seq_length, accum_steps=1):

@@ -45,7 +45,8 @@ def test_out_of_memory_names_tower_batch_length_and_a_batch_to_try():
     assert "even one sequence does not fit" in str(guards.out_of_memory(error, 1, 512))
     xla = ("Graph execution error:\n\nDetected at node replica_1/bert_classifier_1/fused_encoder_1/PartitionedCall "
            "defined at (most recent call last):\nOut of memory while trying to allocate 256.00MiB.")
-    assert guards.tower_of(xla) == 1 and guards.tower_of(xla.replace("replica_1/", "")) is None
+    assert guards.tower_of(xla) == 1 and guards.tower_of(xla.replace("replica_1/", "")) == 0  # the first tower
+    assert guards.tower_of("Out of memory while trying to allocate 256.00MiB.") is None  # nothing names one
 
 
 def poisoned_loss(model, features, labels, training=True):
