@@ -76,7 +76,7 @@ class Evaluation(Hook):
 
 
 class Loop:
-    """Runs `trainer.train_step` on a dataset until a hook, a callback, a signal or `until_step` stops it.
+    """Runs `trainer.run_step` on a dataset until a hook, a callback, a signal or `until_step` stops it.
 
     Args:
         trainer: a `training.Trainer` with an optimizer.
