@@ -77,7 +77,6 @@ def run():
     for name in ("task_name", "data_dir", "output_dir"):
         if not getattr(FLAGS, name):
             raise bert_mgpu.UserError(f"--{name} is required")
-    run_dir.check_output_dir(FLAGS.output_dir)
     import keras
     import tensorflow as tf
 
@@ -87,6 +86,10 @@ def run():
     # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
     towers = cli.towers_from_flags(plan)
     logging.info("%s", towers.plan.describe())
+    if towers.cluster:
+        logging.info("%s", towers.cluster.describe())
+    if towers.is_chief:
+        run_dir.check_output_dir(FLAGS.output_dir)
     task = bert_mgpu.get_task(
         FLAGS.task_name, text_column=FLAGS.text_column, label_column=FLAGS.label_column,
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
@@ -120,14 +123,16 @@ def run():
             return
     if FLAGS.do_eval:
         results = clf.evaluate(dev, batch_size=FLAGS.eval_batch_size)
-        path = outputs.write_eval_results(FLAGS.output_dir, results)
         for key in sorted(results):
             logging.info("  %s = %s", key, results[key])
-        print(f"eval: accuracy {results['eval_accuracy']:.4f} on {len(dev)} examples -> {path}")
+        if towers.is_chief:
+            path = outputs.write_eval_results(FLAGS.output_dir, results)
+            print(f"eval: accuracy {results['eval_accuracy']:.4f} on {len(dev)} examples -> {path}")
     if FLAGS.do_predict:
         probabilities = clf.predict(test, batch_size=FLAGS.predict_batch_size)
-        paths = outputs.write_predictions(FLAGS.output_dir, probabilities, clf.labels, [e.guid for e in test])
-        print(f"predict: {len(test)} examples -> {', '.join(paths)}")
+        if towers.is_chief:
+            paths = outputs.write_predictions(FLAGS.output_dir, probabilities, clf.labels, [e.guid for e in test])
+            print(f"predict: {len(test)} examples -> {', '.join(paths)}")
 
 
 def _console():

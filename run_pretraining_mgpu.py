@@ -125,22 +125,21 @@ def run():
 
     if FLAGS.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
-    # One micro-batch per tower unless told: the global batch split evenly over this machine's towers.
+    # One micro-batch per tower unless told: the global batch split evenly over every worker's towers.
     plan = cli.plan_from_flags(FLAGS.train_micro_batch_size_per_gpu or 1)
-    micro = FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.towers)
+    micro = FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
     plan = dataclasses.replace(plan, per_tower_batch=micro)
     if FLAGS.dry_run:
         print(plan.describe())
         print(f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch "
-              f"{FLAGS.train_batch_size} = {plan.towers} towers x {micro} x "
-              f"{FLAGS.train_batch_size / (plan.towers * micro):g} accumulation steps")
+              f"{FLAGS.train_batch_size} = {plan.job_towers} towers x {micro} x "
+              f"{FLAGS.train_batch_size / (plan.job_towers * micro):g} accumulation steps")
         return
     if not (FLAGS.do_train or FLAGS.do_eval):
         raise UserError("at least one of --do_train or --do_eval must be true")
     for name in ("input_file", "output_dir"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
-    check_output_dir(FLAGS.output_dir)
     import keras
     import tensorflow as tf
 
@@ -149,6 +148,10 @@ def run():
         tf.config.experimental.enable_op_determinism()
     towers = cli.towers_from_flags(plan)
     logging.info("%s", towers.plan.describe())
+    if towers.cluster:
+        logging.info("%s", towers.cluster.describe())
+    if towers.is_chief:
+        check_output_dir(FLAGS.output_dir)
     pre = _pretrainer(towers)
     pre.config.check_seq_length(FLAGS.max_seq_length)
     if FLAGS.auto_batch_size and FLAGS.do_train:
@@ -196,8 +199,9 @@ def run():
     if FLAGS.do_eval:
         results = pre.evaluate(_data(held_out, pre.tokenizer), batch_size=towers.batch(FLAGS.eval_batch_size),
                                max_steps=FLAGS.max_eval_steps)
-        path = pre.write_eval_results(FLAGS.output_dir, results, step)
-        print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
+        if towers.is_chief:
+            path = pre.write_eval_results(FLAGS.output_dir, results, step)
+            print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
 
 
 def _console():

@@ -95,3 +95,36 @@ def uses_weight_decay(optimizer, variable):
 def current_learning_rate(optimizer):
     """The learning rate of the coming step (a schedule evaluated at `iterations`), as Keras computes it."""
     return optimizer._get_current_learning_rate()
+
+
+def multi_worker_local_devices(device_type, count):
+    """A context in which MultiWorkerMirroredStrategy takes `count` devices of `device_type` on this
+    worker as its towers. Left alone it takes every GPU TensorFlow sees, or one CPU device: neither the
+    plan's logical towers (several per GPU, or several CPU towers, as the tests run) nor --n_gpus."""
+    import contextlib
+
+    from tensorflow.python.distribute import collective_all_reduce_strategy
+
+    extended = collective_all_reduce_strategy.CollectiveAllReduceExtended
+
+    def local_devices(self, cluster_resolver, worker_device):
+        return tuple(f"{worker_device}/device:{device_type}:{i}" for i in range(count)), device_type
+
+    @contextlib.contextmanager
+    def patched():
+        original = extended._initialize_local_devices
+        extended._initialize_local_devices = local_devices
+        try:
+            yield
+        finally:
+            extended._initialize_local_devices = original
+
+    return patched()
+
+
+def host_cross_device_ops(strategy):
+    """MultiWorkerMirroredStrategy's collectives between the workers' host CPUs (one value per worker),
+    which TensorFlow keeps for "host tensors (e.g. early stopping)" under a private name. The public
+    `reduce_to` picks them only when a worker has several towers; these never queue behind a GPU's
+    steps, so a worker can agree with the others on the host while its GPUs still run."""
+    return strategy.extended._host_cross_device_ops

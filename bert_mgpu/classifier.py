@@ -149,7 +149,7 @@ class BertClassifier:
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
-        run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite)
+        run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
         with strategy.scope():
@@ -162,7 +162,8 @@ class BertClassifier:
         if restored:
             log.info("resuming from %s at step %d", restored, int(trainer.step.numpy()))
         start = int(trainer.step.numpy())
-        self._write_run(output_dir, start)
+        if self.towers.is_chief:
+            self._write_run(output_dir, start)
         log.info("training: %d examples, %d steps of %d (%d towers x %d x %d accumulation steps), warmup %d, "
                  "from step %d", len(examples), num_steps, global_batch, self.towers.count,
                  self.towers.plan.per_tower_batch, accum, warmup, start)

@@ -49,7 +49,10 @@ def define_tower_flags():
                          "--n_gpus=0.")
     flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
                          "(default: 92% of the GPU divided by the towers).")
-    flags.DEFINE_bool("multi_worker", False, "Several machines: MultiWorkerMirroredStrategy from TF_CONFIG.")
+    flags.DEFINE_string("worker_hosts", None, "Several machines: every worker's host:port, comma-separated, the "
+                        "same list on each (TensorFlow's MultiWorkerMirroredStrategy).")
+    flags.DEFINE_integer("task_index", None, "With --worker_hosts: this machine's place in it (0 = the chief).")
+    flags.DEFINE_bool("multi_worker", False, "Several machines, the cluster from TF_CONFIG or SLURM's srun.")
     flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
                       "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else "
                       "float32.")
@@ -67,7 +70,16 @@ def plan_from_flags(per_tower_batch):
 
     f = flags.FLAGS
     visible = devices.discover_visible_gpus() if f.n_gpus else ()
-    return devices.plan_devices(f.n_gpus, f.towers_per_gpu, per_tower_batch, visible)
+    job = cluster_from_flags()
+    return devices.plan_devices(f.n_gpus, f.towers_per_gpu, per_tower_batch, visible, job.workers if job else 1)
+
+
+def cluster_from_flags():
+    """The multi-worker cluster the flags name (--worker_hosts/--task_index, --multi_worker), or None."""
+    from bert_mgpu.cluster import find_cluster
+
+    f = flags.FLAGS
+    return find_cluster(f.worker_hosts, f.task_index, f.multi_worker)
 
 
 def towers_from_flags(plan):
@@ -75,4 +87,4 @@ def towers_from_flags(plan):
     from bert_mgpu.devices import Towers
 
     f = flags.FLAGS
-    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, f.multi_worker)
+    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster_from_flags())

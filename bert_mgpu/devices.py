@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Sequence
 
 from bert_mgpu import distribute
+from bert_mgpu.cluster import Cluster, find_cluster
 from bert_mgpu.errors import UserError
 
 
@@ -30,14 +31,21 @@ class DevicePlan:
     towers_per_device: int
     per_tower_batch: int
     why: str = ""  # why these devices, for the log
+    workers: int = 1  # machines in the job, each with these towers (TensorFlow assumes them alike)
 
     @property
     def towers(self):
+        """Towers on this machine."""
         return max(1, len(self.physical_ids)) * self.towers_per_device
 
     @property
+    def job_towers(self):
+        """Towers in the whole job: this machine's times the workers."""
+        return self.towers * self.workers
+
+    @property
     def global_batch(self):
-        return self.per_tower_batch * self.towers
+        return self.per_tower_batch * self.job_towers
 
     @property
     def devices(self):
@@ -67,7 +75,8 @@ class DevicePlan:
         lines = [
             f"device plan: {self.towers} tower(s) on {self.device_type}, "
             f"{self.towers_per_device} per device, all-reduce={self.all_reduce}, "
-            f"global batch = {self.per_tower_batch} x {self.towers} = {self.global_batch}"
+            f"global batch = {self.per_tower_batch} x {self.towers}"
+            + (f" x {self.workers} workers" if self.workers > 1 else "") + f" = {self.global_batch}"
             + (f" ({self.why})" if self.why else "")
         ]
         for t, dev in enumerate(self.devices):
@@ -106,12 +115,18 @@ def visible_gpu_names(num_visible, cuda_visible_devices, smi_gpus=None):
     return listed[:num_visible] if cuda_visible_devices is not None else tuple(str(i) for i in range(num_visible))
 
 
-def plan_devices(n_gpus: int, towers_per_gpu: int, per_tower_batch: int, visible_gpus: Sequence[str]) -> DevicePlan:
+def plan_devices(n_gpus: int, towers_per_gpu: int, per_tower_batch: int, visible_gpus: Sequence[str],
+                 workers: int = 1) -> DevicePlan:
     """Pure: (flags, visible GPU names in order) -> DevicePlan, or UserError saying what is wrong.
 
     n_gpus=-1 means every visible GPU, the CPU when none is visible; n_gpus=0 means the CPU;
-    towers_per_gpu=K then makes K logical CPU towers.
+    towers_per_gpu=K then makes K logical CPU towers. workers: machines in the job, each planned alike.
     """
+    return dataclasses.replace(_plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus),
+                               workers=int(workers))
+
+
+def _plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
     for name, value, low in (("n_gpus", n_gpus, -1), ("towers_per_gpu", towers_per_gpu, 1),
                              ("train_batch_size", per_tower_batch, 1)):
         if not isinstance(value, int) or value < low:
@@ -262,36 +277,48 @@ class Towers:
         towers_per_gpu: towers per GPU, or logical CPU towers with n_gpus=0.
         train_batch_size: the per-tower training batch.
         gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
-        multi_worker: MultiWorkerMirroredStrategy over the cluster in TF_CONFIG.
+        multi_worker: several machines, the cluster from TF_CONFIG or SLURM (`cluster.find_cluster`).
+        worker_hosts, task_index: several machines, named here ("h1:2222,h2:2222") and this one's place.
 
     Example:
         towers = Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)   # 2 CPU towers, batch 32
         towers = Towers(n_gpus=4, train_batch_size=32)                     # 4 GPUs, NCCL, batch 128
+        towers = Towers(n_gpus=8, train_batch_size=32, worker_hosts="h1:2222,h2:2222", task_index=0)
     """
 
     def __init__(self, n_gpus: int = -1, towers_per_gpu: int = 1, train_batch_size: int = 32,
-                 gpu_memory_per_tower_mb: int | None = None, multi_worker: bool = False):
+                 gpu_memory_per_tower_mb: int | None = None, multi_worker: bool = False,
+                 worker_hosts: str | None = None, task_index: int | None = None):
+        job = find_cluster(worker_hosts, task_index, multi_worker)
         visible = discover_visible_gpus() if n_gpus else ()
-        self._apply(plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible), gpu_memory_per_tower_mb,
-                    multi_worker)
+        plan = plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible, job.workers if job else 1)
+        self._apply(plan, gpu_memory_per_tower_mb, job)
 
     @classmethod
     def from_plan(cls, plan: DevicePlan, gpu_memory_per_tower_mb: int | None = None,
-                  multi_worker: bool = False) -> "Towers":
+                  cluster: Cluster | None = None) -> "Towers":
         """Towers for a plan already made (`plan_devices`): the script's plan, computed once."""
         self = cls.__new__(cls)
-        self._apply(plan, gpu_memory_per_tower_mb, multi_worker)
+        self._apply(plan, gpu_memory_per_tower_mb, cluster)
         return self
 
-    def _apply(self, plan, gpu_memory_per_tower_mb, multi_worker):
-        self.plan = plan
+    def _apply(self, plan, gpu_memory_per_tower_mb, cluster):
+        if cluster is not None and cluster.workers != plan.workers:
+            raise ValueError(f"the plan is for {plan.workers} worker(s), the cluster has {cluster.workers}")
+        self.plan, self.cluster = plan, cluster
         configure_devices(plan, gpu_memory_per_tower_mb)
-        self.strategy = distribute.multi_worker_strategy() if multi_worker else distribute.make_strategy(plan)
+        self.strategy = (distribute.multi_worker_strategy(plan, cluster) if cluster
+                         else distribute.make_strategy(plan))
 
     @property
     def count(self):
-        """Towers in the whole job (across workers under --multi_worker)."""
+        """Towers in the whole job (all workers')."""
         return self.strategy.num_replicas_in_sync
+
+    @property
+    def is_chief(self):
+        """Whether this process writes the run's files (always, on one machine)."""
+        return self.cluster is None or self.cluster.is_chief
 
     def batch(self, per_tower: int) -> int:
         return per_tower * self.count

@@ -9,11 +9,9 @@ Example:
 """
 
 import itertools
-import os
 import weakref
 
 from bert_mgpu import _compat
-from bert_mgpu.errors import UserError
 
 
 def make_strategy(plan):
@@ -264,13 +262,66 @@ def _splitter(ids, total, spec):
     return _SPLITTERS[key]
 
 
-def multi_worker_strategy():
-    """Across machines: TensorFlow's MultiWorkerMirroredStrategy, cluster taken from TF_CONFIG."""
+def multi_worker_strategy(plan, cluster):
+    """Across machines: TensorFlow's MultiWorkerMirroredStrategy over `cluster` (a cluster.Cluster), each
+    worker's towers the plan's devices. Gradients cross by NCCL when every tower has a GPU of its own (AUTO
+    would pick gRPC's ring even between the GPUs of one machine), by the ring otherwise (CPU towers,
+    several towers per GPU)."""
     import tensorflow as tf
 
-    if "TF_CONFIG" not in os.environ:
-        raise UserError("--multi_worker needs the TF_CONFIG environment variable (cluster and task)")
-    comm = tf.distribute.experimental.CommunicationOptions(
-        implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
-    )
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=comm)
+    kinds = tf.distribute.experimental.CommunicationImplementation
+    nccl = plan.device_type == "GPU" and plan.towers_per_device == 1
+    comm = tf.distribute.experimental.CommunicationOptions(implementation=kinds.NCCL if nccl else kinds.RING)
+    with _compat.multi_worker_local_devices(plan.device_type, plan.towers):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver(),
+                                                             communication_options=comm)
+    _WORKERS[strategy] = (cluster.index, cluster.workers)
+    return strategy
+
+
+_WORKERS = weakref.WeakKeyDictionary()
+
+
+def worker_of(strategy):
+    """(this worker's index, workers in the job): (0, 1) on one machine. Worker 0 is the chief."""
+    return _WORKERS.get(strategy, (0, 1))
+
+
+def is_chief(strategy):
+    """Whether this process writes the run's files: always on one machine; the chief of several."""
+    return worker_of(strategy)[0] == 0
+
+
+class ChiefDecides:
+    """The chief's values, on every worker: what workers must agree on before they act (the clock, a
+    stop), so that no two ever run different collectives or apply different learning rates.
+
+    One collective between the workers' hosts per call; it waits for the other workers' hosts, never
+    for a GPU. On one machine it returns the values as they are.
+
+    Example:
+        decide = ChiefDecides(strategy)
+        elapsed, stop = decide([time.monotonic() - start, float(signal_received)])
+    """
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.index, self.workers = worker_of(strategy)
+        self._sum = None
+
+    def __call__(self, values, any_of=()):
+        """`values` (floats) as the chief has them; positions in `any_of` are instead the sum over workers
+        (a flag any worker may raise: its SIGTERM stops every worker in the same step)."""
+        if self.workers == 1:
+            return [float(v) for v in values]
+        import numpy as np
+        import tensorflow as tf
+
+        values = np.asarray(values, np.float64)
+        mine = np.where([i in any_of for i in range(len(values))], values, values * (self.index == 0))
+        if self._sum is None:  # traced: an eager reduce costs ~6x more (benchmarks/NOTES.md)
+            ops = _compat.host_cross_device_ops(self.strategy)
+            self._sum = tf.function(lambda x: ops.reduce(tf.distribute.ReduceOp.SUM, x, destinations="/cpu:0"))
+        with tf.device("/cpu:0"):
+            total = self._sum(tf.constant(mine))
+        return [float(v) for v in np.asarray(total)]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from bert_mgpu import guards
+from bert_mgpu import distribute, guards
 
 log = logging.getLogger("bert_mgpu")
 
@@ -90,8 +90,11 @@ class Loop:
         last_checkpoint: `() -> path` named when non-finite steps stop the run.
         max_consecutive_skips: non-finite steps in a row that stop the run (0: never), at the logging step
             that sees them.
-        clock: seconds, read twice a step (before and after it); `elapsed()` adds what it counted to
-            `elapsed_before` (a resumed run's time).
+        clock: seconds (default time.monotonic), read twice a step (before and after it); `elapsed()`
+            adds what it counted to `elapsed_before` (a resumed run's time). With several workers, every
+            reading is the chief's (`distribute.ChiefDecides`), and so is everything decided from it (the
+            time-based learning rate, validation, stops); a signal on any worker stops them all after the
+            same step.
 
     Example:
         loop = Loop(trainer, global_batch=32, hooks=[Evaluation(lambda: trainer.evaluate(dev), every=100)],
@@ -102,11 +105,12 @@ class Loop:
     def __init__(self, trainer, global_batch: int, hooks: Sequence[Hook] = (), callbacks: Sequence | None = None,
                  writer=None, log_every: int = 50, save: Callable[[], object] | None = None, save_every: int = 1000,
                  last_checkpoint: Callable[[], str | None] = lambda: None, max_consecutive_skips: int = 0,
-                 clock: Callable[[], float] = time.monotonic, elapsed_before: float = 0.0, verbose: bool = True):
+                 clock: Callable[[], float] | None = None, elapsed_before: float = 0.0, verbose: bool = True):
         self.trainer, self.global_batch, self.hooks = trainer, global_batch, list(hooks)
         self.writer, self.log_every, self.verbose = writer, max(1, int(log_every)), verbose
         self._save, self.save_every, self.last_checkpoint = save, save_every, last_checkpoint
-        self.max_consecutive_skips, self.clock, self.elapsed_before = max_consecutive_skips, clock, elapsed_before
+        self.max_consecutive_skips, self.elapsed_before = max_consecutive_skips, elapsed_before
+        self.clock = clock or (lambda: time.monotonic())  # looked up when read: a test may stand in for it
         self.callbacks = keras.callbacks.CallbackList(list(callbacks or []), model=trainer.model)
         self.epochs_at_evaluation = any(isinstance(h, Evaluation) for h in self.hooks)
         self.history = []  # every record written: training ones and evaluation ones
@@ -114,15 +118,19 @@ class Loop:
         self.interrupted = None  # the signal's name when one stopped it
         self.step = self.first_step = int(trainer.step.numpy())
         self._epoch, self._train_record, self._start, self._seconds = 0, {}, None, elapsed_before
+        self._decide = distribute.ChiefDecides(trainer.strategy)
 
     def elapsed(self) -> float:
         """Seconds trained, this run's and those before a resume, as of the last clock reading."""
         return self._seconds
 
-    def _read_clock(self):
+    def _read_clock(self, signalled=False):
+        """Read the clock (the chief's, on every worker) -> (this worker's reading, whether a signal
+        reached any worker)."""
         now = self.clock()
-        self._seconds = self.elapsed_before + now - self._start
-        return now
+        self._seconds, signals = self._decide([self.elapsed_before + now - self._start, float(bool(signalled))],
+                                              any_of=(1,))
+        return now, signals > 0
 
     def log(self, record: dict) -> None:
         """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console."""
@@ -189,21 +197,21 @@ class Loop:
                 self.step, since, record = self.step + 1, since + 1, None
                 if self.step % self.log_every == 0 or self.step == until_step:
                     loss, _, longest_skips = trainer.read(outputs)
-                    now = self._read_clock()  # after the wait: the rate counts the steps done, not queued
+                    now, signalled = self._read_clock(signals.requested)  # after the wait: steps done, not queued
                     skips.check(longest_skips, self.step, self.last_checkpoint())
                     record = self._train_record = self._record(loss, since, now - tic)
                     tic, since = now, 0
                     self.log(record)
                     self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
                 else:
-                    self._read_clock()
+                    signalled = self._read_clock(signals.requested)[1]
                 for hook in self.hooks:
                     hook.after_step(self, record)
                 if record is not None and not self.epochs_at_evaluation:
                     self.end_epoch({})
-                if signals.requested:
-                    self.interrupted = signals.requested
-                    self.stop = f"interrupted by {signals.requested}; rerun to resume"
+                if signalled:
+                    self.interrupted = signals.requested or "a signal to another worker"
+                    self.stop = f"interrupted by {self.interrupted}; rerun to resume"
                 elif self.step % self.save_every == 0:
                     self.save()
         if outputs is not None and record is None:  # the last steps were not read: check them before saving

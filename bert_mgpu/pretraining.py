@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import os
 import shutil
-import time
+import tempfile
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -247,7 +247,7 @@ class BertPretrainer:
             learning_rate: float = 1e-4, optimizer: str = "adamw", beta_1: float = 0.9, beta_2: float = 0.999,
             epsilon: float = 1e-6, weight_decay: float = 0.01, clipnorm: float | None = 1.0,
             validation: Validation | None = None, save_checkpoints_steps: int = 1000, log_every: int = 50,
-            use_xla: bool = False, clock: Callable[[], float] = time.monotonic, verbose: bool = True,
+            use_xla: bool = False, clock: Callable[[], float] | None = None, verbose: bool = True,
             steps: int | None = None, max_consecutive_skips: int = 10, overwrite: bool = False,
             settings: dict | None = None, callbacks: Sequence | None = None) -> dict:
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
@@ -275,7 +275,8 @@ class BertPretrainer:
                          "clipnorm": clipnorm, "precision": self.policy,
                          **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
-        run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data), overwrite)
+        run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data), overwrite,
+                          chief=self.towers.is_chief)
         strategy = self.towers.strategy
         with strategy.scope():
             progress = tf.Variable(0.0, trainable=False, name="progress")
@@ -352,12 +353,17 @@ class BertPretrainer:
 
     # ------------------------------------------------------------------ outputs
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
-        """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads."""
-        tmp = directory + ".tmp"
+        """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads.
+        Every worker of several must call it; only the chief's copy is kept."""
+        chief = self.towers.is_chief
+        tmp = directory + ".tmp" if chief else tempfile.mkdtemp(prefix="bert_mgpu_worker_")
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         ckpt = checkpoints.training_checkpoint(self.model, heads=pretraining_model.head_checkpoint_objects(self.model))
         tf.train.CheckpointManager(ckpt, tmp, max_to_keep=1).save(checkpoint_number=step)
+        if not chief:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return directory
         self._write_run(tmp, step, data)
         shutil.rmtree(directory, ignore_errors=True)
         os.replace(tmp, directory)  # a marker directory appears complete or not at all

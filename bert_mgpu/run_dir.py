@@ -17,6 +17,8 @@ import glob
 import json
 import logging
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 
 import numpy as np
@@ -64,24 +66,28 @@ def _checkpoint_files(directory):
     return glob.glob(os.path.join(directory, "ckpt-*")) + glob.glob(os.path.join(directory, "checkpoint"))
 
 
-def check_same_run(directory, settings, overwrite=False):
+def check_same_run(directory, settings, overwrite=False, remove=True):
     """Refuse to continue, in `directory`, a run trained with other `settings` (a dict of flags).
 
-    With `overwrite`, the old checkpoints go (other files stay) and training starts over.
+    With `overwrite`, the old checkpoints go (other files stay; remove=False leaves them to the chief)
+    and training starts over. Returns whether it starts over.
     """
     if not _checkpoint_files(directory):
-        return
+        return False
     before = (read_run(directory) or {}).get("settings")
     if before is None or before == settings:
-        return
+        return False
     changed = [f"--{k}={before.get(k)!r} -> {settings.get(k)!r}" for k in sorted(set(before) | set(settings))
                if before.get(k) != settings.get(k)]
     if not overwrite:
         raise UserError(f"{directory} holds a run with other settings ({'; '.join(changed)}); use another "
                         "--output_dir, rerun with the same flags to resume, or pass --overwrite_output_dir")
+    if not remove:
+        return True
     for path in _checkpoint_files(directory):
         os.remove(path)
     log.warning("--overwrite_output_dir: removed the checkpoints of the earlier run (%s)", "; ".join(changed))
+    return True
 
 
 def encoder_setting(fused_encoder):
@@ -161,11 +167,17 @@ class Run:
     (`write_files(directory, step)`: bert_mgpu.json, bert_config.json, vocab.txt) that make the directory
     loadable. This is the one place that decides what a run writes where.
 
+    With several workers, only the chief (`chief=True`) writes into `directory`. The others read the
+    chief's checkpoints from it (it must be shared storage), and save theirs, as TensorFlow wants every
+    worker to, into a temporary directory of their own, removed after each save; they write no run
+    file and no TensorBoard event.
+
     Args:
         directory: the output directory (created).
         settings: a dict of what the run is trained with; a rerun with other settings is refused.
         write_files: `write_files(directory, step)`, called after each checkpoint.
         overwrite: start over in a directory holding a run with other settings (its checkpoints go).
+        chief: whether this process writes the run's files (always, on one machine).
 
     Example:
         run = Run("out", {"learning_rate": 5e-5}, write_files=lambda d, step: None)
@@ -175,31 +187,51 @@ class Run:
     """
 
     def __init__(self, directory: str, settings: dict,
-                 write_files: Callable[[str, int], object] = lambda directory, step: None, overwrite: bool = False):
-        self.directory, self.settings, self.write_files = check_output_dir(directory), settings, write_files
-        check_same_run(directory, settings, overwrite)
-        self.checkpoints, self._writer = None, None
+                 write_files: Callable[[str, int], object] = lambda directory, step: None, overwrite: bool = False,
+                 chief: bool = True):
+        self.directory, self.settings, self.write_files, self.chief = directory, settings, write_files, chief
+        if chief:
+            check_output_dir(directory)
+        self.fresh = os.path.isdir(directory) and check_same_run(directory, settings, overwrite, remove=chief)
+        self.checkpoints, self._writer, self._scratch = None, None, None
 
     def restore(self, ckpt: tf.train.Checkpoint, weights) -> str | None:
         """Track `ckpt` (weights: the ones checked for NaN before saving); restore the newest readable
         checkpoint. Returns its path, or None for a new run."""
         self.checkpoints = Checkpoints(ckpt, self.directory, weights)
-        return self.checkpoints.restore()
+        if self.fresh and not self.chief:  # the chief is removing the earlier run's checkpoints
+            return None
+        path = self.checkpoints.restore()
+        if not self.chief:
+            self._scratch = tempfile.mkdtemp(prefix="bert_mgpu_worker_")
+            self.checkpoints = Checkpoints(ckpt, self._scratch, weights, max_to_keep=1)
+        return path
+
+    def _read_latest(self):
+        return tf.train.latest_checkpoint(self.directory) if os.path.isdir(self.directory) else None
 
     @property
     def latest(self):
+        """The run's newest checkpoint (the chief's, on every worker)."""
+        if not self.chief:
+            return self._read_latest()
         return self.checkpoints.latest if self.checkpoints else None
 
     @property
     def writer(self):
-        """The TensorBoard writer of `directory/train`, created on first use."""
+        """The TensorBoard writer of `directory/train`, created on first use (a no-op one but on the chief)."""
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(self.directory, "train"))
+            self._writer = (tf.summary.create_file_writer(os.path.join(self.directory, "train")) if self.chief
+                            else tf.summary.create_noop_writer())
         return self._writer
 
     def save(self, step):
-        """A checkpoint of step `step`, then the run files."""
+        """A checkpoint of step `step`, then the run files; on a worker, a throwaway checkpoint."""
         path = self.checkpoints.save(step)
+        if not self.chief:
+            for name in os.listdir(self._scratch):
+                _remove(os.path.join(self._scratch, name))
+            return self.latest
         self.write_files(self.directory, step)
         return path
 
@@ -207,3 +239,13 @@ class Run:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._scratch:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
+
+
+def _remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        os.remove(path)
