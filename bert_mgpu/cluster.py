@@ -112,8 +112,11 @@ def _from_tf_config(text):
 def _from_slurm():
     import tensorflow as tf
 
-    try:  # GPUs are SLURM's to give (--gpus-per-task sets CUDA_VISIBLE_DEVICES), not the resolver's
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=0, auto_set_gpu=False)
+    # GPUs are SLURM's to give (--gpus-per-task sets CUDA_VISIBLE_DEVICES), not the resolver's: with
+    # auto_set_gpu off its GPU counts only cap how many tasks it places on a node, so they cap nothing here.
+    try:
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=1024, gpus_per_task=1,
+                                                                       auto_set_gpu=False)
         spec = resolver.cluster_spec().as_dict()
     except (RuntimeError, OSError, ValueError, KeyError) as e:
         raise UserError(f"SLURM: cannot resolve the cluster ({e})") from None

@@ -269,14 +269,19 @@ def multi_worker_strategy(plan, cluster):
     several towers per GPU)."""
     import tensorflow as tf
 
-    kinds = tf.distribute.experimental.CommunicationImplementation
-    nccl = plan.device_type == "GPU" and plan.towers_per_device == 1
-    comm = tf.distribute.experimental.CommunicationOptions(implementation=kinds.NCCL if nccl else kinds.RING)
+    kind = getattr(tf.distribute.experimental.CommunicationImplementation, communication(plan))
+    comm = tf.distribute.experimental.CommunicationOptions(implementation=kind)
     with _compat.multi_worker_local_devices(plan.device_type, plan.towers):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver(),
                                                              communication_options=comm)
     _WORKERS[strategy] = (cluster.index, cluster.workers)
     return strategy
+
+
+def communication(plan):
+    """How gradients cross between workers' towers: "NCCL" when every tower has a GPU of its own, "RING"
+    (gRPC) otherwise; TensorFlow's NCCL collectives cannot serve several towers on one GPU or CPUs."""
+    return "NCCL" if plan.device_type == "GPU" and plan.towers_per_device == 1 else "RING"
 
 
 _WORKERS = weakref.WeakKeyDictionary()

@@ -84,3 +84,23 @@ def out_of_memory(error, per_tower_batch, seq_length, accum_steps=1):
         advice = "even one sequence does not fit: use a shorter --max_seq_length or a smaller model"
     return RunError(f"out of memory on {where} at per-tower batch {per_tower_batch} x sequence length "
                     f"{seq_length}; {advice}")
+
+
+def worker_lost(error, last_checkpoint):
+    """A RunError for a collective that failed because another worker stopped (killed, preempted, out of
+    memory) or cannot be reached: TensorFlow cannot go on with fewer workers, so every worker reruns."""
+    import re
+
+    remote = re.search(r"(?:remote target |reported from |unhealthy[^/]*)/job:(\w+)(?:/replica:\d+)?/task:(\d+)",
+                       str(error))
+    who = f"{remote.group(1)} {remote.group(2)}" if remote else "another worker"
+    return RunError(f"{who} stopped or cannot be reached ({type(error).__name__} in a collective); rerun the "
+                    f"same command on every worker: the job resumes from {last_checkpoint or 'its start'}")
+
+
+def worker_errors():
+    """What TensorFlow raises in a collective whose peer is gone."""
+    import tensorflow as tf
+
+    return (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+            tf.errors.CancelledError)

@@ -176,12 +176,26 @@ class Loop:
         batches = trainer.training_batches(dataset)
         skips = guards.SkipGuard(self.max_consecutive_skips)
         self.stop, self.interrupted, self._saved = None, None, self.step
-        self._start = tic = self.clock()
-        since = 0
+        self._start = self.clock()
         trainer.model.stop_training = False
         self.callbacks.on_train_begin()
         self.callbacks.on_epoch_begin(self._epoch)
-        outputs = None
+        try:
+            self._steps(batches, until_step, skips)
+        except guards.worker_errors() as e:
+            if self._decide.workers == 1:
+                raise
+            raise guards.worker_lost(e, self.last_checkpoint()) from None
+        self.save()
+        self.callbacks.on_train_end(self._train_record)
+        for hook in self.hooks:
+            hook.end(self)
+        if trainer.skipped_steps:
+            log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
+        return self._train_record
+
+    def _steps(self, batches, until_step, skips):
+        trainer, tic, since, outputs = self.trainer, self._start, 0, None
         with guards.StopSignal() as signals:
             while True:
                 self._read_clock()
@@ -216,10 +230,3 @@ class Loop:
                     self.save()
         if outputs is not None and record is None:  # the last steps were not read: check them before saving
             skips.check(trainer.read(outputs)[2], self.step, self.last_checkpoint())
-        self.save()
-        self.callbacks.on_train_end(self._train_record)
-        for hook in self.hooks:
-            hook.end(self)
-        if trainer.skipped_steps:
-            log.warning("%d step(s) skipped for non-finite gradients", trainer.skipped_steps)
-        return self._train_record

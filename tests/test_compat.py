@@ -99,3 +99,44 @@ def test_keras_optimizer_slots_decay_and_learning_rate_are_where_compat_reads_th
             raise AssertionError(_moved(f"{cls.__name__}'s moments, decay or learning rate", e)) from None
         assert tuple(m.shape) == tuple(v.shape) == (2, 3) and m is not v, cls
         assert decays == (True, False) and lr == 0.5, (cls, decays, lr)
+
+
+MULTI_WORKER_PROBE = """
+import socket, sys
+import tensorflow as tf
+from bert_mgpu import _compat
+from bert_mgpu.cluster import Cluster
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+cluster = Cluster({"worker": [f"127.0.0.1:{port}"]}, "worker", 0, "test")
+try:
+    with _compat.multi_worker_local_devices("CPU", 2):
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver())
+    ops = _compat.host_cross_device_ops(strategy)
+except AttributeError as e:
+    sys.exit(f"MOVED {type(e).__name__}: {e}")
+print("devices", list(strategy.extended.worker_devices))
+with tf.device("/cpu:0"):
+    total = tf.function(lambda x: ops.reduce(tf.distribute.ReduceOp.SUM, x, destinations="/cpu:0"))(
+        tf.constant([1.5, 2.0], tf.float64))
+print("sum", total.numpy().tolist())
+"""
+
+
+def test_multi_worker_strategy_takes_the_plans_towers_and_reduces_on_the_host():
+    """MultiWorkerMirroredStrategy's choice of local devices and its host collectives (both private), in a
+    job of one worker on loopback; a process of its own, since the strategy starts a server in it."""
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", MULTI_WORKER_PROBE], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "MOVED" not in proc.stderr, ("MultiWorkerMirroredStrategy's CollectiveAllReduceExtended."
+                                        "_initialize_local_devices or _host_cross_device_ops moved in this "
+                                        "TensorFlow; update bert_mgpu/_compat.py\n" + proc.stderr[-800:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "devices ['/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1']" \
+        in lines
+    assert "sum [1.5, 2.0]" in lines  # one worker: its own values

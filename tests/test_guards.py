@@ -145,3 +145,18 @@ def test_a_real_out_of_memory_names_the_tower_batch_and_length():
     assert re.fullmatch(r"out of memory on tower [01] at per-tower batch 32768 x sequence length 64; try "
                         r"--train_batch_size=16384 per tower .*", str(caught.value)), caught.value
     assert trainer.train_step(dist(small))[1].tolist() == [4, 4]  # the process goes on
+
+
+@pytest.mark.parametrize("message, who", [
+    ("Graph execution error:\n\nAdditional GRPC error information from remote target "
+     "/job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf", "worker 1"),
+    ("Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy "
+     "(stopped sending heartbeats):\n/job:worker/replica:0/task:1", "worker 1"),
+    ("The following tasks are unhealthy (stopped sending heartbeats):\n/job:chief/replica:0/task:0\n", "chief 0"),
+    ("Graph execution error:", "another worker"),
+])
+def test_a_lost_worker_is_named_when_tensorflow_names_it(message, who):
+    """The messages TensorFlow 2.21 gave when a peer was killed (tests/test_multi_worker.py kills one)."""
+    error = guards.worker_lost(tf.errors.UnavailableError(None, None, message), "/out/ckpt-20")
+    assert str(error) == (f"{who} stopped or cannot be reached (UnavailableError in a collective); rerun the same "
+                          "command on every worker: the job resumes from /out/ckpt-20")

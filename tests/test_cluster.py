@@ -1,0 +1,103 @@
+"""Finding the job's machines (--worker_hosts, TF_CONFIG, SLURM) and planning towers across them; pure,
+no worker started (tests/test_multi_worker.py runs real ones)."""
+
+import json
+
+import pytest
+
+from bert_mgpu import distribute
+from bert_mgpu.cluster import find_cluster
+from bert_mgpu.devices import plan_devices
+from bert_mgpu.errors import UserError
+
+
+def test_worker_hosts_and_task_index_name_the_job_and_this_workers_place():
+    c = find_cluster("10.0.0.1:2222, 10.0.0.2:2222", 1)
+    assert (c.workers, c.index, c.is_chief, c.hosts) == (2, 1, False, ["10.0.0.1:2222", "10.0.0.2:2222"])
+    assert c.describe() == ("cluster (--worker_hosts): 2 workers 10.0.0.1:2222, 10.0.0.2:2222; this is worker 1 "
+                            "(10.0.0.2:2222), not the chief: writes no run file")
+    assert find_cluster("10.0.0.1:2222,10.0.0.2:2222", 0).is_chief
+    assert find_cluster(None, None) is None and find_cluster(None, None, multi_worker=False) is None
+
+
+@pytest.mark.parametrize("hosts, index, message", [
+    ("10.0.0.1:2222,10.0.0.2", 0, "--worker_hosts: '10.0.0.2' is not host:port"),
+    ("h1:2222,h1:2222", 0, "--worker_hosts lists an address twice (h1:2222,h1:2222)"),
+    ("h1:2222,h2:2222", None, "--task_index=None: give this worker's place in --worker_hosts, 0 to 1"),
+    ("h1:2222,h2:2222", 2, "--task_index=2: give this worker's place in --worker_hosts, 0 to 1"),
+    ("h1:99999", 0, "--worker_hosts: 'h1:99999' is not host:port"),
+])
+def test_bad_worker_hosts_are_one_clear_error(hosts, index, message):
+    with pytest.raises(UserError) as e:
+        find_cluster(hosts, index)
+    assert str(e.value) == message
+
+
+def test_tf_config_with_a_chief_puts_the_chief_first():
+    config = {"cluster": {"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]},
+              "task": {"type": "worker", "index": 1}}
+    c = find_cluster(multi_worker=True, environ={"TF_CONFIG": json.dumps(config)})
+    assert (c.workers, c.index, c.is_chief, c.hosts, c.source) == (3, 2, False, ["c:1", "w0:1", "w1:1"], "TF_CONFIG")
+    chief = {**config, "task": {"type": "chief", "index": 0}}
+    assert find_cluster(multi_worker=True, environ={"TF_CONFIG": json.dumps(chief)}).is_chief
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "TF_CONFIG is not {'cluster': {...}, 'task': {'type': ..., 'index': ...}} (JSONDecodeError"),
+    ('{"cluster": {"worker": ["a:1"]}}', "TF_CONFIG is not {'cluster': {...}, 'task'"),
+    ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}',
+     "TF_CONFIG: task worker:3 is not in its cluster ['worker']; bert_mgpu runs chief and worker tasks"),
+    ('{"cluster": {"worker": ["a:1"], "ps": ["p:1"]}, "task": {"type": "ps", "index": 0}}',
+     "TF_CONFIG: task ps:0 is not in its cluster ['worker']"),
+])
+def test_a_bad_tf_config_is_one_clear_error(text, message):
+    with pytest.raises(UserError) as e:
+        find_cluster(multi_worker=True, environ={"TF_CONFIG": text})
+    assert str(e.value).startswith(message)
+
+
+def test_multi_worker_without_a_cluster_says_how_to_give_one():
+    with pytest.raises(UserError, match="--multi_worker needs the cluster: --worker_hosts=host:port,... with "):
+        find_cluster(multi_worker=True, environ={})
+
+
+def test_slurm_tasks_make_the_cluster(monkeypatch):
+    """An srun step of 2 tasks on 2 nodes, as SLURM's variables describe it to TensorFlow's resolver."""
+    env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "node[1-2]",
+           "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    c = find_cluster(multi_worker=True)
+    assert (c.workers, c.index, c.source, c.hosts) == (2, 1, "SLURM", ["node1:8888", "node2:8888"])
+    monkeypatch.setenv("SLURM_STEP_NODELIST", "node[1-x]")
+    with pytest.raises(UserError, match=r"^SLURM: cannot resolve the cluster \(Invalid hostlist format"):
+        find_cluster(multi_worker=True)
+
+
+def test_the_plan_counts_every_workers_towers_in_the_global_batch():
+    plan = plan_devices(-1, 1, 32, ["0", "1", "2", "3", "4", "5", "6", "7"], workers=2)
+    assert (plan.towers, plan.job_towers, plan.global_batch) == (8, 16, 512)
+    assert "global batch = 32 x 8 x 2 workers = 512" in plan.describe()
+    assert plan_devices(0, 2, 4, [], workers=2).global_batch == 16
+    assert "workers" not in plan_devices(0, 2, 4, []).describe()
+
+
+@pytest.mark.parametrize("n_gpus, towers_per_gpu, visible, kind", [
+    (2, 1, ["0", "1"], "NCCL"),  # a GPU per tower: NCCL, within and across machines
+    (1, 1, ["0"], "NCCL"),
+    (2, 2, ["0", "1"], "RING"),  # two towers on one GPU: NCCL cannot serve them
+    (0, 2, [], "RING"),
+])
+def test_workers_cross_by_nccl_when_every_tower_has_a_gpu(n_gpus, towers_per_gpu, visible, kind):
+    assert distribute.communication(plan_devices(n_gpus, towers_per_gpu, 8, visible, workers=2)) == kind
+
+
+def test_on_one_machine_the_chief_decides_what_it_already_has():
+    class OneMachine:  # any strategy multi_worker_strategy did not make
+        pass
+
+    decide = distribute.ChiefDecides(OneMachine())
+    assert (decide.index, decide.workers) == (0, 1)
+    assert decide([12.5, 1.0], any_of=(1,)) == [12.5, 1.0]
+    assert distribute.is_chief(OneMachine())
