@@ -94,9 +94,10 @@ def _data(files, tokenizer):
 
 def _pretrainer(towers):
     import bert_mgpu
+    from bert_mgpu import storage
     from bert_mgpu.errors import UserError
 
-    resume = os.path.exists(os.path.join(FLAGS.output_dir, "checkpoint"))
+    resume = storage.exists(os.path.join(FLAGS.output_dir, "checkpoint"))
     init = FLAGS.init_checkpoint or (FLAGS.output_dir if resume or not FLAGS.do_train else None)
     common = dict(towers=towers, precision=FLAGS.precision, nsp=FLAGS.nsp, fused_encoder=FLAGS.fused_encoder)
     if init:

@@ -64,6 +64,37 @@ def rows(batch_per_gpu=32, float16=True, accum=1):
     return out
 
 
+# Two machines of 8 GPUs: one NCCL ring over all 16 (MultiWorkerMirroredStrategy with NCCL), whose
+# bus bandwidth is the slower of NVLink inside a machine and the network between them (per machine,
+# as nccl-tests reports it across nodes); 20 us per ring step that crosses the network.
+NETWORKS = {"25 GbE": 2.5e9, "100 GbE": 10e9, "InfiniBand HDR x1 (200 Gb/s)": 22e9,
+            "InfiniBand HDR x8 (DGX A100)": 180e9}
+
+
+def two_machine_rows(batch_per_gpu=32, accum=1, gpus=8):
+    out = []
+    for model, shape in SHAPES.items():
+        nbytes, last = gradient_bytes(*shape)
+        gpu, nvlink = LINKS["NVLink (DGX A100)"]
+        t = accum * batch_per_gpu * train_flops_per_sequence(*shape) / GPUS[gpu]
+        for network, bw in NETWORKS.items():
+            n, busbw = 2 * gpus, min(nvlink, bw)
+            comm = 2 * (n - 1) / n * nbytes / busbw + 2 * (n - 1) * 20e-6
+            exposed = 2 * (n - 1) / n * last / busbw + 2 * (n - 1) * 20e-6
+            out.append((model, network, accum, t * 1e3, comm * 1e3, t / (t + comm),
+                        t / (max(t, comm - exposed) + exposed)))
+    return out
+
+
+def two_machine_table():
+    lines = ["| model | network | micro-batches per all-reduce | compute ms | all-reduce ms | efficiency serial |"
+             " efficiency overlapped |", "|---|---|---:|---:|---:|---:|---:|"]
+    for accum in (1, 8):
+        for model, net, a, t, c, s, o in two_machine_rows(accum=accum):
+            lines.append(f"| {model} | {net} | {a} | {t:.1f} | {c:.1f} | {100 * s:.0f}% | {100 * o:.0f}% |")
+    return "\n".join(lines)
+
+
 def table(**kw):
     lines = ["| model | interconnect | GPUs | gradient MB | compute ms | all-reduce ms | efficiency serial |"
              " efficiency overlapped |", "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -79,3 +110,5 @@ if __name__ == "__main__":
     print(table(float16=False))
     print("\n8 micro-batches accumulated per all-reduce (global batch 256 per GPU), mixed_float16:\n")
     print(table(accum=8))
+    print("\n2 machines x 8 A100 (NVLink inside), batch 32 per GPU, mixed_float16, by the network between them:\n")
+    print(two_machine_table())

@@ -10,13 +10,13 @@ Pickle is never read: a `pytorch_model.bin` is refused with the conversion to ru
 """
 
 import dataclasses
-import glob
 import json
 import os
 import re
 
 import numpy as np
 
+from bert_mgpu import storage
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
 
@@ -169,7 +169,10 @@ def read_tf_checkpoint(prefix, only=None):
     import tensorflow as tf
 
     try:
-        reader = tf.train.load_checkpoint(prefix)
+        # A prefix is read as itself: tf.train.load_checkpoint first asks whether it is a directory, which
+        # some file systems (ram://) answer yes for any prefix of a file name.
+        reader = (tf.compat.v1.train.NewCheckpointReader(prefix) if storage.exists(prefix + ".index")
+                  else tf.train.load_checkpoint(prefix))
     except (tf.errors.OpError, ValueError) as e:
         raise UserError(f"{prefix}: not a readable TensorFlow checkpoint ({str(e).splitlines()[0]})") from None
     out = {}
@@ -220,7 +223,7 @@ class Pretrained:
 
 
 def _need(path, what):
-    if not os.path.exists(path):
+    if not storage.exists(path):
         raise UserError(f"{path}: {what} not found")
     return path
 
@@ -229,13 +232,13 @@ def _find_tf_prefix(path):
     """A checkpoint prefix for `path` (a prefix itself, or a directory holding one), else None."""
     import tensorflow as tf
 
-    if os.path.exists(path + ".index"):
+    if storage.exists(path + ".index"):
         return path
-    if os.path.isdir(path):
+    if storage.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest:
             return latest
-        found = sorted(glob.glob(os.path.join(path, "*.ckpt.index")))
+        found = sorted(storage.glob(os.path.join(path, "*.ckpt.index")))
         if found:
             return found[0][: -len(".index")]
     return None
@@ -246,14 +249,13 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
     if not path:
         raise UserError("--init_checkpoint is required (a Google release, a Hugging Face or keras-hub "
                         "directory, or a bert_mgpu output directory)")
-    directory = path if os.path.isdir(path) else os.path.dirname(path)
-    if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    directory = path if storage.isdir(path) else os.path.dirname(path)
+    if not storage.exists(path) and not storage.exists(path + ".index"):
         raise UserError(f"{path}: checkpoint not found")
 
     run_file = os.path.join(directory, RUN_FILE)
-    if os.path.exists(run_file):
-        with open(run_file, encoding="utf-8") as f:
-            run = json.load(f)
+    if storage.exists(run_file):
+        run = json.loads(storage.read_text(run_file))
         prefix = _find_tf_prefix(path)
         if prefix is None:
             raise UserError(f"{path}: bert_mgpu run directory holds no checkpoint yet")
@@ -270,14 +272,13 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
                           encoder, run.get("do_lower_case"), run, prefix)
 
     hf_config = os.path.join(directory, "config.json")
-    if os.path.isdir(path) and os.path.exists(hf_config):
-        with open(hf_config, encoding="utf-8") as f:
-            cfg = json.load(f)
+    if storage.isdir(path) and storage.exists(hf_config):
+        cfg = json.loads(storage.read_text(hf_config))
         if "registered_name" in cfg or str(cfg.get("module", "")).startswith("keras_hub"):
             return _load_keras_hub(path)
         safetensors = os.path.join(path, "model.safetensors")
-        if not os.path.exists(safetensors):
-            if glob.glob(os.path.join(path, "*.bin")) or glob.glob(os.path.join(path, "*.pt")):
+        if not storage.exists(safetensors):
+            if storage.glob(os.path.join(path, "*.bin")) or storage.glob(os.path.join(path, "*.pt")):
                 raise UserError(
                     f"{path}: only pickle weights (pytorch_model.bin) found; bert_mgpu never unpickles. "
                     "Convert them once with transformers: model.save_pretrained(dir, safe_serialization=True)"
@@ -286,9 +287,8 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         config = BertConfig.from_json_file(bert_config_file or hf_config)
         lower = None
         tok_cfg = os.path.join(path, "tokenizer_config.json")
-        if os.path.exists(tok_cfg):
-            with open(tok_cfg, encoding="utf-8") as f:
-                lower = json.load(f).get("do_lower_case")
+        if storage.exists(tok_cfg):
+            lower = json.loads(storage.read_text(tok_cfg)).get("do_lower_case")
         vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
         return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower)
 
@@ -319,9 +319,8 @@ def _load_keras_hub(path):
     vocab = _need(os.path.join(path, "assets", "tokenizer", "vocabulary.txt"), "keras-hub vocabulary")
     lower = None
     tok = os.path.join(path, "tokenizer.json")
-    if os.path.exists(tok):
-        with open(tok, encoding="utf-8") as f:
-            lower = json.load(f).get("config", {}).get("lowercase")
+    if storage.exists(tok):
+        lower = json.loads(storage.read_text(tok)).get("config", {}).get("lowercase")
     return Pretrained("keras_hub", path, config, vocab, encoder_weights(backbone), lower)
 
 
@@ -357,13 +356,10 @@ def restore_head(model, prefix):
 def write_run_files(directory, run, config, vocab_file):
     """bert_mgpu.json (run metadata + config), bert_config.json and vocab.txt: what makes a directory
     holding a bert_mgpu checkpoint loadable by `load_pretrained`."""
-    import shutil
-
-    from bert_mgpu.outputs import write_atomic
-
     run = {**run, "bert_config": config.to_dict()}
-    write_atomic(os.path.join(directory, RUN_FILE), json.dumps(run, indent=2) + "\n")
-    write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config.to_dict(), indent=2) + "\n")
+    storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config.to_dict(), indent=2) + "\n")
     vocab = os.path.join(directory, "vocab.txt")
-    if os.path.abspath(vocab_file) != os.path.abspath(vocab):
-        shutil.copyfile(vocab_file, vocab)
+    if os.path.abspath(vocab_file) != os.path.abspath(vocab):  # a copy, never written through a link
+        storage.write_atomic(vocab, storage.read_bytes(vocab_file))
+    # Last: the file that makes the directory a bert_mgpu run, so a directory that has it is whole.
+    storage.write_atomic(os.path.join(directory, RUN_FILE), json.dumps(run, indent=2) + "\n")

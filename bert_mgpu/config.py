@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+from bert_mgpu import storage
 from bert_mgpu.errors import UserError
 
 
@@ -66,8 +67,7 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path):
         try:
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f)
+            d = json.loads(storage.read_text(path))
         except OSError as e:
             raise UserError(f"{path}: cannot read ({e.strerror})") from None
         except json.JSONDecodeError as e:
@@ -109,6 +109,4 @@ class BertConfig:
         return dataclasses.asdict(self)
 
     def to_json_file(self, path):
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, sort_keys=True)
-            f.write("\n")
+        storage.write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

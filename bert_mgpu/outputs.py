@@ -6,23 +6,8 @@ the predicted label and one probability column per class.
 """
 
 import os
-import tempfile
 
-
-def write_atomic(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+from bert_mgpu.storage import write_atomic
 
 
 def write_eval_results(output_dir, results):

@@ -18,13 +18,12 @@ Example:
 import dataclasses
 import logging
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, memory, optimization, pretraining_model, run_dir, schedules
+from bert_mgpu import checkpoints, memory, optimization, pretraining_model, run_dir, schedules, storage
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -160,7 +159,8 @@ class FinetuneMarkers(Hook):
 
     def __init__(self, budget, directory, write):
         self.budget, self.directory, self.write = budget, directory, write
-        self.markers = sorted(m for m in budget.finetune_time_markers if not os.path.exists(directory(m)))
+        self.markers = sorted(m for m in budget.finetune_time_markers
+                              if not storage.exists(os.path.join(directory(m), checkpoints.RUN_FILE)))
 
     def after_step(self, loop, record):
         while self.markers and self.budget.progress(loop.step, loop.elapsed()) >= self.markers[0]:
@@ -354,19 +354,24 @@ class BertPretrainer:
     # ------------------------------------------------------------------ outputs
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
         """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads.
-        Every worker of several must call it; only the chief's copy is kept."""
+        Every worker of several must call it; only the chief's copy is kept.
+
+        Locally it is built aside and renamed into place, so it appears whole or not at all. Other file
+        systems (gs://) rename no directory: it is written in place, and its bert_mgpu.json, written
+        last, says it is whole."""
         chief = self.towers.is_chief
-        tmp = directory + ".tmp" if chief else tempfile.mkdtemp(prefix="bert_mgpu_worker_")
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        tmp = (directory if storage.is_remote(directory) else storage.temporary_dir_for(directory)) if chief \
+            else tempfile.mkdtemp(prefix="bert_mgpu_worker_")
+        storage.remove(tmp)
+        storage.makedirs(tmp)
         ckpt = checkpoints.training_checkpoint(self.model, heads=pretraining_model.head_checkpoint_objects(self.model))
         tf.train.CheckpointManager(ckpt, tmp, max_to_keep=1).save(checkpoint_number=step)
         if not chief:
-            shutil.rmtree(tmp, ignore_errors=True)
+            storage.remove(tmp)
             return directory
         self._write_run(tmp, step, data)
-        shutil.rmtree(directory, ignore_errors=True)
-        os.replace(tmp, directory)  # a marker directory appears complete or not at all
+        if tmp != directory:
+            storage.replace_dir(tmp, directory)
         log.info("fine-tune checkpoint at step %d: %s", step, directory)
         return directory
 

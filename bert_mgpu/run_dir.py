@@ -13,7 +13,6 @@ Rerunning a command resumes; rerunning with other settings is refused (`check_sa
 user says `overwrite=True`, which removes the old checkpoints but no other file.
 """
 
-import glob
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
+from bert_mgpu import storage
 from bert_mgpu.checkpoints import RUN_FILE
 from bert_mgpu.errors import RunError, UserError
 
@@ -34,28 +34,26 @@ def check_output_dir(path):
     """Create `path` if needed; UserError if it is a file or cannot be written."""
     if not path:
         raise UserError("--output_dir is required")
-    if os.path.exists(path) and not os.path.isdir(path):
+    if storage.exists(path) and not storage.isdir(path):
         raise UserError(f"--output_dir={path} is a file, not a directory")
     try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, f".write-test-{os.getpid()}")
-        with open(probe, "w", encoding="utf-8") as f:
-            f.write("ok")
-        os.remove(probe)
+        storage.makedirs(path)
+        storage.remove(storage.write_atomic(os.path.join(path, f".write-test-{os.getpid()}"), "ok"))
     except OSError as e:
         raise UserError(f"--output_dir={path} is not writable ({e.strerror})") from None
+    except tf.errors.OpError as e:
+        raise UserError(f"--output_dir={path} is not writable ({e.message})") from None
     return path
 
 
 def read_run(directory):
     """The run metadata (bert_mgpu.json) of a directory, or None."""
     path = os.path.join(directory, RUN_FILE)
-    if not os.path.exists(path):
+    if not storage.exists(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            run = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+        run = json.loads(storage.read_text(path))
+    except (OSError, ValueError) as e:
         raise UserError(f"{path}: unreadable run file ({e})") from None
     if not isinstance(run, dict):
         raise UserError(f"{path}: not a JSON object")
@@ -63,7 +61,7 @@ def read_run(directory):
 
 
 def _checkpoint_files(directory):
-    return glob.glob(os.path.join(directory, "ckpt-*")) + glob.glob(os.path.join(directory, "checkpoint"))
+    return storage.glob(os.path.join(directory, "ckpt-*")) + storage.glob(os.path.join(directory, "checkpoint"))
 
 
 def check_same_run(directory, settings, overwrite=False, remove=True):
@@ -84,8 +82,8 @@ def check_same_run(directory, settings, overwrite=False, remove=True):
                         "--output_dir, rerun with the same flags to resume, or pass --overwrite_output_dir")
     if not remove:
         return True
-    for path in _checkpoint_files(directory):
-        os.remove(path)
+    for path in _checkpoint_files(directory):  # ckpt-N_temp/ too: the directory a killed save leaves
+        storage.remove(path)
     log.warning("--overwrite_output_dir: removed the checkpoints of the earlier run (%s)", "; ".join(changed))
     return True
 
@@ -114,8 +112,7 @@ class Checkpoints:
                 self._inside(path)
 
     def _inside(self, path):
-        root = os.path.realpath(self.directory)
-        if not os.path.realpath(path).startswith(root + os.sep):
+        if not storage.inside(path, self.directory):
             raise UserError(f"{os.path.join(self.directory, 'checkpoint')}: names {path}, outside the run "
                             "directory; refusing to read it")
         return path
@@ -192,7 +189,7 @@ class Run:
         self.directory, self.settings, self.write_files, self.chief = directory, settings, write_files, chief
         if chief:
             check_output_dir(directory)
-        self.fresh = os.path.isdir(directory) and check_same_run(directory, settings, overwrite, remove=chief)
+        self.fresh = storage.isdir(directory) and check_same_run(directory, settings, overwrite, remove=chief)
         self.checkpoints, self._writer, self._scratch = None, None, None
 
     def restore(self, ckpt: tf.train.Checkpoint, weights) -> str | None:
@@ -208,7 +205,7 @@ class Run:
         return path
 
     def _read_latest(self):
-        return tf.train.latest_checkpoint(self.directory) if os.path.isdir(self.directory) else None
+        return tf.train.latest_checkpoint(self.directory) if storage.isdir(self.directory) else None
 
     @property
     def latest(self):
@@ -230,7 +227,7 @@ class Run:
         path = self.checkpoints.save(step)
         if not self.chief:
             for name in os.listdir(self._scratch):
-                _remove(os.path.join(self._scratch, name))
+                storage.remove(os.path.join(self._scratch, name))
             return self.latest
         self.write_files(self.directory, step)
         return path
@@ -242,10 +239,3 @@ class Run:
         if self._scratch:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
-
-
-def _remove(path):
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        os.remove(path)

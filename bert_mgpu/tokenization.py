@@ -15,6 +15,7 @@ Example:
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from bert_mgpu import storage
 from bert_mgpu.errors import UserError
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -34,8 +35,7 @@ def normalize(text, do_lower_case):
 def read_vocab(path):
     """vocab.txt -> list of tokens, one per line (Google's format)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            tokens = [line.rstrip("\n").rstrip("\r") for line in f]
+        tokens = [line.rstrip("\r") for line in storage.read_text(path).split("\n")]
     except OSError as e:
         raise UserError(f"{path}: cannot read vocabulary ({e.strerror})") from None
     except UnicodeDecodeError as e:

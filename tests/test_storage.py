@@ -1,0 +1,93 @@
+"""Runs written to a TensorFlow file system (ram://, as gs:// or s3:// would be) and read back from it."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import sentiment_rows
+from test_pretraining import new_pretrainer, text, text_data  # noqa: F401 (the `text` fixture)
+
+import bert_mgpu
+from bert_mgpu import checkpoints, storage
+from bert_mgpu.pretraining import Budget
+from bert_mgpu.run_dir import check_same_run
+
+gfile = tf.io.gfile
+
+
+def test_atomic_writes_reads_globs_and_removal_on_ram_and_local(tmp_path):
+    for root in ("ram://storage_test", str(tmp_path)):
+        storage.makedirs(os.path.join(root, "ckpt-3_temp"))
+        storage.write_atomic(os.path.join(root, "ckpt-3_temp", "part"), b"\x00\x01")
+        storage.write_atomic(os.path.join(root, "a.txt"), "één\n")
+        storage.write_atomic(os.path.join(root, "a.txt"), "twee\n")  # replaced whole
+        assert storage.read_text(os.path.join(root, "a.txt")) == "twee\n"
+        assert storage.read_bytes(os.path.join(root, "ckpt-3_temp", "part")) == b"\x00\x01"
+        assert [os.path.basename(p) for p in storage.glob(os.path.join(root, "*"))] == ["a.txt", "ckpt-3_temp"]
+        storage.remove(os.path.join(root, "ckpt-3_temp"))  # a directory, as a killed save leaves one
+        storage.remove(os.path.join(root, "missing"))  # nothing there: nothing to do
+        assert [os.path.basename(p) for p in storage.glob(os.path.join(root, "*"))] == ["a.txt"]
+        with pytest.raises(OSError):
+            storage.read_text(os.path.join(root, "missing"))
+
+
+def test_inside_resolves_links_locally_and_paths_on_a_remote_file_system(tmp_path):
+    (tmp_path / "run").mkdir()
+    os.symlink(tmp_path, tmp_path / "run" / "up")
+    assert storage.inside(str(tmp_path / "run" / "ckpt-5"), str(tmp_path / "run"))
+    assert not storage.inside(str(tmp_path / "run" / "up" / "ckpt-5"), str(tmp_path / "run"))
+    assert storage.inside("gs://b/run/ckpt-5", "gs://b/run")
+    assert not storage.inside("gs://b/run/../other/ckpt-5", "gs://b/run")
+    assert not storage.inside("gs://b/runner/ckpt-5", "gs://b/run")
+    assert not storage.inside("s3://b/run/ckpt-5", "gs://b/run")
+
+
+def test_overwrite_removes_a_killed_saves_temp_directory_too(tmp_path):
+    """A kill -9 during a save leaves `ckpt-N_temp/`, which matches ckpt-*; starting over removes it."""
+    (tmp_path / "ckpt-2_temp").mkdir()
+    (tmp_path / "ckpt-2_temp" / "part-0").write_text("x")
+    (tmp_path / "ckpt-1.index").write_text("x")
+    (tmp_path / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    (tmp_path / "bert_mgpu.json").write_text('{"settings": {"seed": 1}}')
+    assert check_same_run(str(tmp_path), {"seed": 2}, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["bert_mgpu.json"]
+
+
+def test_a_classifier_trains_evaluates_predicts_and_resumes_on_ram(google_release):
+    out = "ram://runs/classifier"
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=8)
+    train = [bert_mgpu.Example(str(i), words, label=label) for i, (label, words) in
+             enumerate(sentiment_rows(64, seed=1))]
+    clf = bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], towers, "float32",
+                                                   max_seq_length=32)
+    clf.fit(train, out, epochs=1, learning_rate=1e-3, save_checkpoints_steps=2, verbose=False)
+    names = {n.rstrip("/") for n in gfile.listdir(out)}
+    assert {"bert_mgpu.json", "bert_config.json", "vocab.txt", "checkpoint", "ckpt-4.index", "train"} <= names
+    assert gfile.GFile(os.path.join(out, "vocab.txt"), "rb").read() == \
+        open(os.path.join(google_release, "vocab.txt"), "rb").read()
+    assert gfile.listdir(os.path.join(out, "train"))  # TensorBoard events
+    probs = clf.predict(train[:5])
+
+    again = bert_mgpu.BertClassifier.from_pretrained(out, towers=towers, precision="float32", max_seq_length=32)
+    assert again.global_step == 4 and again.labels == ["neg", "pos"]
+    np.testing.assert_allclose(again.predict(train[:5]), probs, atol=1e-6)
+    again.fit(train, out, epochs=1, learning_rate=1e-3, save_checkpoints_steps=2, verbose=False)  # resumes: done
+    assert again.global_step == 4
+    assert checkpoints.load_pretrained(out).kind == "bert_mgpu"
+
+
+def test_pretraining_writes_its_checkpoints_and_fine_tune_markers_on_ram(text):  # noqa: F811
+    out = "ram://runs/pretraining"
+    pre = new_pretrainer(text, micro=4, precision="float32")
+    pre.fit(text_data(pre, text), out, Budget(num_train_steps=4, finetune_time_markers=(0.5, 1.0)),
+            learning_rate=1e-3, verbose=False)
+    assert sorted(n.rstrip("/") for n in gfile.listdir(os.path.join(out, "finetune_checkpoints"))) == \
+        ["at_0.5", "at_1"]  # and no temporary directory
+    marker = os.path.join(out, "finetune_checkpoints", "at_1")
+    clf = bert_mgpu.BertClassifier.from_pretrained(marker, labels=["neg", "pos"], towers=pre.towers,
+                                                   max_seq_length=32)
+    want = checkpoints.encoder_weights(pre.model.backbone)
+    got = checkpoints.encoder_weights(clf.model.backbone)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
