@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, memory, metrics, optimization, run_dir
+from bert_mgpu import checkpoints, distribute, memory, metrics, optimization, run_dir
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset
@@ -162,6 +162,7 @@ class BertClassifier:
         if restored:
             log.info("resuming from %s at step %d", restored, int(trainer.step.numpy()))
         start = int(trainer.step.numpy())
+        distribute.check_same_start(strategy, start, output_dir)
         if self.towers.is_chief:
             self._write_run(output_dir, start)
         log.info("training: %d examples, %d steps of %d (%d towers x %d x %d accumulation steps), warmup %d, "

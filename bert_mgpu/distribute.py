@@ -164,7 +164,7 @@ def per_tower_seeds(model):
     return model
 
 
-def distribute_dataset(strategy, dataset):
+def distribute_dataset(strategy, dataset, worker_part=False):
     """Global batches of `dataset` split across the towers: an iterable of per-tower values.
 
     Used instead of `strategy.experimental_distribute_dataset`, whose iterator stalls when it is dropped.
@@ -175,7 +175,8 @@ def distribute_dataset(strategy, dataset):
     host iterator, autotuning off, reads the global batch, and one traced function cuts it into
     contiguous slices, one on each tower's device (sizes differ by at most one row in a partial batch;
     a tower may get none). Under MultiWorkerMirroredStrategy every worker reads the same batches and
-    keeps its own towers' slices, as tf.distribute's data sharding does.
+    keeps its own towers' slices, as tf.distribute's data sharding does; with `worker_part`, `dataset`
+    already holds only this worker's rows of each global batch (`worker_rows`), cut among its towers.
 
     Example:
         for batch in distribute_dataset(strategy, dataset):   # batch: PerReplica values
@@ -185,13 +186,25 @@ def distribute_dataset(strategy, dataset):
 
     options = tf.data.Options()
     options.autotune.enabled = False
-    return TowerBatches(strategy, dataset.with_options(options))
+    return TowerBatches(strategy, dataset.with_options(options), worker_part)
+
+
+def worker_rows(dataset, global_batch, strategy):
+    """This worker's rows of each global batch of an unbatched `dataset` whose batches start at element
+    0 and are all full (training data), so that the costly work after it (parsing, masking) is done once
+    in the job, not on every worker. Batch the result by `global_batch // workers` and give it to
+    `distribute_dataset(..., worker_part=True)`: the towers get the rows they would have had."""
+    index, workers = worker_of(strategy)
+    if workers == 1:
+        return dataset
+    part = global_batch // workers
+    return dataset.enumerate().filter(lambda i, _: (i % global_batch) // part == index).map(lambda _, x: x)
 
 
 class TowerBatches:
     """What `distribute_dataset` returns: iterable, with the `element_spec` to trace a step once."""
 
-    def __init__(self, strategy, dataset):
+    def __init__(self, strategy, dataset, worker_part=False):
         import tensorflow as tf
 
         self.strategy, self.dataset = strategy, dataset
@@ -199,6 +212,9 @@ class TowerBatches:
         self._ids = tuple(strategy.experimental_local_results(
             strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)))
         total, self._places = strategy.num_replicas_in_sync, strategy.extended.worker_devices
+        cut = tuple(range(len(self._ids))) if worker_part else self._ids  # which slices of a batch are ours
+        if worker_part:
+            total = len(self._ids)
 
         def tower_spec(spec):  # a static global batch divisible by the towers stays static per tower
             if not isinstance(spec, tf.TensorSpec) or not spec.shape.rank:
@@ -208,7 +224,7 @@ class TowerBatches:
             return _compat.per_replica_spec(*[tf.TensorSpec([rows] + spec.shape[1:], spec.dtype)] * len(self._ids))
 
         self.element_spec = tf.nest.map_structure(tower_spec, dataset.element_spec)  # refuses what it cannot cut
-        self._split = _splitter(self._ids, total, dataset.element_spec)
+        self._split = _splitter(cut, total, dataset.element_spec)
 
     def __iter__(self):
         import tensorflow as tf
@@ -297,6 +313,18 @@ def is_chief(strategy):
     return worker_of(strategy)[0] == 0
 
 
+def check_same_start(strategy, step, output_dir):
+    """RunError unless every worker resumed from the same step: workers that see different checkpoints
+    (each its own local --output_dir) would run different steps and wait on each other forever."""
+    every = [int(s) for s in ChiefDecides(strategy).every(step)]
+    if len(set(every)) > 1:
+        from bert_mgpu.errors import RunError
+
+        raise RunError(f"the workers found different checkpoints in {output_dir} (steps "
+                       f"{', '.join(f'worker {i}: {s}' for i, s in enumerate(every))}); --output_dir must be "
+                       "storage every worker reads, a shared file system or gs://")
+
+
 class ChiefDecides:
     """The chief's values, on every worker: what workers must agree on before they act (the clock, a
     stop), so that no two ever run different collectives or apply different learning rates.
@@ -330,3 +358,11 @@ class ChiefDecides:
         with tf.device("/cpu:0"):
             total = self._sum(tf.constant(mine))
         return [float(v) for v in np.asarray(total)]
+
+    def every(self, value):
+        """[each worker's `value`], in worker order, on every worker (e.g. to take the smallest)."""
+        if self.workers == 1:
+            return [float(value)]
+        mine = [0.0] * self.workers
+        mine[self.index] = float(value)
+        return self(mine, any_of=range(self.workers))

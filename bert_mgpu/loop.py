@@ -170,10 +170,11 @@ class Loop:
             hook.on_log(self, record)
         return record
 
-    def run(self, dataset: tf.data.Dataset, until_step: int | None = None) -> dict:
-        """Train on `dataset` (a global-batch tf.data.Dataset) -> the last training record."""
+    def run(self, dataset: tf.data.Dataset, until_step: int | None = None, worker_part: bool = False) -> dict:
+        """Train on `dataset` (a global-batch tf.data.Dataset, or with `worker_part` this worker's rows of
+        each: distribute.worker_rows) -> the last training record."""
         trainer = self.trainer
-        batches = trainer.training_batches(dataset)
+        batches = trainer.training_batches(dataset, worker_part)
         skips = guards.SkipGuard(self.max_consecutive_skips)
         self.stop, self.interrupted, self._saved = None, None, self.step
         self._start = self.clock()

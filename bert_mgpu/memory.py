@@ -154,7 +154,11 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
     probe = training.Trainer(towers.strategy, model, optimizer, use_xla=use_xla,
                              loss_fn=loss_fn or training.classification_loss)
     best, _ = find_batch_size(probe, make_batch, towers.plan, limit, cap)
-    return best
+    every = distribute.ChiefDecides(towers.strategy).every(best)
+    if min(every) < best:
+        log.info("auto batch size: %d per tower, the smallest any worker fits (workers: %s)", min(every),
+                 ", ".join(str(int(b)) for b in every))
+    return int(min(every))
 
 
 def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
@@ -168,12 +172,16 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     from bert_mgpu import fused_encoder
 
     strategy, trials, usable = trainer.strategy, [], RUN_MARGIN * limit_mb
-    with strategy.scope(), fused_encoder.frozen_weights(trainer.model):
-        pass  # evaluation's copies of the weights: allocated once, held from then on, so counted
     alone = plan.device_type == "GPU"
+    if not alone and distribute.worker_of(strategy)[1] > 1:  # trials with collectives could differ by worker
+        raise UserError("--auto_batch_size with several workers needs GPUs (each worker then tries its "
+                        "towers alone, and all take the smallest that fits); on CPUs give "
+                        "--train_batch_size")
     if not alone and trainer.learning_rate != 0.0:
         raise ValueError("find_batch_size runs real training steps on CPU: give the trainer an optimizer "
                          "with learning rate 0")
+    with strategy.scope(), fused_encoder.frozen_weights(trainer.model):
+        pass  # evaluation's copies of the weights: allocated once, held from then on, so counted
     meter = peak_meter(plan)
     trial = trainer.probe_step if alone else trainer.train_step
 

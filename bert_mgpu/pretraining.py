@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, memory, optimization, pretraining_model, run_dir, schedules, storage
+from bert_mgpu import checkpoints, distribute, memory, optimization, pretraining_model, run_dir, schedules, storage
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -296,6 +296,7 @@ class BertPretrainer:
             log.info("resuming from %s at step %d (%.1f s trained)", restored,
                      int(trainer.step.numpy()), float(elapsed_var.numpy()))
         step = int(trainer.step.numpy())
+        distribute.check_same_start(strategy, step, output_dir)
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",
                  global_batch, self.towers.count, micro, accum, step)
         hooks = [TimeBudget(budget, progress), *([StepLimit(steps)] if steps is not None else [])]
@@ -315,8 +316,11 @@ class BertPretrainer:
 
         loop = Loop(trainer, global_batch, hooks, callbacks, run.writer, log_every, save, save_checkpoints_steps,
                     lambda: run.latest, max_consecutive_skips, clock, float(elapsed_var.numpy()), verbose)
+        workers = distribute.worker_of(strategy)[1]  # each parses and masks only its towers' rows
+        mine = (lambda ds: distribute.worker_rows(ds, global_batch, strategy)) if workers > 1 else None
         try:
-            loop.run(data.dataset(global_batch, True, step * global_batch))
+            loop.run(data.dataset(global_batch // workers, True, step * global_batch, rows=mine),
+                     worker_part=workers > 1)
         finally:
             run.close()
         self.stop, self.trainer = loop.stop, trainer

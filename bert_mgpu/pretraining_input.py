@@ -44,8 +44,9 @@ def expand_files(pattern_list):
 
 
 def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_seq, training=True,
-                   seed=12345, start=0, shuffle_buffer=10_000):
-    """google-bert pretraining TFRecords -> batches; training repeats forever, from example `start`."""
+                   seed=12345, start=0, shuffle_buffer=10_000, rows=None):
+    """google-bert pretraining TFRecords -> batches; training repeats forever, from example `start`.
+    `rows`: a function of the unparsed records that keeps some (one worker's: distribute.worker_rows)."""
     files = expand_files(input_files)
     spec = {
         "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
@@ -60,6 +61,7 @@ def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_
     if training:
         # Shuffle raw records before parsing, so skipping on resume costs no parsing.
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat().skip(start)
+    ds = rows(ds) if rows else ds
     ds = ds.map(lambda r: _as_model_inputs(tf.io.parse_single_example(r, spec)),
                 num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
@@ -131,14 +133,16 @@ def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, voca
 
 
 def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predictions_per_seq,
-                 masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000):
-    """Raw text, packed and dynamically masked -> batches; training repeats forever, from example `start`."""
+                 masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000, rows=None):
+    """Raw text, packed and dynamically masked -> batches; training repeats forever, from example `start`.
+    `rows`: a function of the packed, unmasked sequences that keeps some (distribute.worker_rows)."""
     if tokenizer.mask_id is None:
         raise UserError(f"{tokenizer.vocab_file}: vocabulary has no [MASK] token")
     ds = packed_sequences(input_files, tokenizer, max_seq_length)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.enumerate().skip(start)
+    ds = rows(ds) if rows else ds
     special = sorted({tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id})
     ds = ds.map(lambda i, ids: _as_model_inputs(dynamic_mask(
         ids, i, seed, max_predictions_per_seq, masked_lm_prob, tokenizer.vocab_size, tokenizer.mask_id, special)),
@@ -169,12 +173,14 @@ class PretrainingData:
     def has_nsp(self):
         return self.kind == "records"
 
-    def dataset(self, batch_size, training=True, start=0):
+    def dataset(self, batch_size, training=True, start=0, rows=None):
+        """Batches of `batch_size` from example `start`; `rows` keeps some examples before they are
+        parsed or masked (one worker's rows: distribute.worker_rows)."""
         if self.kind == "records":
             return record_dataset(self.input_files, batch_size, self.max_seq_length, self.max_predictions_per_seq,
-                                  training, self.seed, start)
+                                  training, self.seed, start, rows=rows)
         return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
-                            self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start)
+                            self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start, rows=rows)
 
     def count(self):
         """Sequences in one pass over the data (one read; needed only for epoch-based validation)."""

@@ -120,10 +120,10 @@ class Trainer:
         # (shape-specialized traces would round differently from the generic one they relax into).
         self.input_spec = None
 
-    def training_batches(self, dataset: tf.data.Dataset):
-        """The towers' batches of a global-batch dataset, for `train_step`; every step of them then runs
-        the one trace of the dataset's element_spec."""
-        dist = distribute.distribute_dataset(self.strategy, dataset)
+    def training_batches(self, dataset: tf.data.Dataset, worker_part: bool = False):
+        """The towers' batches of a global-batch dataset (`worker_part`: this worker's rows of each), for
+        `train_step`; every step of them then runs the one trace of the dataset's element_spec."""
+        dist = distribute.distribute_dataset(self.strategy, dataset, worker_part)
         self.input_spec = dist.element_spec
         return iter(dist)
 

@@ -101,3 +101,21 @@ def test_on_one_machine_the_chief_decides_what_it_already_has():
     assert (decide.index, decide.workers) == (0, 1)
     assert decide([12.5, 1.0], any_of=(1,)) == [12.5, 1.0]
     assert distribute.is_chief(OneMachine())
+
+
+def test_auto_batch_size_on_cpu_workers_is_refused_before_any_trial():
+    """On CPUs a trial is a real step of every tower, with collectives: workers whose trials differ
+    would wait on each other forever, so several CPU workers are refused at once."""
+    import types
+
+    from bert_mgpu import memory
+
+    class TwoWorkers:  # what multi_worker_strategy registers for worker 1 of 2
+        pass
+
+    strategy = TwoWorkers()
+    distribute._WORKERS[strategy] = (1, 2)
+    trainer = types.SimpleNamespace(strategy=strategy, learning_rate=0.0)
+    with pytest.raises(UserError, match="^--auto_batch_size with several workers needs GPUs"):
+        memory.find_batch_size(trainer, None, plan_devices(0, 2, 4, [], workers=2), 1000)
+    assert distribute.ChiefDecides(TwoWorkers()).every(7) == [7.0]  # one machine: its own value

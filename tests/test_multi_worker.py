@@ -167,6 +167,19 @@ def test_two_workers_fine_tune_evaluate_and_predict_as_one_process_with_all_thei
     assert "predict: 13 examples" in out0 and "predict:" not in out1 and "eval:" not in out1
     assert os.listdir(w1.scratch) == []  # its throwaway checkpoints are gone
 
+    # A worker that cannot see the chief's --output_dir (its own local one) is caught before any step.
+    lonely = tmp_path / "not_shared"
+    hosts = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    w = [job.start(f"apart{i}", [os.path.join(ROOT, "run_classifier_mgpu.py"), *common, "--towers_per_gpu=2",
+                                 f"--output_dir={(multi, lonely)[i]}", f"--worker_hosts={hosts}", f"--task_index={i}"])
+         for i in range(2)]
+    for i, (rc, _, err) in enumerate(job.wait(*w)):
+        assert rc == 1, err[-2000:]
+        assert err.strip().splitlines()[-1] == (
+            f"run_classifier_mgpu.py: error: the workers found different checkpoints in {(multi, lonely)[i]} "
+            "(steps worker 0: 16, worker 1: 0); --output_dir must be storage every worker reads, a shared "
+            "file system or gs://")
+
 
 # ---------------------------------------------------------------------------------------------- pretraining
 @pytest.fixture
@@ -256,3 +269,26 @@ def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(
     assert all("pretraining stopped at step 60: reached 60 steps" in out for _, out, _ in results)
     assert all(f"resuming from {multi}/ckpt-" in err for _, _, err in results)
     assert_same_weights(single / "ckpt-60", multi / "ckpt-60")
+
+
+AGREE = """
+import sys
+sys.path.insert(0, {root!r})
+from bert_mgpu import cluster, devices, distribute
+job = cluster.find_cluster(sys.argv[1], int(sys.argv[2]))
+plan = devices.plan_devices(0, 2, 4, (), workers=job.workers)
+devices.configure_devices(plan)
+decide = distribute.ChiefDecides(distribute.multi_worker_strategy(plan, job))
+print("chief's", decide([100.0 + job.index, float(job.index == 1)], any_of=(1,)))
+print("every", decide.every(8 - 3 * job.index))
+"""
+
+
+def test_workers_take_the_chiefs_values_any_workers_flag_and_each_others_values(job, tmp_path):
+    (tmp_path / "agree.py").write_text(AGREE.format(root=ROOT))
+    hosts = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    procs = [job.start(f"agree{i}", [str(tmp_path / "agree.py"), hosts, str(i)]) for i in range(2)]
+    for rc, out, err in job.wait(*procs):
+        assert rc == 0, err[-2000:]
+        # The chief's clock (100), a flag only worker 1 raised, and the auto batch sizes 8 and 5.
+        assert out.splitlines() == ["chief's [100.0, 1.0]", "every [8.0, 5.0]"]

@@ -183,3 +183,31 @@ def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
     assert "[UNK]" not in tok.tokenize("running the runner")
     with pytest.raises(UserError, match="no such input file"):
         build_vocab([str(tmp_path / "missing.txt")], 80, str(tmp_path / "v2.txt"))
+
+
+@pytest.mark.parametrize("kind", ["records", "text"])
+def test_workers_rows_put_together_are_the_global_batch(corpus, kind):
+    """With distribute.worker_rows each of 2 workers parses and masks only its half of every global
+    batch; the halves side by side are the batch one process makes, from a resumed position too."""
+    from bert_mgpu import distribute
+    from bert_mgpu.pretraining_input import PretrainingData
+
+    class Worker:  # what multi_worker_strategy registers
+        pass
+
+    inputs = make(corpus, "rows")[0] if kind == "records" else [corpus[2]]
+    data = PretrainingData(kind, inputs, corpus[1], max_seq_length=32 if kind == "text" else 128,
+                           max_predictions_per_seq=20)
+    whole = list(data.dataset(8, True, start=16).take(3).as_numpy_iterator())
+    halves = []
+    for index in range(2):
+        worker = Worker()
+        distribute._WORKERS[worker] = (index, 2)
+        halves.append(list(data.dataset(4, True, start=16, rows=lambda ds, w=worker: distribute.worker_rows(
+            ds, 8, w)).take(3).as_numpy_iterator()))
+    for step in range(3):
+        parts = [tf.nest.flatten(h[step]) for h in halves]
+        for i, value in enumerate(tf.nest.flatten(whole[step])):
+            assert len(value) == 8
+            np.testing.assert_array_equal(np.concatenate([parts[0][i], parts[1][i]]), value,
+                                          err_msg=f"{kind} step {step} tensor {i}")
