@@ -54,6 +54,18 @@ flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
 flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
 flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
+# evaluation while training (Hugging Face's names)
+flags.DEFINE_enum("evaluation_strategy", "no", ["no", "steps", "epoch"], "Evaluate on dev while training: "
+                  "every --eval_every_steps (steps) or every epoch; writes eval_history.tsv and best/.")
+flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every this many steps (implies "
+                     "--evaluation_strategy=steps).")
+flags.DEFINE_string("metric_for_best_model", None, "What picks the model kept in best/: accuracy, loss, f1 "
+                    "(MRPC), mcc (CoLA); default the task's (f1 for MRPC, mcc for CoLA, else accuracy).")
+flags.DEFINE_bool("greater_is_better", None, "Whether a larger --metric_for_best_model is better (default: "
+                  "true but for a loss).")
+flags.DEFINE_bool("load_best_model_at_end", False, "Evaluate and predict with best/ rather than the last step.")
+flags.DEFINE_integer("early_stopping_patience", None, "Stop after this many evaluations without improvement.")
+flags.DEFINE_float("early_stopping_threshold", 0.0, "An improvement must exceed this to count.")
 # reliability (shared with the other script)
 define_reliability_flags("Train with the largest per-tower batch that fits")
 flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "
@@ -98,7 +110,8 @@ def run():
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
-    dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval else None
+    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
+    dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval or watch else None
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
 
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
@@ -116,7 +129,12 @@ def run():
                 warmup_proportion=FLAGS.warmup_proportion, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
                 seed=FLAGS.seed, use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
                 overwrite=FLAGS.overwrite_output_dir, settings=settings, log_every=FLAGS.log_every_steps,
-                gradient_accumulation_steps=FLAGS.gradient_accumulation_steps)
+                gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, dev=dev,
+                evaluation_strategy=FLAGS.evaluation_strategy, eval_every_steps=FLAGS.eval_every_steps,
+                eval_batch_size=FLAGS.eval_batch_size, metric_for_best_model=FLAGS.metric_for_best_model,
+                greater_is_better=FLAGS.greater_is_better, load_best_model_at_end=FLAGS.load_best_model_at_end,
+                early_stopping_patience=FLAGS.early_stopping_patience,
+                early_stopping_threshold=FLAGS.early_stopping_threshold)
         if clf.interrupted:
             print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
                   f"{FLAGS.output_dir}. Rerun the same command to resume")

@@ -14,6 +14,7 @@ Example:
 import hashlib
 import logging
 import math
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,6 +23,7 @@ import tensorflow as tf
 from bert_mgpu import checkpoints, distribute, memory, metrics, optimization, run_dir
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
+from bert_mgpu.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.loop import Loop
 from bert_mgpu.modeling import build_classifier
@@ -71,6 +73,7 @@ class BertClassifier:
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
         self.fused_encoder = fused_encoder
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
+        self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
         self._predictor = Trainer(towers.strategy, model)
 
     @classmethod
@@ -123,7 +126,11 @@ class BertClassifier:
             warmup_proportion: float = 0.1, save_checkpoints_steps: int = 1000, seed: int = 12345,
             use_xla: bool = False, verbose: bool = True, max_consecutive_skips: int = 10, overwrite: bool = False,
             settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 50,
-            gradient_accumulation_steps: int = 1) -> dict | None:
+            gradient_accumulation_steps: int = 1, dev: Sequence[Example] | None = None,
+            evaluation_strategy: str = "no", eval_every_steps: int | None = None, eval_batch_size: int = 8,
+            metric_for_best_model: str | None = None, greater_is_better: bool | None = None,
+            load_best_model_at_end: bool = False, early_stopping_patience: int | None = None,
+            early_stopping_threshold: float = 0.0) -> dict:
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
         The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
@@ -132,7 +139,16 @@ class BertClassifier:
         `overwrite`. `settings` adds the caller's own (the script's flags) to what is compared.
         `callbacks`: Keras callbacks (see loop.Loop). `gradient_accumulation_steps`: each tower runs that
         many batches of its per-tower size one after another and the step applies their mean gradient, so
-        the global batch is towers x per-tower batch x this. Returns the last training record.
+        the global batch is towers x per-tower batch x this.
+
+        Evaluation while training (evaluation.py): `evaluation_strategy` "steps" (every `eval_every_steps`,
+        which alone implies it) or "epoch", on `dev`; `metric_for_best_model` (default the task's: F1 for
+        MRPC, MCC for CoLA, else accuracy) picks the model kept in `output_dir/best`;
+        `load_best_model_at_end` leaves that model in `self.model`; `early_stopping_patience` evaluations
+        without an improvement above `early_stopping_threshold` stop the run.
+
+        Returns the history, as Keras' `History.history`: a list per name, the training records' (`step`,
+        `loss`, `learning_rate`, ...) and the evaluations' (`eval_step`, `eval_loss`, `eval_accuracy`, ...).
         """
         accum = int(gradient_accumulation_steps)
         if accum < 1:
@@ -149,6 +165,15 @@ class BertClassifier:
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
+        every = evaluation_every(evaluation_strategy, eval_every_steps, num_steps / epochs)
+        if (every or load_best_model_at_end or early_stopping_patience) and not dev:
+            raise UserError("evaluation during training (--evaluation_strategy, --eval_every_steps, "
+                            "--load_best_model_at_end, --early_stopping_patience) needs dev examples")
+        if (load_best_model_at_end or early_stopping_patience) and not every:
+            raise UserError("--load_best_model_at_end and --early_stopping_patience need evaluation during "
+                            "training: --evaluation_strategy=epoch|steps or --eval_every_steps")
+        choice = BestModel(metric_for_best_model or self.main_metric, greater_is_better, early_stopping_patience,
+                           early_stopping_threshold)
         run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
@@ -168,27 +193,67 @@ class BertClassifier:
         log.info("training: %d examples, %d steps of %d (%d towers x %d x %d accumulation steps), warmup %d, "
                  "from step %d", len(examples), num_steps, global_batch, self.towers.count,
                  self.towers.plan.per_tower_batch, accum, warmup, start)
-        self.interrupted = None
+        self.interrupted, hooks = None, []
+        if every:
+            chief = self.towers.is_chief
+            watch = DevEvaluation(
+                lambda: {k: v for k, v in self.evaluate(dev, eval_batch_size).items()
+                         if k.startswith("eval_") and k != "eval_examples"},
+                every, output_dir, choice, self._save_model_dir,
+                tf.summary.create_file_writer(os.path.join(output_dir, "eval")) if chief
+                else tf.summary.create_noop_writer(), chief)
+            watch.resume(start)
+            hooks.append(watch)
         if start >= num_steps:
             self.global_step = start
-            return None
+            return self._finish(hooks, load_best_model_at_end, [])
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, global_batch,
                                training=True, seed=seed, source="train").skip(start)
-        loop = Loop(trainer, global_batch, callbacks=callbacks, writer=run.writer, log_every=log_every,
+        loop = Loop(trainer, global_batch, hooks, callbacks=callbacks, writer=run.writer, log_every=log_every,
                     save=lambda: run.save(int(trainer.step.numpy())), save_every=save_checkpoints_steps,
                     last_checkpoint=lambda: run.latest, max_consecutive_skips=max_consecutive_skips,
                     verbose=verbose)
         try:
-            record = loop.run(dataset, until_step=num_steps)
+            loop.run(dataset, until_step=num_steps)
         finally:
             run.close()
-        self.global_step, self.interrupted, self.history = loop.step, loop.interrupted, loop.history
+            for hook in hooks:
+                hook.writer.close()
+        self.global_step, self.interrupted, self.stop = loop.step, loop.interrupted, loop.stop
         if self.interrupted:
             log.warning("%s: stopped at step %d of %d; checkpoint %s. Rerun the same command to resume",
                         self.interrupted, self.global_step, num_steps, run.latest)
         else:
             log.info("trained to step %d (%s); checkpoint %s", self.global_step, loop.stop, run.latest)
-        return record
+        return self._finish(hooks, load_best_model_at_end and not self.interrupted, loop.history)
+
+    def _finish(self, hooks, load_best, records):
+        """The history as Keras gives it; the best model loaded when asked."""
+        self.history = records
+        history = {}
+        for record in records:
+            evaluation = any(k.startswith("eval_") for k in record)
+            for key, value in record.items():
+                history.setdefault("eval_step" if evaluation and key == "step" else key, []).append(value)
+        watch = hooks[0] if hooks else None
+        self.best_step = watch.best["step"] if watch and watch.best else None
+        if load_best and self.best_step is not None:
+            best = os.path.join(watch.output_dir, BEST_DIR)
+            checkpoints.training_checkpoint(self.model).read(tf.train.latest_checkpoint(best)).expect_partial()
+            self.global_step = self.best_step
+            log.info("loaded the best model (%s %.4g at step %d) from %s", watch.choice.metric,
+                     watch.best[watch.choice.metric], self.best_step, best)
+        return history
+
+    @property
+    def main_metric(self):
+        """The task's metric for the best model: F1 for MRPC, MCC for CoLA, accuracy otherwise."""
+        return metrics.TASK_METRICS[self.task][0] if self.task in metrics.TASK_METRICS else "eval_accuracy"
+
+    def _save_model_dir(self, directory, step):
+        """A loadable model directory of the weights as they are (`best/`): encoder, head, run files."""
+        run_dir.save_model_dir(directory, checkpoints.training_checkpoint(self.model), step,
+                               lambda d, s: self._write_run(d, s), self.towers.is_chief)
 
     def auto_batch_size(self, memory_limit_mb: float | None = None, output_dir: str | None = None,
                         memory_per_tower_mb: float | None = None, use_xla: bool = False) -> int:

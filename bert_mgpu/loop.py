@@ -57,22 +57,31 @@ class Evaluation(Hook):
     Args:
         evaluate: `evaluate() -> dict` of statistics, e.g. `lambda: trainer.evaluate(dev_dataset)`.
         every: steps between evaluations.
+        writer: a TensorBoard writer of their own (e.g. for `output_dir/eval`), where they go under the
+            training records' tags (`loss`, not `eval_loss`), so TensorBoard draws both in one chart;
+            None: the loop's writer, with the prefix.
     """
 
-    def __init__(self, evaluate, every):
-        self.evaluate, self.every, self.last = evaluate, every, None
+    def __init__(self, evaluate, every, writer=None):
+        self.evaluate, self.every, self.writer, self.last = evaluate, every, writer, None
         self.results = None  # the last evaluation's record
 
     def after_step(self, loop, record):
         if self.last is None:
             self.last = loop.first_step
         every = self.every(loop) if callable(self.every) else self.every
-        if loop.step - self.last < every:
+        if not every or loop.step - self.last < every:
             return
         self.last = loop.step
-        self.results = {"step": loop.step, **{f"eval_{k}": v for k, v in self.evaluate().items()}}
-        loop.log(self.results)
+        results = self.evaluate()
+        self.results = {"step": loop.step, **{k if k.startswith("eval_") else f"eval_{k}": v
+                                              for k, v in results.items()}}
+        loop.log(self.results, writer=self.writer)
+        self.evaluated(loop, self.results)
         loop.end_epoch({k.replace("eval_", "val_", 1): v for k, v in self.results.items() if k != "step"})
+
+    def evaluated(self, loop, results):
+        """Called with each evaluation's record, after it is logged (a subclass acts on it)."""
 
 
 class Loop:
@@ -132,14 +141,16 @@ class Loop:
                                               any_of=(1,))
         return now, signals > 0
 
-    def log(self, record: dict) -> None:
-        """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console."""
+    def log(self, record: dict, writer=None) -> None:
+        """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console;
+        `writer`: another TensorBoard writer, which gets the names without their `eval_` prefix."""
         self.history.append(record)
-        if self.writer is not None:
-            with self.writer.as_default(step=record["step"]):
+        target = writer if writer is not None else self.writer
+        if target is not None:
+            with target.as_default(step=record["step"]):
                 for key, value in record.items():
-                    if key != "step":
-                        tf.summary.scalar(key, value)
+                    if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                        tf.summary.scalar(key.removeprefix("eval_") if writer is not None else key, value)
         if self.verbose:
             log.info("step %d: %s", record["step"], ", ".join(f"{k} {v:.4g}" for k, v in record.items()
                                                               if k != "step"))

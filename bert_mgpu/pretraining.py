@@ -18,12 +18,11 @@ Example:
 import dataclasses
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, distribute, memory, optimization, pretraining_model, run_dir, schedules, storage
+from bert_mgpu import checkpoints, distribute, memory, optimization, pretraining_model, run_dir, schedules
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -159,8 +158,7 @@ class FinetuneMarkers(Hook):
 
     def __init__(self, budget, directory, write):
         self.budget, self.directory, self.write = budget, directory, write
-        self.markers = sorted(m for m in budget.finetune_time_markers
-                              if not storage.exists(os.path.join(directory(m), checkpoints.RUN_FILE)))
+        self.markers = sorted(m for m in budget.finetune_time_markers if not run_dir.is_whole_model_dir(directory(m)))
 
     def after_step(self, loop, record):
         while self.markers and self.budget.progress(loop.step, loop.elapsed()) >= self.markers[0]:
@@ -357,25 +355,10 @@ class BertPretrainer:
 
     # ------------------------------------------------------------------ outputs
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
-        """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads.
-        Every worker of several must call it; only the chief's copy is kept.
-
-        Locally it is built aside and renamed into place, so it appears whole or not at all. Other file
-        systems (gs://) rename no directory: it is written in place, and its bert_mgpu.json, written
-        last, says it is whole."""
-        chief = self.towers.is_chief
-        tmp = (directory if storage.is_remote(directory) else storage.temporary_dir_for(directory)) if chief \
-            else tempfile.mkdtemp(prefix="bert_mgpu_worker_")
-        storage.remove(tmp)
-        storage.makedirs(tmp)
+        """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads
+        (run_dir.save_model_dir). Every worker of several must call it; only the chief's copy is kept."""
         ckpt = checkpoints.training_checkpoint(self.model, heads=pretraining_model.head_checkpoint_objects(self.model))
-        tf.train.CheckpointManager(ckpt, tmp, max_to_keep=1).save(checkpoint_number=step)
-        if not chief:
-            storage.remove(tmp)
-            return directory
-        self._write_run(tmp, step, data)
-        if tmp != directory:
-            storage.replace_dir(tmp, directory)
+        run_dir.save_model_dir(directory, ckpt, step, lambda d, s: self._write_run(d, s, data), self.towers.is_chief)
         log.info("fine-tune checkpoint at step %d: %s", step, directory)
         return directory
 

@@ -100,6 +100,32 @@ def rng_states(model):
         v for v in model.variables if v.path.endswith("seed_generator_state"))}
 
 
+def save_model_dir(directory, ckpt, step, write_files, chief=True):
+    """A loadable model directory (an --init_checkpoint): `ckpt` saved as of `step`, then
+    `write_files(directory, step)`. Locally it is built aside and renamed into place, so it appears whole
+    or not at all; other file systems (gs://) rename no directory, so it is written in place, its
+    bert_mgpu.json last, which says it is whole. Every worker of several must call it (TensorFlow saves
+    on all); only the chief's copy is kept."""
+    if chief:
+        tmp = directory if storage.is_remote(directory) else storage.temporary_dir_for(directory)
+    else:
+        tmp = tempfile.mkdtemp(prefix="bert_mgpu_worker_")
+    storage.remove(tmp)
+    storage.makedirs(tmp)
+    tf.train.CheckpointManager(ckpt, tmp, max_to_keep=1).save(checkpoint_number=step)
+    if not chief:
+        storage.remove(tmp)
+        return directory
+    write_files(tmp, step)
+    if tmp != directory:
+        storage.replace_dir(tmp, directory)
+    return directory
+
+
+def is_whole_model_dir(directory):
+    return storage.exists(os.path.join(directory, RUN_FILE))
+
+
 class Checkpoints:
     """tf.train.CheckpointManager for a run directory, with fallback, a finite check and path checks."""
 
