@@ -8,6 +8,7 @@ A thin wrapper over `bert_mgpu.BertClassifier`; a user mistake ends in one line 
 
 import logging
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up noise; set it to 0 to see it
 
@@ -76,6 +77,7 @@ def run():
     import bert_mgpu
     from bert_mgpu import cli, outputs, precision, run_dir
 
+    started = time.monotonic()
     if FLAGS.use_tpu:
         raise bert_mgpu.UserError("--use_tpu is not supported; use --n_gpus")
     plan = cli.plan_from_flags(FLAGS.train_batch_size)
@@ -139,6 +141,7 @@ def run():
             print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
                   f"{FLAGS.output_dir}. Rerun the same command to resume")
             return
+    results = {}
     if FLAGS.do_eval:
         results = clf.evaluate(dev, batch_size=FLAGS.eval_batch_size)
         for key in sorted(results):
@@ -151,6 +154,21 @@ def run():
         if towers.is_chief:
             paths = outputs.write_predictions(FLAGS.output_dir, probabilities, clf.labels, [e.guid for e in test])
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
+    if towers.is_chief:
+        if FLAGS.do_eval:
+            outputs.draw("write_confusion", FLAGS.output_dir, clf.confusion, clf.labels)
+        if FLAGS.do_train:
+            outputs.draw("learning_curves", FLAGS.output_dir)
+        rates = [r["examples_per_second"] for r in clf.history if "examples_per_second" in r]
+        where = f"{towers.count} on {towers.plan.device_type}" + (
+            f", {towers.cluster.workers} workers" if towers.cluster else "")
+        facts = {"task": task.name, "towers": where, "precision": clf.policy,
+                 "trained": f"{clf.global_step} steps ({clf.stop})" if FLAGS.do_train and clf.stop else None,
+                 "best model": f"step {clf.best_step}" if clf.best_step is not None else None,
+                 "examples/s": rates[-1] if rates else None,
+                 **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")},
+                 "wall time": f"{time.monotonic() - started:.0f} s"}
+        print(outputs.summary("run_classifier_mgpu.py", facts, FLAGS.output_dir))
 
 
 def _console():

@@ -118,12 +118,15 @@ def _pretrainer(towers):
 
 
 def run():
-    from bert_mgpu import cli, precision
+    import time
+
+    from bert_mgpu import cli, outputs, precision
     from bert_mgpu.errors import UserError
     from bert_mgpu.pretraining import Budget, Validation
     from bert_mgpu.pretraining_input import expand_files
     from bert_mgpu.run_dir import check_output_dir
 
+    started = time.monotonic()
     if FLAGS.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
     # One micro-batch per tower unless told: the global batch split evenly over every worker's towers.
@@ -197,12 +200,25 @@ def run():
         print(f"pretraining stopped at step {step}: {pre.stop}")
         if pre.stop.startswith("interrupted"):
             return
+    results = {}
     if FLAGS.do_eval:
         results = pre.evaluate(_data(held_out, pre.tokenizer), batch_size=towers.batch(FLAGS.eval_batch_size),
                                max_steps=FLAGS.max_eval_steps)
         if towers.is_chief:
             path = pre.write_eval_results(FLAGS.output_dir, results, step)
             print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
+    if towers.is_chief:
+        if FLAGS.do_train:
+            outputs.draw("learning_curves", FLAGS.output_dir)
+        logged = [r for r in pre.history if "examples_per_second" in r]
+        where = f"{towers.count} on {towers.plan.device_type}" + (
+            f", {towers.cluster.workers} workers" if towers.cluster else "")
+        facts = {"towers": where, "precision": pre.policy,
+                 "trained": f"{step} steps ({pre.stop})" if FLAGS.do_train else None,
+                 "sequences/s": logged[-1]["examples_per_second"] if logged else None,
+                 "tokens/s": logged[-1].get("tokens_per_second") if logged else None,
+                 **dict(sorted(results.items())), "wall time": f"{time.monotonic() - started:.0f} s"}
+        print(outputs.summary("run_pretraining_mgpu.py", facts, FLAGS.output_dir))
 
 
 def _console():

@@ -25,7 +25,11 @@ setup(
         # GPUs: TensorFlow finds CUDA, cuDNN, NCCL and XLA's ptxas/libdevice only through these wheels.
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the library.
-        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "torch==2.13.0", "transformers>=5,<6"],
+        # pandas: evaluate/predict take a DataFrame (read by duck typing; the library never imports pandas).
+        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "torch==2.13.0", "transformers>=5,<6",
+                 "pandas>=2", "matplotlib>=3.8"],
+        # learning_curves.png and confusion_matrix.png (bert_mgpu.plot); training never needs it.
+        "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": [f"{m}={m}:_console" for m in (
         "run_classifier_mgpu", "run_pretraining_mgpu", "create_pretraining_data", "build_vocab")]},

@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -28,7 +29,7 @@ from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.loop import Loop
 from bert_mgpu.modeling import build_classifier
 from bert_mgpu.precision import resolve_precision
-from bert_mgpu.tasks import Example
+from bert_mgpu.tasks import Example, as_examples
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
 
@@ -74,6 +75,7 @@ class BertClassifier:
         self.fused_encoder = fused_encoder
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
+        self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self._predictor = Trainer(towers.strategy, model)
 
     @classmethod
@@ -150,6 +152,7 @@ class BertClassifier:
         Returns the history, as Keras' `History.history`: a list per name, the training records' (`step`,
         `loss`, `learning_rate`, ...) and the evaluations' (`eval_step`, `eval_loss`, `eval_accuracy`, ...).
         """
+        examples, dev = as_examples(examples), (None if dev is None else as_examples(dev))
         accum = int(gradient_accumulation_steps)
         if accum < 1:
             raise UserError(f"--gradient_accumulation_steps={accum}: expected 1 or more")
@@ -281,25 +284,37 @@ class BertClassifier:
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     # ------------------------------------------------------------------ inference
-    def _logits(self, examples, batch_size, source):
+    def _logits(self, examples, batch_size, source, verbose="auto"):
         # Rows padded to a multiple of 8 (or of the batch) per tower: few shapes for the XLA kernels.
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length,
                                self.towers.batch(batch_size), training=False, source=source,
                                rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
-        return self._predictor.predict_logits(dataset)
+        bar = None
+        if verbose is True or (verbose == "auto" and len(examples) >= 1000):
+            bar = keras.utils.Progbar(len(examples), unit_name="example")
+        return self._predictor.predict_logits(dataset, progress=bar.add if bar else None)
 
-    def predict(self, examples: Sequence[Example], batch_size: int = 8) -> np.ndarray:
-        """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower)."""
-        logits, _ = self._logits(examples, batch_size, "predict")
+    def predict(self, examples, batch_size: int = 8, verbose="auto") -> np.ndarray:
+        """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower).
+
+        `examples`: `Example`s, plain strings, (text_a, text_b) pairs or a pandas DataFrame (`as_examples`).
+        verbose: a progress bar; "auto" shows one for 1,000 examples or more.
+        """
+        examples = as_examples(examples)
+        logits, _ = self._logits(examples, batch_size, "predict", verbose)
         return tf.nn.softmax(logits).numpy()
 
-    def evaluate(self, examples: Sequence[Example], batch_size: int = 8) -> dict:
-        """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA)."""
+    def evaluate(self, examples, batch_size: int = 8, verbose="auto") -> dict:
+        """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA); examples
+        as `predict` takes them, with labels."""
+        examples = as_examples(examples)
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")
-        logits, labels = self._logits(examples, batch_size, "eval")
+        logits, labels = self._logits(examples, batch_size, "eval", verbose)
         losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         predicted = np.argmax(logits, axis=1)
+        self.confusion = np.zeros([len(self.labels)] * 2, np.int64)  # true label per row, predicted per column
+        np.add.at(self.confusion, (labels, predicted), 1)
         loss = float(np.mean(losses))
         results = {"eval_accuracy": metrics.accuracy(labels, predicted), "eval_loss": loss, "loss": loss,
                    "global_step": self.global_step, "eval_examples": len(examples)}

@@ -38,6 +38,49 @@ class Example:
     label: str = None  # None for unlabelled test examples
 
 
+def as_examples(inputs, text_column=None, text_b_column=None, label_column="label"):
+    """What a notebook has -> a list of `Example`s: `Example`s, plain strings, (text_a, text_b) pairs, or a
+    pandas DataFrame (its `text_column`, default "text", "text_a" or "sentence"; `text_b_column`, default
+    "text_b" if present; labels from `label_column` if present; ids from its index).
+
+    Example:
+        as_examples(["great film", "dull plot"])
+        as_examples([("A man eats.", "Someone eats.")])
+        as_examples(pandas.DataFrame({"text": ["great film"], "label": ["pos"]}))
+    """
+    if isinstance(inputs, str | Example):
+        inputs = [inputs]
+    if hasattr(inputs, "columns") and hasattr(inputs, "to_dict"):  # a DataFrame, read without importing pandas
+        return _from_frame(inputs, text_column, text_b_column, label_column)
+    out = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, Example):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(Example(str(i), item))
+        elif isinstance(item, tuple | list) and len(item) == 2 and all(isinstance(t, str) for t in item):
+            out.append(Example(str(i), item[0], item[1]))
+        else:
+            raise UserError(f"input {i}: expected an Example, a string or a (text_a, text_b) pair of strings, "
+                            f"not {type(item).__name__}")
+    return out
+
+
+def _from_frame(frame, text_column, text_b_column, label_column):
+    columns = [str(c) for c in frame.columns]
+    text = text_column or next((c for c in ("text", "text_a", "sentence") if c in columns), None)
+    if text not in columns:
+        raise UserError(f"the DataFrame has no text column {text_column or 'text, text_a or sentence'} "
+                        f"(its columns: {', '.join(columns)})")
+    if text_b_column and text_b_column not in columns:
+        raise UserError(f"the DataFrame has no column {text_b_column!r} (its columns: {', '.join(columns)})")
+    text_b = text_b_column or ("text_b" if "text_b" in columns else None)
+    label = label_column if label_column in columns else None
+    rows = frame.to_dict("records")
+    return [Example(str(guid), str(row[text]), None if text_b is None else str(row[text_b]),
+                    None if label is None else str(row[label])) for guid, row in zip(frame.index, rows)]
+
+
 def decode_utf8(path, data, invalid_utf8="error"):
     """Bytes -> text. Invalid UTF-8 is an error naming line and column, or (`replace`) U+FFFD, counted."""
     if data.startswith(codecs.BOM_UTF8):

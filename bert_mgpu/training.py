@@ -291,9 +291,9 @@ class Trainer:
         return {k: v / count for k, v in totals.items()}
 
     # ------------------------------------------------------------------ prediction
-    def predict_logits(self, dataset: tf.data.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    def predict_logits(self, dataset: tf.data.Dataset, progress=None) -> tuple[np.ndarray, np.ndarray]:
         """(logits [N, C], labels [N]) for a dataset of (features, label, index), in input order; rows
-        whose index is negative are filler and dropped."""
+        whose index is negative are filler and dropped. `progress(n)` hears of each batch's n rows."""
         dist = distribute.distribute_dataset(self.strategy, dataset)
         if self._predict_fn is None:
             def step(batch):
@@ -304,7 +304,11 @@ class Trainer:
 
             self._predict_fn = tf.function(step, reduce_retracing=True)
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
-            parts = [tuple(t.numpy() for t in self._predict_fn(batch)) for batch in dist]
+            parts = []
+            for batch in dist:
+                parts.append(tuple(t.numpy() for t in self._predict_fn(batch)))
+                if progress is not None:
+                    progress(int(np.sum(parts[-1][2] >= 0)))
         logits, labels, index = (np.concatenate(p) for p in zip(*parts))
         real = index >= 0  # rows of index -1 only fill a batch (input_pipeline's rows_multiple)
         logits, labels, index = logits[real], labels[real], index[real]

@@ -150,6 +150,35 @@ def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_to
     # load_best_model_at_end: the classifier now holds best/, which scores what its evaluation did.
     assert clf.evaluate(dev, 4)["eval_accuracy"] == pytest.approx(best["eval_accuracy"], abs=1e-6)
     assert os.listdir(os.path.join(out, "eval")) and not os.path.exists(os.path.join(out, "best.pending"))
+    # The pictures: decodable PNGs of the expected size, whose curves are the values the run logged.
+    import matplotlib.image
+
+    from bert_mgpu import plot
+
+    path, series = plot.learning_curves(out)
+    assert matplotlib.image.imread(path).shape == (800, 1200, 4)
+    steps, losses = series["train/loss"]
+    assert list(steps) == history["step"]
+    np.testing.assert_allclose(losses, history["loss"], rtol=1e-6)
+    steps, accuracies = series["eval/accuracy"]
+    assert list(steps) == [r["step"] for r in rows]
+    np.testing.assert_allclose(accuracies, [r["eval_accuracy"] for r in rows], atol=1e-6)
+    assert "eval/loss" in series and "train/learning_rate" in series and "train/examples_per_second" in series
+    assert plot.best_step(out) == best["step"]
+    results = clf.evaluate(dev, 4)
+    picture = plot.write_confusion(out, clf.confusion, clf.labels)
+    assert matplotlib.image.imread(picture).shape[2] == 4 and clf.confusion.sum() == len(dev)
+    assert np.trace(clf.confusion) / len(dev) == pytest.approx(results["eval_accuracy"])
+    table = (tmp_path / "run" / "confusion_matrix.tsv").read_text().splitlines()
+    assert table[0] == "true \\ predicted\tneg\tpos" and len(table) == 3
+
+    # What a notebook has: plain strings, and a DataFrame with labels, give what Examples give.
+    import pandas as pd
+
+    probs = clf.predict(dev, 4)
+    np.testing.assert_allclose(clf.predict([e.text_a for e in dev], 4, verbose=True), probs, atol=1e-6)
+    frame = pd.DataFrame({"text": [e.text_a for e in dev], "label": [e.label for e in dev]})
+    assert clf.evaluate(frame, 4)["eval_accuracy"] == pytest.approx(best["eval_accuracy"], abs=1e-6)
 
     one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
     kept = [int(p.split("-")[1].split(".")[0]) for p in os.listdir(out) if p.endswith(".index")]

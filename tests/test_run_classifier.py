@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -54,6 +55,15 @@ def test_train_eval_predict_writes_every_output(trained):
     assert "predict: 13 examples" in proc.stdout
     run_info = json.load(open(os.path.join(out, "bert_mgpu.json")))
     assert run_info["labels"] == ["neg", "pos"] and run_info["global_step"] == 160
+    # The block the run ends with: what ran, how fast, the dev numbers, and every output.
+    block = proc.stdout[proc.stdout.index("== run_classifier_mgpu.py =="):].splitlines()
+    facts = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in block[1:-1])
+    assert facts["towers"] == "2 on CPU" and facts["precision"] == "float32"
+    assert facts["trained"] == "160 steps (reached 160 steps)"
+    assert float(facts["eval_accuracy"]) == pytest.approx(float(results["eval_accuracy"]), abs=5e-4)
+    assert float(facts["examples/s"]) > 0 and facts["wall time"].endswith(" s")
+    assert block[-1] == (f"  outputs in {out}: ckpt-160 (latest checkpoint), bert_config.json, bert_mgpu.json, "
+                         "eval_results.txt, predict.txt, predictions.tsv, test_results.tsv, train/, vocab.txt")
 
 
 def test_rerun_resumes_and_predicts_the_same(trained):

@@ -1,6 +1,7 @@
 """The pretraining scripts as a user runs them: text -> TFRecords -> pretraining -> fine-tuning, bad input."""
 
 import os
+import re
 
 import pytest
 from conftest import run_script, sentiment_rows, tiny_config, write_tsv, write_vocab
@@ -45,6 +46,13 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     assert 0.3 <= float(results["next_sentence_accuracy"]) <= 1.0
     assert sorted(os.listdir(os.path.join(out, "finetune_checkpoints"))) == ["at_0.5", "at_1"]
     assert os.path.exists(os.path.join(out, "train"))  # TensorBoard
+    block = proc.stdout[proc.stdout.index("== run_pretraining_mgpu.py =="):].splitlines()
+    facts = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in block[1:-1])
+    assert facts["trained"] == "20 steps (reached 20 steps)" and facts["towers"] == "2 on CPU"
+    assert float(facts["masked_lm_accuracy"]) == pytest.approx(float(results["masked_lm_accuracy"]), abs=5e-4)
+    assert float(facts["sequences/s"]) > 0 and float(facts["tokens/s"]) > 0
+    assert block[-1].startswith(f"  outputs in {out}: ckpt-20 (latest checkpoint), bert_config.json, ")
+    assert "eval_results.txt, finetune_checkpoints/, train/, vocab.txt" in block[-1]
     # The fine-tune checkpoint goes straight into the classifier script.
     data = tmp_path / "task"
     data.mkdir()

@@ -128,3 +128,25 @@ def test_tfds_task_reads_nothing_before_the_towers_are_set_up(tmp_path):
     assert "device plan: 2 tower(s) on CPU" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "run_classifier_mgpu.py: error: tfds dataset 'imdb_reviews' is not prepared in"), proc.stderr[-800:]
+
+
+def test_notebook_inputs_become_examples():
+    import pandas as pd
+
+    from bert_mgpu.tasks import Example, as_examples
+
+    assert as_examples("great film") == [Example("0", "great film")]
+    assert as_examples(["great film", ("A man eats.", "Someone eats.")]) == [
+        Example("0", "great film"), Example("1", "A man eats.", "Someone eats.")]
+    kept = Example("x", "dull", label="neg")
+    assert as_examples([kept]) == [kept]
+    frame = pd.DataFrame({"sentence": ["great film", "dull plot"], "label": ["pos", "neg"]}, index=[10, 11])
+    assert as_examples(frame) == [Example("10", "great film", label="pos"), Example("11", "dull plot", label="neg")]
+    pairs = pd.DataFrame({"q": ["a?"], "p": ["b."]})
+    assert as_examples(pairs, text_column="q", text_b_column="p") == [Example("0", "a?", "b.")]
+    with pytest.raises(UserError, match=r"^input 1: expected an Example, a string or a \(text_a, text_b\) pair "
+                                        r"of strings, not int$"):
+        as_examples(["fine", 3])
+    with pytest.raises(UserError, match=r"^the DataFrame has no text column text, text_a or sentence \(its "
+                                        r"columns: q, p\)$"):
+        as_examples(pairs)
