@@ -38,6 +38,8 @@ flags.DEFINE_integer("gradient_accumulation_steps", 1, "Batches each tower runs 
                      "averaged: a larger global batch in the same memory.")
 flags.DEFINE_integer("eval_batch_size", 8, "Per tower.")
 flags.DEFINE_integer("predict_batch_size", 8, "Per tower.")
+for _kind in ("train", "eval", "predict"):  # the same flags, named for what they are
+    flags.DEFINE_alias(f"per_tower_{_kind}_batch_size", f"{_kind}_batch_size")
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
 flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
 flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")

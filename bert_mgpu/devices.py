@@ -275,7 +275,8 @@ class Towers:
         n_gpus: GPUs to use in CUDA_VISIBLE_DEVICES order; -1 every visible GPU (the CPU when none is
             visible); 0 the CPU.
         towers_per_gpu: towers per GPU, or logical CPU towers with n_gpus=0.
-        train_batch_size: the per-tower training batch.
+        train_batch_size: the per-tower training batch (google-bert's and bert-ad's name for it).
+        per_tower_batch: the same, named for what it is (wins when given).
         gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
         multi_worker: several machines, the cluster from TF_CONFIG or SLURM (`cluster.find_cluster`).
         worker_hosts, task_index: several machines, named here ("h1:2222,h2:2222") and this one's place.
@@ -288,10 +289,11 @@ class Towers:
 
     def __init__(self, n_gpus: int = -1, towers_per_gpu: int = 1, train_batch_size: int = 32,
                  gpu_memory_per_tower_mb: int | None = None, multi_worker: bool = False,
-                 worker_hosts: str | None = None, task_index: int | None = None):
+                 worker_hosts: str | None = None, task_index: int | None = None, per_tower_batch: int | None = None):
         job = find_cluster(worker_hosts, task_index, multi_worker)
         visible = discover_visible_gpus() if n_gpus else ()
-        plan = plan_devices(n_gpus, towers_per_gpu, train_batch_size, visible, job.workers if job else 1)
+        per_tower = per_tower_batch if per_tower_batch is not None else train_batch_size
+        plan = plan_devices(n_gpus, towers_per_gpu, per_tower, visible, job.workers if job else 1)
         self._apply(plan, gpu_memory_per_tower_mb, job)
 
     @classmethod
@@ -320,7 +322,18 @@ class Towers:
         """Whether this process writes the run's files (always, on one machine)."""
         return self.cluster is None or self.cluster.is_chief
 
+    @property
+    def per_tower_batch(self):
+        """The per-tower training batch."""
+        return self.plan.per_tower_batch
+
+    @property
+    def global_batch(self):
+        """Examples in a training step (before gradient accumulation): per-tower batch x every tower."""
+        return self.batch(self.plan.per_tower_batch)
+
     def batch(self, per_tower: int) -> int:
+        """The global batch of `per_tower` examples on each tower."""
         return per_tower * self.count
 
     def set_batch(self, per_tower: int) -> None:

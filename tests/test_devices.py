@@ -225,3 +225,9 @@ def test_gpus_are_numbered_as_nvidia_smi_numbers_them(tmp_path, monkeypatch):
     assert devices.gpu_memory_mb("1") == 40960
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")  # nvidia-smi's index 1 may be another GPU
     assert devices.gpu_memory_mb("1") is None
+
+
+def test_towers_name_their_batch_per_tower_and_global():
+    towers = devices.Towers(n_gpus=0, towers_per_gpu=2, per_tower_batch=16)
+    assert (towers.per_tower_batch, towers.global_batch, towers.batch(4)) == (16, 32, 8)
+    assert devices.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=8).global_batch == 16
