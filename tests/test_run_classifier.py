@@ -63,7 +63,11 @@ def test_train_eval_predict_writes_every_output(trained):
     assert float(facts["eval_accuracy"]) == pytest.approx(float(results["eval_accuracy"]), abs=5e-4)
     assert float(facts["examples/s"]) > 0 and facts["wall time"].endswith(" s")
     assert block[-1] == (f"  outputs in {out}: ckpt-160 (latest checkpoint), bert_config.json, bert_mgpu.json, "
-                         "eval_results.txt, predict.txt, predictions.tsv, test_results.tsv, train/, vocab.txt")
+                         "confusion_matrix.png, confusion_matrix.tsv, eval_results.txt, learning_curves.png, "
+                         "predict.txt, predictions.tsv, test_results.tsv, train/, vocab.txt")
+    counts = [line.split("\t")[1:] for line in open(os.path.join(out, "confusion_matrix.tsv")).read().splitlines()[1:]]
+    assert sum(int(n) for row in counts for n in row) == 50
+    assert sum(int(counts[i][i]) for i in range(2)) / 50 == pytest.approx(float(results["eval_accuracy"]))
 
 
 def test_rerun_resumes_and_predicts_the_same(trained):

@@ -32,7 +32,7 @@ def pretrained(release):
             "--validation_steps=10", "--towers_per_gpu=2", "--train_batch_size=16",
             "--train_micro_batch_size_per_gpu=4", "--max_seq_length=32", "--max_predictions_per_seq=5",
             "--num_train_steps=20", "--learning_rate=1e-3", "--finetune_time_markers=0.5,1.0",
-            "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32"]
+            "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32", "--log_every_steps=5"]
     proc = run_script("run_pretraining_mgpu.py", *args)
     return d, out, args, proc
 
@@ -52,7 +52,17 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     assert float(facts["masked_lm_accuracy"]) == pytest.approx(float(results["masked_lm_accuracy"]), abs=5e-4)
     assert float(facts["sequences/s"]) > 0 and float(facts["tokens/s"]) > 0
     assert block[-1].startswith(f"  outputs in {out}: ckpt-20 (latest checkpoint), bert_config.json, ")
-    assert "eval_results.txt, finetune_checkpoints/, train/, vocab.txt" in block[-1]
+    assert "eval_results.txt, finetune_checkpoints/, learning_curves.png, train/, vocab.txt" in block[-1]
+    # Its curves: the masked-LM loss and accuracy, validation, learning rate and sequences/s it logged.
+    import matplotlib.image
+
+    from bert_mgpu import plot
+
+    assert matplotlib.image.imread(os.path.join(out, "learning_curves.png")).shape == (800, 1200, 4)
+    series = plot.learning_curves(out, path=os.path.join(out, "again.png"))[1]
+    assert {"train/mlm_loss", "train/mlm_accuracy", "train/eval_mlm_loss", "train/learning_rate",
+            "train/examples_per_second"} <= set(series)
+    assert list(series["train/eval_mlm_loss"][0]) == [10, 20]  # --validation_steps=10
     # The fine-tune checkpoint goes straight into the classifier script.
     data = tmp_path / "task"
     data.mkdir()
