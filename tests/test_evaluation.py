@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import run_script, sentiment_rows, write_tsv
+from conftest import sentiment_rows, write_tsv
 
 import bert_mgpu
 from bert_mgpu import evaluation
@@ -196,23 +196,65 @@ def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_to
     assert best_dir.evaluate(dev, 4)["eval_loss"] == pytest.approx(best["eval_loss"], rel=1e-4)
 
 
-def test_the_script_stops_early_and_evaluates_the_best_model(google_release, tmp_path):
+def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release, tmp_path):
+    """The script stops early and evaluates its best model; killed mid-run and rerun, it ends with the same
+    history, best model, early stop and results as a run never killed (deterministic ops)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import tensorflow as tf
+    from conftest import ROOT
+
     data = tmp_path / "data"
     data.mkdir()
-    write_tsv(data / "train.tsv", sentiment_rows(256, seed=1))
+    write_tsv(data / "train.tsv", sentiment_rows(320, seed=1))
     write_tsv(data / "dev.tsv", sentiment_rows(24, seed=2))
-    out = tmp_path / "out"
-    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}",
-                      f"--init_checkpoint={google_release}", f"--output_dir={out}", "--do_train", "--do_eval",
-                      "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8", "--max_seq_length=32",
-                      "--precision=float32", "--num_train_epochs=20", "--learning_rate=2e-3",
-                      "--eval_every_steps=8", "--metric_for_best_model=loss", "--early_stopping_patience=2",
-                      "--early_stopping_threshold=0.5", "--load_best_model_at_end")
+
+    def args(out):
+        return [os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv", f"--data_dir={data}",
+                f"--init_checkpoint={google_release}", f"--output_dir={out}", "--do_train", "--n_gpus=0",
+                "--towers_per_gpu=2", "--train_batch_size=8", "--max_seq_length=32", "--precision=float32",
+                "--num_train_epochs=6", "--learning_rate=1e-3", "--eval_every_steps=10", "--deterministic",
+                "--metric_for_best_model=loss", "--early_stopping_patience=3", "--early_stopping_threshold=0.01",
+                "--do_eval", "--load_best_model_at_end"]
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    whole = subprocess.run([sys.executable, *args(tmp_path / "whole")], capture_output=True, text=True, env=env,
+                           timeout=600)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    reference = evaluation.read_history(str(tmp_path / "whole"))
+    assert len(reference) >= 4, reference  # it evaluates several times before it ends
+    best = BestModel("loss", threshold=0.01).replay(reference)[0]  # a loss must fall by more than 0.01
+    assert "(early stopping: loss has not improved by more than 0.01 in 3 evaluation(s); best " in whole.stderr
+    results = (tmp_path / "whole" / "eval_results.txt").read_text()
+    assert f"global_step = {best['step']}\n" in results  # the best model was evaluated, and says its step
+
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, *args(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while len(evaluation.read_history(str(out))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    rerun = subprocess.run([sys.executable, *args(out)], capture_output=True, text=True, env=env, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "resuming from" in rerun.stderr
     rows = evaluation.read_history(str(out))
-    # A loss must fall by more than 0.5 to count: the first evaluation is the best, two more stop the run.
-    assert [r["step"] for r in rows] == [8, 16, 24]
-    assert "(early stopping: loss has not improved by more than 0.5 in 2 evaluation(s); best " in proc.stderr
-    results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
-    assert int(results["global_step"]) == 8  # the best model's step
-    assert float(results["eval_loss"]) == pytest.approx(rows[0]["eval_loss"], rel=1e-4)
-    assert np.isclose(float(results["eval_accuracy"]), rows[0]["eval_accuracy"], atol=1e-6)
+    assert [r["step"] for r in rows] == [r["step"] for r in reference]
+    for got, want in zip(rows, reference):
+        assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6)
+    stop = lambda err: err.split("trained to step ")[1].split("; checkpoint")[0]  # noqa: E731
+    assert stop(rerun.stderr) == stop(whole.stderr)
+    assert (out / "eval_results.txt").read_text() == results
+    best = [tf.train.load_checkpoint(str(tmp_path / run / "best")) for run in ("whole", "killed")]
+    names = [n for n in best[0].get_variable_to_shape_map() if n.startswith(("encoder", "head"))]
+    assert names
+    for name in names:
+        np.testing.assert_allclose(best[1].get_tensor(name), best[0].get_tensor(name), atol=1e-6, err_msg=name)
