@@ -69,6 +69,8 @@ flags.DEFINE_bool("greater_is_better", None, "Whether a larger --metric_for_best
 flags.DEFINE_bool("load_best_model_at_end", False, "Evaluate and predict with best/ rather than the last step.")
 flags.DEFINE_integer("early_stopping_patience", None, "Stop after this many evaluations without improvement.")
 flags.DEFINE_float("early_stopping_threshold", 0.0, "An improvement must exceed this to count.")
+flags.DEFINE_alias("eval_strategy", "evaluation_strategy")  # Hugging Face's newer names for the two
+flags.DEFINE_alias("eval_steps", "eval_every_steps")
 # reliability (shared with the other script)
 define_reliability_flags("Train with the largest per-tower batch that fits")
 flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "

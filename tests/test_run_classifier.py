@@ -125,7 +125,8 @@ def test_dry_run_prints_the_plan():
     assert "precision: " in proc.stdout
     # The same flag under the name that says what it is; and two workers double the global batch.
     proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=3", "--per_tower_train_batch_size=8",
-               "--worker_hosts=10.0.0.1:2222,10.0.0.2:2222", "--task_index=1")
+               "--worker_hosts=10.0.0.1:2222,10.0.0.2:2222", "--task_index=1", "--eval_strategy=steps",
+               "--eval_steps=5")  # Hugging Face's names are taken too
     assert "global batch = 8 x 3 x 2 workers = 48" in proc.stdout
 
 
