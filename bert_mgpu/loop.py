@@ -11,6 +11,7 @@ steps and when the loop ends. SIGTERM or Ctrl-C end the loop after the step unde
 """
 
 import logging
+import numbers
 import time
 from collections.abc import Callable, Sequence
 
@@ -149,7 +150,7 @@ class Loop:
         if target is not None:
             with target.as_default(step=record["step"]):
                 for key, value in record.items():
-                    if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
+                    if key != "step" and isinstance(value, numbers.Real) and not isinstance(value, bool):
                         tf.summary.scalar(key.removeprefix("eval_") if writer is not None else key, value)
         if self.verbose:
             log.info("step %d: %s", record["step"], ", ".join(f"{k} {v:.4g}" for k, v in record.items()
