@@ -200,7 +200,7 @@ class BertClassifier:
         if every:
             chief = self.towers.is_chief
             watch = DevEvaluation(
-                lambda: {k: v for k, v in self.evaluate(dev, eval_batch_size).items()
+                lambda: {k: v for k, v in self.evaluate(dev, eval_batch_size, verbose=False).items()
                          if k.startswith("eval_") and k != "eval_examples"},
                 every, output_dir, choice, self._save_model_dir,
                 tf.summary.create_file_writer(os.path.join(output_dir, "eval")) if chief
