@@ -142,11 +142,14 @@ class Trainer:
                                       (features, labels))
         loss, stats, grads = self._grads_fn(*tf.nest.map_structure(lambda t: t[0], micro))
         present = [i for i, g in enumerate(grads) if g is not None]  # loop variables cannot be None
-        acc = [grads[i] for i in present]
-        for i in tf.range(1, k):
-            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))  # noqa: B023
-            loss, stats = loss + l_i, tf.nest.map_structure(tf.add, stats, s_i)
-            acc = [a + g_i[j] for a, j in zip(acc, present)]
+
+        def add(i, loss, stats, acc):
+            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))
+            return i + 1, loss + l_i, tf.nest.map_structure(tf.add, stats, s_i), [a + g_i[j] for a, j in
+                                                                                   zip(acc, present)]
+
+        _, loss, stats, acc = tf.while_loop(lambda i, *_: i < k, add,
+                                            (tf.constant(1), loss, stats, [grads[i] for i in present]))
         grads = [None] * len(grads)
         for j, a in zip(present, acc):
             grads[j] = a / k
@@ -180,8 +183,9 @@ class Trainer:
                 mean = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None)  # noqa: E731
                 return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
-            self._train_fn = (tf.function(step, input_signature=[self.input_spec]) if self.input_spec is not None
-                              else tf.function(step, reduce_retracing=True))
+            self._train_fn = (tf.function(step, input_signature=[self.input_spec], autograph=False)
+                              if self.input_spec is not None
+                              else tf.function(step, reduce_retracing=True, autograph=False))
         return self._train_fn
 
     def step_graph(self, element_spec):
@@ -239,7 +243,7 @@ class Trainer:
 
         if self._probe_fn is None:
             self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
-                                         reduce_retracing=True)
+                                         reduce_retracing=True, autograph=False)
         return self._probe_fn(batch)
 
     @property
@@ -276,7 +280,7 @@ class Trainer:
                 total = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
                 return tf.nest.map_structure(total, sums), total(n)
 
-            self._eval_fn = tf.function(step, reduce_retracing=True)
+            self._eval_fn = tf.function(step, reduce_retracing=True, autograph=False)
         totals, count, batches = {}, 0.0, 0
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once
             for batch in distribute.distribute_dataset(self.strategy, dataset):
@@ -302,7 +306,7 @@ class Trainer:
                 gather = lambda v: self.strategy.gather(v, axis=0)  # noqa: E731
                 return gather(logits), gather(labels), gather(index)
 
-            self._predict_fn = tf.function(step, reduce_retracing=True)
+            self._predict_fn = tf.function(step, reduce_retracing=True, autograph=False)
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
             parts = []
             for batch in dist:
