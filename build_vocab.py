@@ -3,17 +3,16 @@
     python build_vocab.py --input_file=corpus/*.txt --vocab_size=8000 --output_file=vocab.txt --do_lower_case=true
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("input_file", None, "Input text files, comma-separated (globs allowed).")
 flags.DEFINE_string("output_file", None, "vocab.txt to write.")
 flags.DEFINE_integer("vocab_size", 30522, "Most tokens in the vocabulary, specials included.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
+flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the text: stop naming the "
+                  "line, or replace it by U+FFFD and count the lines.")
 
 
 def run():
@@ -23,7 +22,8 @@ def run():
     for name in ("input_file", "output_file"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
-    vocab = build_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case)
+    vocab = build_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
+                        FLAGS.invalid_utf8)
     print(f"{len(vocab)} tokens -> {FLAGS.output_file}")
 
 

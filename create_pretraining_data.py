@@ -11,9 +11,7 @@ bert_mgpu/pretraining_records.py); the same input and flags give the same bytes.
 import logging
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from absl import app, flags  # noqa: E402
+from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("input_file", None, "Input text files, comma-separated (globs allowed).")

@@ -7,14 +7,11 @@ A thin wrapper over `bert_mgpu.BertClassifier`; a user mistake ends in one line 
 """
 
 import logging
-import os
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up noise; set it to 0 to see it
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from bert_mgpu.cli import define_reliability_flags, define_tower_flags  # noqa: E402
+from bert_mgpu.cli import define_reliability_flags, define_tower_flags
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -84,6 +81,11 @@ def run():
     started = time.monotonic()
     if FLAGS.use_tpu:
         raise bert_mgpu.UserError("--use_tpu is not supported; use --n_gpus")
+    cli.check_numbers(
+        at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
+                  "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
+                  "eval_every_steps": 1, "early_stopping_patience": 1},
+        positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion",))
     plan = cli.plan_from_flags(FLAGS.train_batch_size)
     if FLAGS.dry_run:
         policy, why = precision.resolve_precision(FLAGS.precision, plan)

@@ -17,11 +17,9 @@ import dataclasses
 import logging
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from bert_mgpu.cli import define_reliability_flags, define_tower_flags  # noqa: E402
+from bert_mgpu.cli import define_reliability_flags, define_tower_flags
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -129,6 +127,14 @@ def run():
     started = time.monotonic()
     if FLAGS.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
+    cli.check_numbers(
+        at_least={"max_seq_length": 3, "max_predictions_per_seq": 1, "train_batch_size": 1, "eval_batch_size": 1,
+                  "num_train_steps": 1, "num_warmup_steps": 0, "save_checkpoints_steps": 1, "max_eval_steps": 1,
+                  "train_micro_batch_size_per_gpu": 1, "validation_steps": 1, "log_every_steps": 1},
+        positive=("learning_rate", "total_training_time", "early_exit_time_marker", "validation_epochs",
+                  "validation_epochs_begin", "validation_epochs_end", "adam_eps", "max_grad_norm"),
+        fraction=("masked_lm_prob", "warmup_proportion", "adam_beta1", "adam_beta2", "validation_begin_proportion",
+                  "validation_end_proportion"))
     # One micro-batch per tower unless told: the global batch split evenly over every worker's towers.
     plan = cli.plan_from_flags(FLAGS.train_micro_batch_size_per_gpu or 1)
     micro = FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)

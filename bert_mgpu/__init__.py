@@ -6,16 +6,28 @@
                                                    labels=["0", "1"], towers=towers)
 """
 
-from bert_mgpu.classifier import BertClassifier
-from bert_mgpu.config import BertConfig
-from bert_mgpu.devices import DevicePlan, Towers, plan_devices
-from bert_mgpu.distribute import make_strategy
-from bert_mgpu.errors import UserError
-from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
-from bert_mgpu.pretraining_input import PretrainingData
-from bert_mgpu.tasks import Example, get_task
-from bert_mgpu.tokenization import FullTokenizer
+import importlib
 
-__all__ = ["BertClassifier", "BertConfig", "BertPretrainer", "Budget", "DevicePlan", "Example", "FullTokenizer",
-           "PretrainingData", "Towers", "UserError", "Validation", "get_task", "make_strategy", "plan_devices"]
+# Loaded on first use, so that `import bert_mgpu.cli` (every script's first import) does not load TensorFlow
+# before the script has quieted its start-up lines.
+_HOMES = {"BertClassifier": "classifier", "BertConfig": "config", "DevicePlan": "devices", "Towers": "devices",
+          "plan_devices": "devices", "make_strategy": "distribute", "UserError": "errors",
+          "BertPretrainer": "pretraining", "Budget": "pretraining", "Validation": "pretraining",
+          "PretrainingData": "pretraining_input", "Example": "tasks", "get_task": "tasks",
+          "FullTokenizer": "tokenization"}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"bert_mgpu.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_HOMES])
+
+
 __version__ = "0.1.0"

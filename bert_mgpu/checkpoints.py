@@ -11,6 +11,7 @@ Pickle is never read: a `pytorch_model.bin` is refused with the conversion to ru
 
 import dataclasses
 import json
+import logging
 import os
 import re
 
@@ -20,6 +21,7 @@ from bert_mgpu import storage
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
 
+log = logging.getLogger("bert_mgpu")
 RUN_FILE = "bert_mgpu.json"  # marks a bert_mgpu output directory (config, labels, tokenizer settings)
 
 # keras-hub BertBackbone variable path -> Google TF1 name.
@@ -182,7 +184,11 @@ def read_tf_checkpoint(prefix, only=None):
         if (name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
                 or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name):
             continue
-        value = reader.get_tensor(name)
+        try:
+            value = reader.get_tensor(name)
+        except (tf.errors.OpError, IndexError, ValueError) as e:  # how a cut or damaged data file reads
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(f"{prefix}: damaged checkpoint, {name} cannot be read ({first[:160]})") from None
         if np.issubdtype(np.asarray(value).dtype, np.floating):
             out[name] = np.asarray(value, np.float32)
     return out
@@ -228,20 +234,54 @@ def _need(path, what):
     return path
 
 
-def _find_tf_prefix(path):
-    """A checkpoint prefix for `path` (a prefix itself, or a directory holding one), else None."""
+def _inside(prefix, directory):
+    """A checkpoint a directory's `checkpoint` file names must lie in that directory: the file is text anyone
+    may have edited, and TensorFlow follows `../` in it."""
+    if not storage.inside(prefix, directory):
+        raise UserError(f"{os.path.join(directory, 'checkpoint')}: names {prefix}, outside {directory}; "
+                        "refusing to read it")
+    return prefix
+
+
+def _tf_prefixes(path):
+    """Checkpoint prefixes for `path`, newest first: `path` itself when it is one, else those its directory's
+    `checkpoint` file names (each checked to lie inside it), else a `*.ckpt` in it. Empty when none."""
     import tensorflow as tf
 
     if storage.exists(path + ".index"):
-        return path
-    if storage.isdir(path):
-        latest = tf.train.latest_checkpoint(path)
-        if latest:
-            return latest
-        found = sorted(storage.glob(os.path.join(path, "*.ckpt.index")))
-        if found:
-            return found[0][: -len(".index")]
-    return None
+        return [path]
+    if not storage.isdir(path):
+        return []
+    state = tf.train.get_checkpoint_state(path)
+    if state and state.model_checkpoint_path:
+        named = list(reversed(state.all_model_checkpoint_paths or [])) or [state.model_checkpoint_path]
+        if state.model_checkpoint_path not in named:
+            named.insert(0, state.model_checkpoint_path)
+        return [_inside(p, path) for p in named if storage.exists(_inside(p, path) + ".index")]
+    return [p[: -len(".index")] for p in sorted(storage.glob(os.path.join(path, "*.ckpt.index")))]
+
+
+def _find_tf_prefix(path):
+    """A checkpoint prefix for `path` (a prefix itself, or a directory holding one), else None."""
+    found = _tf_prefixes(path)
+    return found[0] if found else None
+
+
+def _read_newest(prefixes, only):
+    """The weights of the newest readable checkpoint of `prefixes` (newest first), and its prefix; a damaged
+    one (a crash while it was copied, a disk error) is passed over with a warning, as resuming does."""
+    for prefix in prefixes:
+        try:
+            weights = read_tf_checkpoint(prefix, only=only)
+        except UserError as e:
+            if prefix == prefixes[-1]:
+                raise
+            log.warning("%s; trying the checkpoint before it", e)
+            continue
+        if prefix != prefixes[0]:
+            log.warning("using %s, not the damaged %s", prefix, prefixes[0])
+        return weights, prefix
+    raise AssertionError("no prefixes")
 
 
 def load_pretrained(path, bert_config_file=None, vocab_file=None):
@@ -255,13 +295,15 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
 
     run_file = os.path.join(directory, RUN_FILE)
     if storage.exists(run_file):
-        run = json.loads(storage.read_text(run_file))
-        prefix = _find_tf_prefix(path)
-        if prefix is None:
+        run = storage.read_json(run_file)
+        if not isinstance(run, dict) or not isinstance(run.get("bert_config"), dict):
+            raise UserError(f"{run_file}: not a bert_mgpu run file (no bert_config in it)")
+        prefixes = _tf_prefixes(path)
+        if not prefixes:
             raise UserError(f"{path}: bert_mgpu run directory holds no checkpoint yet")
         config = BertConfig.from_dict(run["bert_config"], source=run_file)
         # Encoder and pretraining heads, not the optimizer state (twice the model's size).
-        weights = read_tf_checkpoint(prefix, only=("encoder/", "heads/"))
+        weights, prefix = _read_newest(prefixes, only=("encoder/", "heads/"))
         encoder = {}
         for key, value in weights.items():
             name = key.split("/", 1)[1][: -len("/.ATTRIBUTES/VARIABLE_VALUE")].replace(".S", "/")
@@ -273,7 +315,7 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
 
     hf_config = os.path.join(directory, "config.json")
     if storage.isdir(path) and storage.exists(hf_config):
-        cfg = json.loads(storage.read_text(hf_config))
+        cfg = storage.read_json(hf_config)
         if "registered_name" in cfg or str(cfg.get("module", "")).startswith("keras_hub"):
             return _load_keras_hub(path)
         safetensors = os.path.join(path, "model.safetensors")
@@ -288,7 +330,7 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         lower = None
         tok_cfg = os.path.join(path, "tokenizer_config.json")
         if storage.exists(tok_cfg):
-            lower = json.loads(storage.read_text(tok_cfg)).get("do_lower_case")
+            lower = storage.read_json(tok_cfg).get("do_lower_case")
         vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
         return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower)
 
@@ -320,7 +362,7 @@ def _load_keras_hub(path):
     lower = None
     tok = os.path.join(path, "tokenizer.json")
     if storage.exists(tok):
-        lower = json.loads(storage.read_text(tok)).get("config", {}).get("lowercase")
+        lower = storage.read_json(tok).get("config", {}).get("lowercase")
     return Pretrained("keras_hub", path, config, vocab, encoder_weights(backbone), lower)
 
 

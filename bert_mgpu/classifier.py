@@ -156,6 +156,8 @@ class BertClassifier:
         accum = int(gradient_accumulation_steps)
         if accum < 1:
             raise UserError(f"--gradient_accumulation_steps={accum}: expected 1 or more")
+        if not (math.isfinite(epochs) and epochs > 0):
+            raise UserError(f"--num_train_epochs={epochs}: must be a finite number above 0")
         global_batch = self.towers.batch(self.towers.plan.per_tower_batch) * accum
         num_steps = int(len(examples) / global_batch * epochs)
         if num_steps < 1:
@@ -167,6 +169,7 @@ class BertClassifier:
             "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
+            **run_dir.vocab_setting(self.tokenizer.vocab_file),
             **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
         every = evaluation_every(evaluation_strategy, eval_every_steps, num_steps / epochs)
         if (every or load_best_model_at_end or early_stopping_patience) and not dev:
@@ -203,7 +206,7 @@ class BertClassifier:
                 lambda: {k: v for k, v in self.evaluate(dev, eval_batch_size, verbose=False).items()
                          if k.startswith("eval_") and k != "eval_examples"},
                 every, output_dir, choice, self._save_model_dir,
-                tf.summary.create_file_writer(os.path.join(output_dir, "eval")) if chief
+                tf.summary.create_file_writer(run_dir.check_event_dir(os.path.join(output_dir, "eval"))) if chief
                 else tf.summary.create_noop_writer(), chief)
             watch.resume(start)
             hooks.append(watch)
@@ -285,6 +288,8 @@ class BertClassifier:
 
     # ------------------------------------------------------------------ inference
     def _logits(self, examples, batch_size, source, verbose="auto"):
+        if int(batch_size) < 1:
+            raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
         # Rows padded to a multiple of 8 (or of the batch) per tower: few shapes for the XLA kernels.
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length,
                                self.towers.batch(batch_size), training=False, source=source,

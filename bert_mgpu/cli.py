@@ -1,9 +1,12 @@
 """What the entry scripts share: tower, precision and reliability flags, defined once; the towers made
 from them; and `main_wrapper`, which ends a user mistake or a stopped run in one line on stderr and exit 1."""
 
+import contextlib
 import logging
 import os
+import shutil
 import sys
+import tempfile
 
 from absl import flags
 
@@ -19,12 +22,53 @@ def main_wrapper(run):
         logging.getLogger("bert_mgpu").setLevel(logging.INFO)
         logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
         try:
+            start_tensorflow_quietly()
             run()
         except (UserError, RunError) as e:
             print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
             sys.exit(1)
 
     return main
+
+
+# What TensorFlow's C++ side prints while it loads on a machine without CUDA, before any log level applies.
+START_NOISE = ("All log messages before absl::InitializeLog()", "cudart_stub.cc", "cpu_feature_guard.cc",
+               "To enable the following instructions", "Unable to register cu", "computation_placer.cc")
+
+
+def start_tensorflow_quietly(environ=None):
+    """Load TensorFlow and list its devices with its start-up lines held back (START_NOISE; cuInit's error
+    too where no NVIDIA GPU is visible); any other line it prints is passed on. TF_CPP_MIN_LOG_LEVEL
+    becomes 2 (warnings off, errors shown). Left alone when the user set TF_CPP_MIN_LOG_LEVEL."""
+    env = os.environ if environ is None else environ
+    if "TF_CPP_MIN_LOG_LEVEL" in env or "tensorflow" in sys.modules:
+        return
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    no_gpu = shutil.which("nvidia-smi") is None or env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
+    with stderr_without(START_NOISE + (("failed call to cuInit",) if no_gpu else ())):
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+
+
+@contextlib.contextmanager
+def stderr_without(noise):
+    """Hold what is written to file descriptor 2 (C++ included) and pass on the lines holding none of `noise`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode("utf-8", "replace").splitlines(keepends=True):
+                if not any(n in line for n in noise):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
 
 
 def define_reliability_flags(auto_batch_help):
@@ -62,6 +106,28 @@ def define_tower_flags():
     flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
     flags.DEFINE_integer("log_every_steps", 50, "Log (console, TensorBoard) every this many steps; only then "
                          "does the host wait for the GPUs, which otherwise always have the next step queued.")
+
+
+def check_numbers(at_least=None, positive=(), fraction=()):
+    """Numeric flags out of range end in one line before anything is read or written: `at_least` maps a
+    flag to its smallest value; `positive` floats must be finite and above 0; `fraction` in [0, 1]. A flag
+    left unset (None) is not checked."""
+    import math
+
+    from bert_mgpu.errors import UserError
+
+    f = flags.FLAGS
+    for name, low in (at_least or {}).items():
+        if getattr(f, name) is not None and getattr(f, name) < low:
+            raise UserError(f"--{name}={getattr(f, name)}: must be at least {low}")
+    for name in positive:
+        value = getattr(f, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserError(f"--{name}={value}: must be a finite number above 0")
+    for name in fraction:
+        value = getattr(f, name)
+        if value is not None and not 0 <= value <= 1:
+            raise UserError(f"--{name}={value}: must be between 0 and 1")
 
 
 def plan_from_flags(per_tower_batch):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import logging
 
 from bert_mgpu import storage
 from bert_mgpu.errors import UserError
@@ -66,12 +67,7 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path):
-        try:
-            d = json.loads(storage.read_text(path))
-        except OSError as e:
-            raise UserError(f"{path}: cannot read ({e.strerror})") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        d = storage.read_json(path)
         if not isinstance(d, dict):
             raise UserError(f"{path}: not a JSON object")
         return cls.from_dict(d, source=path)
@@ -95,12 +91,20 @@ class BertConfig:
                 raise UserError(f"{source}: {name} must be positive")
 
     def check_vocab(self, vocab_file, vocab_size):
-        """A vocabulary larger than the embedding table cannot be used with this model."""
+        """A vocabulary larger than the embedding table cannot be used with this model; a smaller one can
+        (Google's multilingual release pads its table) but is worth a word: often the wrong vocab.txt."""
         if vocab_size > self.vocab_size:
             raise UserError(f"{vocab_file}: {vocab_size} tokens but the model config has "
                             f"vocab_size={self.vocab_size}; vocabulary and checkpoint do not match")
+        if vocab_size < self.vocab_size:
+            logging.getLogger("bert_mgpu").warning(
+                "%s: %d tokens but the model config has vocab_size=%d; the last %d embedding rows are never "
+                "used. Is it the vocabulary the checkpoint was trained with?", vocab_file, vocab_size,
+                self.vocab_size, self.vocab_size - vocab_size)
 
     def check_seq_length(self, max_seq_length):
+        if max_seq_length < 3:
+            raise UserError(f"--max_seq_length={max_seq_length}: must be at least 3 ([CLS], a token, [SEP])")
         if max_seq_length > self.max_position_embeddings:
             raise UserError(f"--max_seq_length={max_seq_length} is over the model's position table "
                             f"(max_position_embeddings={self.max_position_embeddings})")

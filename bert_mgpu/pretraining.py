@@ -15,6 +15,7 @@ Example:
             train_batch_size=64)
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -271,7 +272,8 @@ class BertPretrainer:
                          "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
                          "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
                          "clipnorm": clipnorm, "precision": self.policy,
-                         **run_dir.encoder_setting(self.fused_encoder), **(settings or {})}
+                         **run_dir.encoder_setting(self.fused_encoder),
+                         **run_dir.vocab_setting(self.tokenizer.vocab_file), **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
         run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data), overwrite,
                           chief=self.towers.is_chief)
@@ -317,8 +319,9 @@ class BertPretrainer:
         workers = distribute.worker_of(strategy)[1]  # each parses and masks only its towers' rows
         mine = (lambda ds: distribute.worker_rows(ds, global_batch, strategy)) if workers > 1 else None
         try:
-            loop.run(data.dataset(global_batch // workers, True, step * global_batch, rows=mine),
-                     worker_part=workers > 1)
+            with data.reading(), (validation.data.reading() if validation else contextlib.nullcontext()):
+                loop.run(data.dataset(global_batch // workers, True, step * global_batch, rows=mine),
+                         worker_part=workers > 1)
         finally:
             run.close()
         self.stop, self.trainer = loop.stop, trainer
@@ -345,7 +348,8 @@ class BertPretrainer:
     def evaluate(self, data: PretrainingData, batch_size: int = 32, max_steps: int | None = None) -> dict:
         """google-bert's run_pretraining eval results: masked-LM (and NSP) loss and accuracy."""
         trainer = Trainer(self.towers.strategy, self.model, loss_fn=pretraining_model.pretraining_loss)
-        stats = trainer.evaluate(data.dataset(batch_size, training=False), max_steps)
+        with data.reading():
+            stats = trainer.evaluate(data.dataset(batch_size, training=False), max_steps)
         names = {"mlm_loss": "masked_lm_loss", "mlm_accuracy": "masked_lm_accuracy",
                  "nsp_loss": "next_sentence_loss", "nsp_accuracy": "next_sentence_accuracy", "loss": "loss"}
         return {names[k]: v for k, v in stats.items() if k in names}

@@ -12,6 +12,9 @@ ops keyed by (seed, position in the stream): every epoch gets new masks, and a r
 keras-hub's MaskedLMMaskGenerator is not used because its random draws cannot be keyed that way.
 """
 
+import contextlib
+import re
+
 import tensorflow as tf
 
 from bert_mgpu.errors import UserError
@@ -85,6 +88,26 @@ def check_records(input_files, max_seq_length, max_predictions_per_seq):
             flag = "max_seq_length" if name == "input_ids" else "max_predictions_per_seq"
             raise UserError(f"{files[0]}: records have {name} of length {have} but --{flag}={want}")
     return files
+
+
+def damaged_records(input_files, error):
+    """A UserError for TensorFlow's DataLossError while reading `input_files`: which file and record are
+    damaged. tf.data does not say which file it was reading, so each is read again, records only (no
+    parsing), up to the first it cannot read."""
+    for path in input_files:
+        n = 0
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                n += 1
+        except tf.errors.DataLossError as e:
+            return UserError(f"{path}: record {n + 1} is {_data_loss(e)}; a file cut short while it was copied? "
+                             "Write or copy it again, or leave it out of --input_file")
+    return UserError(f"damaged input data ({_data_loss(error)})")
+
+
+def _data_loss(error):
+    found = re.search(r"(truncated|corrupted) record at (\d+)", error.message)
+    return f"{found[1]} at byte {found[2]}" if found else error.message.split(" [Op:")[0][-200:]
 
 
 def packed_sequences(input_files, tokenizer, max_seq_length):
@@ -181,6 +204,14 @@ class PretrainingData:
                                   training, self.seed, start, rows=rows)
         return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
                             self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start, rows=rows)
+
+    @contextlib.contextmanager
+    def reading(self):
+        """Within it, a damaged record ends the run in one line naming its file and place."""
+        try:
+            yield self
+        except tf.errors.DataLossError as e:
+            raise damaged_records(self.input_files, e) from None
 
     def count(self):
         """Sequences in one pass over the data (one read; needed only for epoch-based validation)."""

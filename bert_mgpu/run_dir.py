@@ -13,7 +13,7 @@ Rerunning a command resumes; rerunning with other settings is refused (`check_sa
 user says `overwrite=True`, which removes the old checkpoints but no other file.
 """
 
-import json
+import hashlib
 import logging
 import os
 import shutil
@@ -51,10 +51,7 @@ def read_run(directory):
     path = os.path.join(directory, RUN_FILE)
     if not storage.exists(path):
         return None
-    try:
-        run = json.loads(storage.read_text(path))
-    except (OSError, ValueError) as e:
-        raise UserError(f"{path}: unreadable run file ({e})") from None
+    run = storage.read_json(path)
     if not isinstance(run, dict):
         raise UserError(f"{path}: not a JSON object")
     return run
@@ -73,6 +70,8 @@ def check_same_run(directory, settings, overwrite=False, remove=True):
     if not _checkpoint_files(directory):
         return False
     before = (read_run(directory) or {}).get("settings")
+    if before is not None:  # settings recorded since: a run written before them resumes
+        settings = {k: v for k, v in settings.items() if k in before or k not in LATER_SETTINGS}
     if before is None or before == settings:
         return False
     changed = [f"--{k}={before.get(k)!r} -> {settings.get(k)!r}" for k in sorted(set(before) | set(settings))
@@ -86,6 +85,36 @@ def check_same_run(directory, settings, overwrite=False, remove=True):
         storage.remove(path)
     log.warning("--overwrite_output_dir: removed the checkpoints of the earlier run (%s)", "; ".join(changed))
     return True
+
+
+LATER_SETTINGS = {"vocab_sha256"}
+
+
+def vocab_setting(vocab_file):
+    """The run setting for the vocabulary: its sha256, so a rerun with another vocab.txt is another run
+    (the run directory's own vocab.txt must stay the one its checkpoints were trained with)."""
+    return {"vocab_sha256": hashlib.sha256(storage.read_bytes(vocab_file)).hexdigest()}
+
+
+def check_event_dir(path):
+    """A TensorBoard directory of the run (train/, eval/) must be a real directory: TensorFlow would write
+    through a symbolic link, and fails with a bare FailedPreconditionError on a file."""
+    if storage.is_remote(path):
+        return path
+    if os.path.islink(path):
+        raise UserError(f"{path} is a symbolic link; bert_mgpu writes its TensorBoard events only into a real "
+                        "directory of the run: remove the link")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{path} is a file; bert_mgpu writes its TensorBoard events into a directory of that "
+                        "name: move the file away")
+    return path
+
+
+def remove_partial_saves(directory):
+    """The `ckpt-N_temp/` directories a save killed half-way leaves (TensorFlow never removes them)."""
+    for path in storage.glob(os.path.join(directory, "ckpt-*_temp")):
+        storage.remove(path)
+        log.info("removed %s, left by a save that was interrupted", path)
 
 
 def encoder_setting(fused_encoder):
@@ -215,6 +244,7 @@ class Run:
         self.directory, self.settings, self.write_files, self.chief = directory, settings, write_files, chief
         if chief:
             check_output_dir(directory)
+            check_event_dir(os.path.join(directory, "train"))
         self.fresh = storage.isdir(directory) and check_same_run(directory, settings, overwrite, remove=chief)
         self.checkpoints, self._writer, self._scratch = None, None, None
 
@@ -222,6 +252,8 @@ class Run:
         """Track `ckpt` (weights: the ones checked for NaN before saving); restore the newest readable
         checkpoint. Returns its path, or None for a new run."""
         self.checkpoints = Checkpoints(ckpt, self.directory, weights)
+        if self.chief:
+            remove_partial_saves(self.directory)
         if self.fresh and not self.chief:  # the chief is removing the earlier run's checkpoints
             return None
         path = self.checkpoints.restore()

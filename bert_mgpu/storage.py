@@ -66,6 +66,23 @@ def read_text(path):
     return read_bytes(path).decode("utf-8")
 
 
+def read_json(path, what="JSON"):
+    """A JSON file's value; a UserError naming the file and the line for one that cannot be read or parsed
+    (a file cut short by a crash or an editor)."""
+    import json
+
+    from bert_mgpu.errors import UserError
+
+    try:
+        return json.loads(read_text(path))
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: not valid {what} ({e.msg}, column {e.colno})") from None
+
+
 def write_atomic(path, data):
     """Write `data` (str as UTF-8, or bytes) as a temporary file beside `path`, then rename it over
     `path`: a crash leaves the old file or the new one, never half of one, and a symlink at `path` is
@@ -85,12 +102,19 @@ def write_atomic(path, data):
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; a file written by open() follows the umask
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return path
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def remove(path):

@@ -228,6 +228,11 @@ class NamedColumnTask(ColumnTask):
                 index[role] = header.index(name)
             else:
                 raise UserError(f"{path}:{rows[0][0]}: no column {name!r} in header {header}")
+        for line, row in rows[1:]:
+            if len(row) > len(header):
+                inside = "a tab inside a text" if self.delimiter == "\t" else "a comma outside quotes"
+                raise UserError(f"{path}:{line}: {len(row)} cells but the header has {len(header)}; "
+                                f"{inside}? (the text would be cut there)")
         return self._examples(path, rows[1:], split, index["text"], index["text_b"], index["label"])
 
 

@@ -70,11 +70,13 @@ def google_release(tmp_path_factory):
 
 
 def run_script(name, *args, check=True, env=None):
-    """Run a top-level script as a user does (no GPU visible); on an unexpected failure show its stderr."""
+    """Run a top-level script as a user does (no GPU visible); on an unexpected failure show its stderr.
+    `env` adds variables; one set to None is removed."""
     import subprocess
 
+    env = {k: v for k, v in {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}.items() if v is not None}
     proc = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})})
+                          timeout=600, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc

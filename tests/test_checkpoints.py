@@ -160,3 +160,18 @@ def test_no_code_path_unpickles_or_loads_unsafely():
                         r"enable_unsafe_deserialization|np\.load\(|numpy\.load\(")
     found = [(path, line) for path in sources for line in open(path, encoding="utf-8") if unsafe.search(line)]
     assert found == []
+
+
+def test_a_vocabulary_smaller_than_the_embedding_table_is_worth_a_warning(caplog):
+    from bert_mgpu.config import BertConfig
+
+    config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64)
+    with caplog.at_level("WARNING", "bert_mgpu"):
+        config.check_vocab("v/vocab.txt", 38)
+    assert "v/vocab.txt: 38 tokens but the model config has vocab_size=50; the last 12 embedding rows" in caplog.text
+    caplog.clear()
+    config.check_vocab("v/vocab.txt", 50)
+    assert not caplog.text
+    with pytest.raises(UserError, match="51 tokens but the model config has vocab_size=50"):
+        config.check_vocab("v/vocab.txt", 51)

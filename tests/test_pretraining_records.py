@@ -1,11 +1,12 @@
 """create_pretraining_data (google-bert's algorithm, streamed), dynamic masking, the vocabulary builder."""
 
 import os
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import WORDS, write_vocab
+from conftest import WORDS, run_script, write_vocab
 
 from bert_mgpu import pretraining_input, pretraining_records
 from bert_mgpu.errors import UserError
@@ -183,6 +184,47 @@ def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
     assert "[UNK]" not in tok.tokenize("running the runner")
     with pytest.raises(UserError, match="no such input file"):
         build_vocab([str(tmp_path / "missing.txt")], 80, str(tmp_path / "v2.txt"))
+
+
+def test_utf8_check_names_the_line_across_blocks_and_counts_with_replace(tmp_path, caplog):
+    from bert_mgpu.vocab import check_utf8
+
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("ünïcödé line\n".encode() * 7 + b"caf\xe9 latin-1\n" + b"fine\n" + b"\xff\n")
+    for block in (5, 16, 1 << 20):  # cuts inside characters and lines, and none
+        with pytest.raises(UserError, match=r"corpus.txt:8: invalid UTF-8 at byte 4 of the line"):
+            check_utf8(str(path), block=block)
+        with caplog.at_level("WARNING", "bert_mgpu"):
+            caplog.clear()
+            assert check_utf8(str(path), "replace", block=block)
+        assert "replaced by U+FFFD on 2 line(s), the first at line 8" in caplog.text
+    path.write_text(" \n\n\t\n")
+    assert not check_utf8(str(path))
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("empty", r"empty.txt: no text to learn a vocabulary from \(empty or blank\)"),
+    ("output_is_a_directory", r"--output_file=.*/vocab_dir is a directory; give the vocab.txt file to write"),
+    ("invalid_utf8", r"bad.txt:2: invalid UTF-8 at byte 5 of the line \(invalid start byte\); fix the file or "
+                     r"pass --invalid_utf8=replace"),
+])
+def test_build_vocab_script_bad_input_is_one_line(tmp_path, case, expected):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "bad.txt").write_bytes(b"hello world\nbad \xff byte\n")
+    (tmp_path / "vocab_dir").mkdir()
+    source = {"empty": "empty.txt", "invalid_utf8": "bad.txt"}.get(case, "bad.txt")
+    target = tmp_path / ("vocab_dir" if case == "output_is_a_directory" else "vocab.txt")
+    proc = run_script("build_vocab.py", f"--input_file={tmp_path / source}", f"--output_file={target}",
+                      "--vocab_size=50", check=False, env={"TF_CPP_MIN_LOG_LEVEL": None})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert re.fullmatch("build_vocab.py: error: " + expected, proc.stderr.strip().splitlines()[-1]), proc.stderr
+    assert "cuInit" not in proc.stderr and "absl::InitializeLog" not in proc.stderr
+    assert not (tmp_path / "vocab.txt").exists() and os.listdir(tmp_path / "vocab_dir") == []
+    if case == "invalid_utf8":
+        proc = run_script("build_vocab.py", f"--input_file={tmp_path / source}", f"--output_file={target}",
+                          "--vocab_size=50", "--invalid_utf8=replace")
+        assert "replaced by U+FFFD on 1 line(s), the first at line 2" in proc.stderr
+        assert "\ufffd" in target.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("kind", ["records", "text"])

@@ -3,6 +3,8 @@
 import json
 import os
 import re
+import shutil
+import stat
 
 import numpy as np
 import pytest
@@ -139,6 +141,10 @@ def bad_release(tmp_path, **overrides):
     return directory
 
 
+NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_epochs=inf",
+           "eval_batch_zero": "--eval_batch_size=0", "seq_length_one": "--max_seq_length=1"}
+
+
 @pytest.mark.parametrize("case, expected", [
     ("missing_file", r"train.tsv: file not found"),
     ("malformed_row", r"train.tsv:3: expected at least 2 columns, found 1"),
@@ -163,6 +169,14 @@ def bad_release(tmp_path, **overrides):
     ("config_of_another_model", r"bert_config.json: model_type='roberta' is not BERT"),
     ("auto_batch_without_limit", r"--auto_batch_size on CPU needs --memory_limit_mb"),
     ("unreadable_file", r"train.tsv: cannot read \(Is a directory\)"),
+    ("epochs_nan", r"--num_train_epochs=nan: must be a finite number above 0"),
+    ("epochs_inf", r"--num_train_epochs=inf: must be a finite number above 0"),
+    ("eval_batch_zero", r"--eval_batch_size=0: must be at least 1"),
+    ("seq_length_one", r"--max_seq_length=1: must be at least 3"),
+    ("train_is_a_file", r"out/train is a file; bert_mgpu writes its TensorBoard events into a directory"),
+    ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
+    ("tab_inside_text", r"train.tsv:3: 3 cells but the header has 2; a tab inside a text\?"),
+    ("config_cut_short", r"rel/config.json:3: not valid JSON \(.*\)"),
 ])
 def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, google_release):
     import re
@@ -218,17 +232,37 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
     elif case == "unreadable_file":  # (the tests run as root, whom file permissions do not stop)
         os.remove(d / "train.tsv")
         (d / "train.tsv").mkdir()
+    elif case in NUMBERS:
+        extra = [NUMBERS[case]]
+    elif case == "tab_inside_text":
+        write_tsv(d / "train.tsv", [("pos", "good"), ("neg", "bad\tfilm")])
+    elif case == "config_cut_short":  # a Hugging Face directory whose config.json a crash cut short
+        release = tmp_path / "rel"
+        release.mkdir()
+        (release / "config.json").write_text('{\n  "model_type": "bert",\n  "hidden_')
     out = tmp_path / "out"
     out.mkdir()
+    linked = tmp_path / "elsewhere"
+    linked.mkdir()
+    if case == "train_is_a_file":
+        (out / "train").write_text("mine")
+    elif case == "train_is_a_link":
+        os.symlink(linked, out / "train")
     (out / "keep.txt").write_text("already here")
     target = {"output_dir_is_a_file": out / "keep.txt", "output_dir_not_writable": "/sys/kernel"}.get(case, out)
     args = common(str(d), release, str(target), "--do_train", "--do_eval") + extra
-    proc = run_script("run_classifier_mgpu.py", *args, check=False, env=env)
+    # As a user runs it, with no TF_CPP_MIN_LOG_LEVEL: TensorFlow's start-up lines must not precede the error.
+    proc = run_script("run_classifier_mgpu.py", *args, check=False,
+                      env={"TF_CPP_MIN_LOG_LEVEL": None, **(env or {})})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     ours = [line for line in proc.stderr.splitlines() if line.startswith("run_classifier_mgpu.py: error:")]
     assert len(ours) == 1 and re.search(expected, ours[0]), proc.stderr[-2000:]
+    assert ours[0] == proc.stderr.strip().splitlines()[-1]
+    for noise in ("cuInit", "cudart_stub", "absl::InitializeLog", "cpu_feature_guard"):
+        assert noise not in proc.stderr, proc.stderr[:2000]
     assert (out / "keep.txt").read_text() == "already here"
+    assert os.listdir(linked) == [] and (case != "train_is_a_file" or (out / "train").read_text() == "mine")
 
 
 def test_tiny_config_sanity():
@@ -250,3 +284,94 @@ def test_auto_batch_size_trains_with_the_largest_batch_that_fits(data, google_re
     run_info = json.load(open(out / "bert_mgpu.json"))
     assert run_info["settings"]["per_tower_batch"] == best
     assert run_info["global_step"] == int(640 / (2 * best) * 0.25)  # trained with it: 2 towers, 1/4 epoch
+
+
+# ---------------------------------------------------------------- what a red-team found (issue 24)
+
+def copy_run(trained, tmp_path):
+    out = str(tmp_path / "run")
+    shutil.copytree(trained[0], out, ignore=shutil.ignore_patterns("predict_*"))
+    return out, [f"--output_dir={out}" if a.startswith("--output_dir=") else a for a in trained[1]]
+
+
+def snapshot(directory):
+    """Every file under `directory` with its bytes: what a refused run must leave as it was."""
+    return {os.path.relpath(os.path.join(root, name), directory): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(directory) for name in names}
+
+
+def one_error_line(proc):
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, data, tmp_path):
+    out, _ = copy_run(trained, tmp_path)
+    newest = os.path.join(out, "ckpt-160.data-00000-of-00001")
+    with open(newest, "r+b") as f:
+        f.truncate(os.path.getsize(newest) // 2)  # a copy cut short
+    flags = ["--task_name=tsv", f"--data_dir={data}", "--n_gpus=0", "--eval_batch_size=4", "--predict_batch_size=4",
+             "--max_seq_length=32", "--precision=float32", "--do_eval", "--do_predict"]
+    proc = run(*flags, f"--output_dir={out}")  # eval/predict of the output directory itself
+    assert f"using {out}/ckpt-150, not the damaged {out}/ckpt-160" in proc.stderr
+    reference = tmp_path / "reference"
+    run(*flags, f"--init_checkpoint={out}/ckpt-150", f"--output_dir={reference}")
+    for name in ("eval_results.txt", "test_results.tsv"):
+        assert open(os.path.join(out, name)).read() == (reference / name).read_text(), name
+    assert float(re.search(r"eval_accuracy = (\S+)", (reference / "eval_results.txt").read_text())[1]) >= 0.9
+
+
+def test_a_checkpoint_file_naming_another_directory_is_refused(trained, data, tmp_path):
+    """A `checkpoint` file that names ../elsewhere/ckpt-160, through --init_checkpoint or eval's default
+    --output_dir: refused in one line, nothing written."""
+    here = tmp_path / "here"
+    here.mkdir()
+    for name in ("bert_mgpu.json", "vocab.txt"):
+        shutil.copy(os.path.join(trained[0], name), here / name)
+    outside = os.path.relpath(os.path.join(trained[0], "ckpt-160"), here)
+    (here / "checkpoint").write_text(f'model_checkpoint_path: "{outside}"\n')
+    before = snapshot(here)
+    flags = ["--task_name=tsv", f"--data_dir={data}", "--n_gpus=0", "--max_seq_length=32", "--do_eval"]
+    for where in ([f"--output_dir={here}"], [f"--init_checkpoint={here}", f"--output_dir={tmp_path / 'o'}"]):
+        line = one_error_line(run(*flags, *where, check=False))
+        assert line == (f"run_classifier_mgpu.py: error: {here}/checkpoint: names {here}/{outside}, outside "
+                        f"{here}; refusing to read it"), line
+    assert snapshot(here) == before and not os.path.exists(tmp_path / "o" / "eval_results.txt")
+
+
+def test_a_rerun_with_another_vocabulary_is_another_run(trained, tmp_path):
+    out, args = copy_run(trained, tmp_path)
+    tokens = open(os.path.join(out, "vocab.txt")).read().split("\n")
+    tokens[10], tokens[11] = tokens[11], tokens[10]  # the same size, another vocabulary
+    other = tmp_path / "other_vocab.txt"
+    other.write_text("\n".join(tokens))
+    before = snapshot(out)
+    line = one_error_line(run(*args, f"--vocab_file={other}", check=False))
+    assert "holds a run with other settings (--vocab_sha256=" in line, line
+    assert snapshot(out) == before
+
+
+def test_a_save_killed_half_way_is_cleaned_up_on_resume_and_on_overwrite(trained, tmp_path):
+    """kill -9 during a save leaves ckpt-N_temp/ (a directory matching ckpt-*): resuming removes it, and
+    --overwrite_output_dir starts over without tripping on it."""
+    out, args = copy_run(trained, tmp_path)
+    left = os.path.join(out, "ckpt-161_temp")
+    os.makedirs(left)
+    open(os.path.join(left, "part-00000-of-00001.data-00000-of-00001"), "wb").write(b"\0" * 100)
+    run(*args)
+    assert not os.path.exists(left) and os.path.exists(os.path.join(out, "ckpt-160.index"))
+    os.makedirs(left)
+    run(*[a for a in args if not a.startswith(("--learning_rate", "--num_train_epochs"))], "--learning_rate=1e-3",
+        "--num_train_epochs=0.25", "--overwrite_output_dir")
+    assert sorted(f for f in os.listdir(out) if f.startswith("ckpt-")) == [
+        "ckpt-10.data-00000-of-00001", "ckpt-10.index"]
+    assert json.load(open(os.path.join(out, "bert_mgpu.json")))["global_step"] == 10
+
+
+def test_result_files_follow_the_umask_as_checkpoints_do(trained):
+    out = trained[0]
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {name: stat.S_IMODE(os.stat(os.path.join(out, name)).st_mode) for name in (
+        "ckpt-160.index", "eval_results.txt", "predictions.tsv", "bert_mgpu.json", "vocab.txt")}
+    assert set(modes.values()) == {0o666 & ~mask}, modes

@@ -4,6 +4,7 @@ import os
 import re
 
 import pytest
+import tensorflow as tf
 from conftest import run_script, sentiment_rows, tiny_config, write_tsv, write_vocab
 from test_pretraining_records import write_corpus
 
@@ -117,3 +118,22 @@ def test_bad_input_is_one_line(pretrained, tmp_path, extra, message):
     assert last.startswith("run_pretraining_mgpu.py: error: ") and message in last, last
     assert "Traceback" not in proc.stderr
 
+
+
+def test_a_record_file_cut_short_is_named_with_the_record(pretrained, tmp_path):
+    """A TFRecord cut mid-record (a copy that stopped): one line naming the file and the record, not
+    TensorFlow's DataLossError, which names neither."""
+    d, _, args, _ = pretrained
+    shards = sorted(f for f in os.listdir(d) if f.startswith("pretrain.tfrecord-"))
+    whole = open(os.path.join(d, shards[1]), "rb").read()
+    cut = tmp_path / "cut.tfrecord"
+    cut.write_bytes(whole[: len(whole) // 2])
+    base = [a for a in args if not a.startswith(("--input_file", "--output_dir", "--do_validation"))]
+    proc = run_script("run_pretraining_mgpu.py", *base, f"--input_file={d}/{shards[0]},{cut}",
+                      f"--output_dir={tmp_path / 'o'}", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    readable = sum(1 for _ in tf.data.TFRecordDataset(str(cut)).apply(tf.data.experimental.ignore_errors()))
+    line = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(re.escape(f"run_pretraining_mgpu.py: error: {cut}: record {readable + 1} is truncated at byte ")
+                        + r"\d+; a file cut short while it was copied\? Write or copy it again, or leave it out of "
+                        r"--input_file", line), line

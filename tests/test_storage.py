@@ -91,3 +91,24 @@ def test_pretraining_writes_its_checkpoints_and_fine_tune_markers_on_ram(text): 
     got = checkpoints.encoder_weights(clf.model.backbone)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_atomic_writes_follow_the_umask(tmp_path):
+    """mkstemp makes 0600 files; what a run writes is read by others as its checkpoints are (umask)."""
+    import stat
+
+    before = os.umask(0o027)
+    try:
+        path = storage.write_atomic(str(tmp_path / "eval_results.txt"), "eval_accuracy = 0.5\n")
+        with open(tmp_path / "by_open.txt", "w") as f:
+            f.write("x")
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640 == stat.S_IMODE(os.stat(tmp_path / "by_open.txt").st_mode)
+
+
+def test_json_cut_short_names_the_file_and_line(tmp_path):
+    path = tmp_path / "bert_mgpu.json"
+    path.write_text('{\n  "kind": "classifier",\n  "labels": ["neg", "po')
+    with pytest.raises(bert_mgpu.UserError, match=r"bert_mgpu.json:3: not valid JSON \(Unterminated string"):
+        storage.read_json(str(path))
