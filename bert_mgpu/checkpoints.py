@@ -162,11 +162,12 @@ def read_safetensors(path):
 
 # ---------------------------------------------------------------- Google TF1 checkpoints
 
-def read_tf_checkpoint(prefix, only=None):
+def read_tf_checkpoint(prefix, only=None, check=()):
     """A TF checkpoint's float variables as {name: float32 array}, Adam slots and counters dropped.
 
     `only`: read just the names under this prefix (the encoder of a bert_mgpu checkpoint, not its
-    optimizer state, which is twice the model's size).
+    optimizer state, which is twice the model's size). `check`: names under these prefixes are read too,
+    to find damage in what is used later (the classifier head, the object graph), and not returned.
     """
     import tensorflow as tf
 
@@ -179,17 +180,18 @@ def read_tf_checkpoint(prefix, only=None):
         raise UserError(f"{prefix}: not a readable TensorFlow checkpoint ({str(e).splitlines()[0]})") from None
     out = {}
     for name in reader.get_variable_to_shape_map():
-        if only is not None and not name.startswith(only):
-            continue
-        if (name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
-                or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name):
+        checked = bool(check) and name.startswith(tuple(check))
+        wanted = (only is None or name.startswith(only)) and not (
+            name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
+            or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name)
+        if not (wanted or checked):
             continue
         try:
             value = reader.get_tensor(name)
         except (tf.errors.OpError, IndexError, ValueError) as e:  # how a cut or damaged data file reads
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise UserError(f"{prefix}: damaged checkpoint, {name} cannot be read ({first[:160]})") from None
-        if np.issubdtype(np.asarray(value).dtype, np.floating):
+        if wanted and np.issubdtype(np.asarray(value).dtype, np.floating):
             out[name] = np.asarray(value, np.float32)
     return out
 
@@ -272,7 +274,7 @@ def _read_newest(prefixes, only):
     one (a crash while it was copied, a disk error) is passed over with a warning, as resuming does."""
     for prefix in prefixes:
         try:
-            weights = read_tf_checkpoint(prefix, only=only)
+            weights = read_tf_checkpoint(prefix, only=only, check=("head/", "_CHECKPOINTABLE_OBJECT_GRAPH"))
         except UserError as e:
             if prefix == prefixes[-1]:
                 raise

@@ -177,6 +177,7 @@ NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_ep
     ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
     ("tab_inside_text", r"train.tsv:3: 3 cells but the header has 2; a tab inside a text\?"),
     ("config_cut_short", r"rel/config.json:3: not valid JSON \(.*\)"),
+    ("run_file_cut_short", r"rel/bert_mgpu.json:4: not valid JSON \(Unterminated string starting at, column \d+\)"),
 ])
 def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, google_release):
     import re
@@ -240,6 +241,10 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
         release = tmp_path / "rel"
         release.mkdir()
         (release / "config.json").write_text('{\n  "model_type": "bert",\n  "hidden_')
+    elif case == "run_file_cut_short":  # a bert_mgpu output directory, its bert_mgpu.json cut short
+        release = tmp_path / "rel"
+        release.mkdir()
+        (release / "bert_mgpu.json").write_text('{\n  "kind": "classifier",\n  "labels": [\n    "neg", "po')
     out = tmp_path / "out"
     out.mkdir()
     linked = tmp_path / "elsewhere"
@@ -375,3 +380,19 @@ def test_result_files_follow_the_umask_as_checkpoints_do(trained):
     modes = {name: stat.S_IMODE(os.stat(os.path.join(out, name)).st_mode) for name in (
         "ckpt-160.index", "eval_results.txt", "predictions.tsv", "bert_mgpu.json", "vocab.txt")}
     assert set(modes.values()) == {0o666 & ~mask}, modes
+
+
+def test_a_linked_vocab_is_replaced_not_written_through_and_a_short_one_is_named(data, tmp_path):
+    """vocab.txt in --output_dir as a link to someone's file: the run replaces the link, the file stays.
+    A vocabulary shorter than the config's vocab_size trains, with a warning naming both numbers."""
+    release, _ = write_google_release(str(tmp_path / "rel"), config=tiny_config(45))  # 38 tokens in vocab.txt
+    out = tmp_path / "out"
+    out.mkdir()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("not a vocabulary\n")
+    os.symlink(precious, out / "vocab.txt")
+    proc = run(*common(data, release, str(out), "--do_train", "--num_train_epochs=0.1"))
+    assert "vocab.txt: 38 tokens but the model config has vocab_size=45; the last 7 embedding rows" in proc.stderr
+    assert precious.read_text() == "not a vocabulary\n"
+    assert not os.path.islink(out / "vocab.txt")
+    assert (out / "vocab.txt").read_text() == open(os.path.join(release, "vocab.txt")).read()
