@@ -17,7 +17,7 @@ FLAGS = flags.FLAGS
 # google-research/bert's flags
 flags.DEFINE_string("data_dir", None, "Directory with the task's train/dev/test files.")
 flags.DEFINE_string("bert_config_file", None, "bert_config.json (default: beside the checkpoint).")
-flags.DEFINE_string("task_name", None, "cola, mrpc, mnli, xnli, sst-2, tsv, csv or tfds.")
+flags.DEFINE_string("task_name", None, "cola, mrpc, mnli, xnli, sst-2, sts-b, tsv, csv or tfds.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt (default: beside the checkpoint).")
 flags.DEFINE_string("output_dir", None, "Checkpoints, logs and results go here; rerun to resume.")
 flags.DEFINE_string("init_checkpoint", None, "Google bert_model.ckpt, Hugging Face or keras-hub directory, "
@@ -45,6 +45,9 @@ flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert comp
 flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
 # bert_mgpu's flags
 define_tower_flags()
+flags.DEFINE_enum("task_type", None, ["classification", "regression"], "regression: the labels are scores, one "
+                  "output trained with mean squared error, Pearson and Spearman reported (default: the task's; "
+                  "sts-b is a regression, tsv/csv a classification).")
 flags.DEFINE_list("labels", None, "Label set, comma-separated (default: the labels of the training data).")
 flags.DEFINE_string("text_column", "text", "tsv/csv/tfds: column of the (first) text.")
 flags.DEFINE_string("text_b_column", None, "tsv/csv/tfds: column of the second text of a pair.")
@@ -114,7 +117,7 @@ def run():
         FLAGS.task_name, text_column=FLAGS.text_column, label_column=FLAGS.label_column,
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
         tfds_data_dir=FLAGS.tfds_data_dir, xnli_language=FLAGS.xnli_language, tfds_splits=tuple(FLAGS.tfds_splits),
-        invalid_utf8=FLAGS.invalid_utf8)
+        invalid_utf8=FLAGS.invalid_utf8, task_type=FLAGS.task_type)
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
@@ -126,7 +129,7 @@ def run():
     clf = bert_mgpu.BertClassifier.from_pretrained(
         init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
-        task=task.name, fused_encoder=FLAGS.fused_encoder)
+        task=task.name, fused_encoder=FLAGS.fused_encoder, task_type=task.task_type)
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
             clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
@@ -154,14 +157,17 @@ def run():
             logging.info("  %s = %s", key, results[key])
         if towers.is_chief:
             path = outputs.write_eval_results(FLAGS.output_dir, results)
-            print(f"eval: accuracy {results['eval_accuracy']:.4f} on {len(dev)} examples -> {path}")
+            main = clf.main_metric
+            print(f"eval: {main[len('eval_'):]} {results[main]:.4f} on {len(dev)} examples -> {path}")
     if FLAGS.do_predict:
-        probabilities = clf.predict(test, batch_size=FLAGS.predict_batch_size)
+        predicted = clf.predict(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            paths = outputs.write_predictions(FLAGS.output_dir, probabilities, clf.labels, [e.guid for e in test])
+            guids = [e.guid for e in test]
+            paths = (outputs.write_scores(FLAGS.output_dir, predicted, guids) if clf.regression else
+                     outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids))
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:
-        if FLAGS.do_eval:
+        if FLAGS.do_eval and clf.confusion is not None:
             outputs.draw("write_confusion", FLAGS.output_dir, clf.confusion, clf.labels)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)

@@ -31,7 +31,7 @@ from bert_mgpu.modeling import build_classifier
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tasks import Example, as_examples
 from bert_mgpu.tokenization import FullTokenizer
-from bert_mgpu.training import Trainer
+from bert_mgpu.training import Trainer, classification_loss, regression_loss
 
 log = logging.getLogger("bert_mgpu")
 
@@ -60,6 +60,8 @@ class BertClassifier:
         max_seq_length: longer inputs are truncated.
         task: the task's name (picks the GLUE metric), or None.
         fused_encoder: whether `model` runs the fused encoder (recorded in a run's settings).
+        task_type: "classification" (softmax over `labels`) or "regression" (one output, a score,
+            mean squared error, Pearson and Spearman; `labels` empty), as STS-B.
 
     Example:
         towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
@@ -69,21 +71,28 @@ class BertClassifier:
     """
 
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None,
-                 fused_encoder=True):
+                 fused_encoder=True, task_type="classification"):
         self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
-        self.fused_encoder = fused_encoder
+        self.fused_encoder, self.task_type = fused_encoder, task_type
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self._predictor = Trainer(towers.strategy, model)
 
+    @property
+    def regression(self):
+        return self.task_type == "regression"
+
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, labels: Sequence[str] | None = None, towers: Towers | None = None,
                         precision: str = "auto", max_seq_length: int = 128, do_lower_case: bool | None = None,
                         bert_config_file: str | None = None, vocab_file: str | None = None, task: str | None = None,
-                        fused_encoder: bool = True) -> "BertClassifier":
+                        fused_encoder: bool = True, task_type: str | None = None) -> "BertClassifier":
         """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh.
+
+        task_type: "classification" or "regression" (None: what a bert_mgpu run directory was trained for,
+        else classification).
 
         fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
         tested against, and slower; the variables and checkpoints are the same.
@@ -91,8 +100,11 @@ class BertClassifier:
         towers = towers or Towers()
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         run = pre.run or {}
-        labels = list(labels or run.get("labels") or [])
-        if not labels:
+        task_type = task_type or run.get("task_type") or "classification"
+        if task_type not in ("classification", "regression"):
+            raise UserError(f"--task_type={task_type}: expected classification or regression")
+        labels = [] if task_type == "regression" else list(labels or run.get("labels") or [])
+        if not labels and task_type == "classification":
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
         if do_lower_case is None:
             do_lower_case = True if pre.do_lower_case is None else bool(pre.do_lower_case)
@@ -107,18 +119,20 @@ class BertClassifier:
         policy, why = resolve_precision(precision, towers.plan)
         log.info("precision: %s (%s)", policy, why)
         with towers.strategy.scope():
-            model = build_classifier(config, len(labels), policy, fused=fused_encoder)
+            model = build_classifier(config, len(labels) or 1, policy, fused=fused_encoder)
         unused = checkpoints.assign_encoder(model.backbone, pre.weights, init_checkpoint)
         log.info("loaded %s checkpoint %s (%d encoder tensors)", pre.kind, init_checkpoint,
                  len(model.backbone.weights))
         if unused:
             log.info("not used by a classifier: %s", ", ".join(unused))
-        if pre.kind == "bert_mgpu" and run.get("labels") == labels:
+        if pre.kind == "bert_mgpu" and run.get("labels") == labels and \
+                run.get("task_type", "classification") == task_type:
             checkpoints.restore_head(model, pre.ckpt_prefix)
             log.info("classifier head restored from %s", pre.ckpt_prefix)
         else:
-            log.info("classifier head (%d labels) is freshly initialized", len(labels))
-        clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task, fused_encoder)
+            log.info("%s head (%s) is freshly initialized", task_type,
+                     f"{len(labels)} labels" if labels else "one score")
+        clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task, fused_encoder, task_type)
         own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
         clf.global_step = int(run.get("global_step", 0)) if own else 0
         return clf
@@ -170,6 +184,7 @@ class BertClassifier:
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **run_dir.vocab_setting(self.tokenizer.vocab_file),
+            **({"task_type": self.task_type} if self.regression else {}),
             **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
         every = evaluation_every(evaluation_strategy, eval_every_steps, num_steps / epochs)
         if (every or load_best_model_at_end or early_stopping_patience) and not dev:
@@ -186,7 +201,8 @@ class BertClassifier:
         with strategy.scope():
             optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
                                                       float16=self.policy == "mixed_float16")
-        trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum)
+        trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum,
+                          loss_fn=regression_loss if self.regression else classification_loss)
         restored = run.restore(checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
                                                                rng=run_dir.rng_states(self.model)),
                                self.model.weights)
@@ -214,7 +230,7 @@ class BertClassifier:
             self.global_step = start
             return self._finish(hooks, load_best_model_at_end, [])
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, global_batch,
-                               training=True, seed=seed, source="train").skip(start)
+                               training=True, seed=seed, source="train", regression=self.regression).skip(start)
         loop = Loop(trainer, global_batch, hooks, callbacks=callbacks, writer=run.writer, log_every=log_every,
                     save=lambda: run.save(int(trainer.step.numpy())), save_every=save_checkpoints_steps,
                     last_checkpoint=lambda: run.latest, max_consecutive_skips=max_consecutive_skips,
@@ -253,7 +269,10 @@ class BertClassifier:
 
     @property
     def main_metric(self):
-        """The task's metric for the best model: F1 for MRPC, MCC for CoLA, accuracy otherwise."""
+        """The task's metric for the best model: F1 for MRPC, MCC for CoLA, Pearson for a regression,
+        accuracy otherwise."""
+        if self.regression:
+            return "eval_pearson"
         return metrics.TASK_METRICS[self.task][0] if self.task in metrics.TASK_METRICS else "eval_accuracy"
 
     def _save_model_dir(self, directory, step):
@@ -281,7 +300,8 @@ class BertClassifier:
 
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
-        run = {"kind": "classifier", "labels": self.labels, "do_lower_case": self.tokenizer.do_lower_case,
+        run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels,
+               "do_lower_case": self.tokenizer.do_lower_case,
                "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
                "settings": self.settings}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
@@ -293,21 +313,22 @@ class BertClassifier:
         # Rows padded to a multiple of 8 (or of the batch) per tower: few shapes for the XLA kernels.
         dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length,
                                self.towers.batch(batch_size), training=False, source=source,
-                               rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
+                               rows_multiple=self.towers.batch(math.gcd(batch_size, 8)), regression=self.regression)
         bar = None
         if verbose is True or (verbose == "auto" and len(examples) >= 1000):
             bar = keras.utils.Progbar(len(examples), unit_name="example")
         return self._predictor.predict_logits(dataset, progress=bar.add if bar else None)
 
     def predict(self, examples, batch_size: int = 8, verbose="auto") -> np.ndarray:
-        """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower).
+        """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower);
+        for a regression, the scores [N].
 
         `examples`: `Example`s, plain strings, (text_a, text_b) pairs or a pandas DataFrame (`as_examples`).
         verbose: a progress bar; "auto" shows one for 1,000 examples or more.
         """
         examples = as_examples(examples)
         logits, _ = self._logits(examples, batch_size, "predict", verbose)
-        return tf.nn.softmax(logits).numpy()
+        return logits[:, 0] if self.regression else tf.nn.softmax(logits).numpy()
 
     def evaluate(self, examples, batch_size: int = 8, verbose="auto") -> dict:
         """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA); examples
@@ -316,6 +337,8 @@ class BertClassifier:
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")
         logits, labels = self._logits(examples, batch_size, "eval", verbose)
+        if self.regression:
+            return self._regression_results(logits[:, 0], labels, len(examples))
         losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
         predicted = np.argmax(logits, axis=1)
         self.confusion = np.zeros([len(self.labels)] * 2, np.int64)  # true label per row, predicted per column
@@ -327,3 +350,10 @@ class BertClassifier:
             name, fn = metrics.TASK_METRICS[self.task]
             results[name] = fn(labels, predicted)
         return results
+
+    def _regression_results(self, scores, labels, count):
+        """Mean squared error (the loss), Pearson and Spearman, as Hugging Face's GLUE script reports STS-B."""
+        self.confusion = None
+        loss = float(np.mean(np.square(scores.astype(np.float64) - labels)))
+        return {"eval_loss": loss, "loss": loss, "global_step": self.global_step, "eval_examples": count,
+                **{name: fn(labels, scores) for name, fn in metrics.REGRESSION_METRICS.items()}}

@@ -27,14 +27,20 @@ from bert_mgpu.errors import UserError
 _BOUNDARIES = tuple(range(9, 130, 8)) + tuple(range(161, 514, 32))
 
 
-def examples_to_arrays(examples, label_list, source="data"):
-    """Python examples -> dict of numpy arrays; UserError for an empty set or an unknown label."""
+def examples_to_arrays(examples, label_list, source="data", regression=False):
+    """Python examples -> dict of numpy arrays; UserError for an empty set or an unknown label. With
+    `regression`, labels are scores (float32; NaN where an example has none)."""
     if not examples:
         raise UserError(f"{source}: no examples")
     label_ids = {label: i for i, label in enumerate(label_list or [])}
     labels = []
     for e in examples:
-        if e.label is None:
+        if regression:
+            try:
+                labels.append(np.nan if e.label is None else float(e.label))
+            except ValueError:
+                raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not a number") from None
+        elif e.label is None:
             labels.append(-1)
         elif e.label in label_ids:
             labels.append(label_ids[e.label])
@@ -44,7 +50,7 @@ def examples_to_arrays(examples, label_list, source="data"):
     return {
         "text_a": np.array([e.text_a for e in examples], dtype=object),
         "text_b": np.array([e.text_b or "" for e in examples], dtype=object),
-        "label": np.array(labels, np.int32),
+        "label": np.array(labels, np.float32 if regression else np.int32),
         "index": np.arange(len(examples), dtype=np.int32),
     }
 
@@ -65,7 +71,7 @@ def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
 
 
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data", pad_to_multiple=8, rows_multiple=None):
+                 source="data", pad_to_multiple=8, rows_multiple=None, regression=False):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and yields only full batches (every step has the full global
@@ -75,7 +81,7 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     which prediction drops: the batch shapes a pass can meet are then (width, rows) from short lists, so
     XLA-compiled kernels compile for few shapes.
     """
-    arrays = examples_to_arrays(examples, label_list, source)
+    arrays = examples_to_arrays(examples, label_list, source, regression)
     pairs = any(e.text_b is not None for e in examples)
     if not training:
         return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple)
@@ -99,7 +105,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
         padded_shapes={"token_ids": [None], "segment_ids": [None], "label": [], "index": []},
-        padding_values={"token_ids": tokenizer.pad_id, "segment_ids": 0, "label": 0, "index": 0},
+        padding_values={"token_ids": tokenizer.pad_id, "segment_ids": 0, "label": arrays["label"].dtype.type(0),
+                        "index": 0},
         drop_remainder=True,
     )
 

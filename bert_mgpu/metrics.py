@@ -1,4 +1,5 @@
-"""Classification metrics of GLUE: accuracy, F1 (MRPC, QQP) and Matthews correlation (CoLA)."""
+"""The metrics of GLUE: accuracy, F1 (MRPC, QQP), Matthews correlation (CoLA), and Pearson and Spearman
+correlation for scores (STS-B), as scikit-learn and SciPy compute them, in NumPy."""
 
 import numpy as np
 
@@ -26,4 +27,32 @@ def matthews_corrcoef(labels, predictions):
     return float((correct * n - t @ p) / denom) if denom else 0.0
 
 
+def pearson(labels, predictions):
+    """Pearson's r, 0 where it is undefined (a constant input)."""
+    x, y = np.asarray(labels, np.float64), np.asarray(predictions, np.float64)
+    x, y = x - x.mean(), y - y.mean()
+    denom = np.sqrt((x @ x) * (y @ y))
+    return float(x @ y / denom) if denom else 0.0
+
+
+def ranks(values):
+    """1-based ranks, ties given the mean of the ranks they span (SciPy's rankdata "average")."""
+    values = np.asarray(values, np.float64)
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts = np.r_[True, sorted_values[1:] != sorted_values[:-1]]
+    group = np.cumsum(starts) - 1
+    first = np.flatnonzero(starts)
+    last = np.r_[first[1:], len(values)] - 1
+    out = np.empty(len(values))
+    out[order] = (first[group] + last[group]) / 2 + 1
+    return out
+
+
+def spearman(labels, predictions):
+    """Spearman's rho: Pearson's r of the ranks."""
+    return pearson(ranks(labels), ranks(predictions))
+
+
 TASK_METRICS = {"mrpc": ("eval_f1", f1), "cola": ("eval_mcc", matthews_corrcoef)}
+REGRESSION_METRICS = {"eval_pearson": pearson, "eval_spearman": spearman}

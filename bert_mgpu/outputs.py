@@ -67,3 +67,12 @@ def write_predictions(output_dir, probabilities, label_list, guids):
         for guid, i, row in zip(guids, predicted, probabilities))
     return [write_atomic(os.path.join(output_dir, name), text) for name, text in
             (("test_results.tsv", test), ("predict.txt", labels), ("predictions.tsv", table))]
+
+
+def write_scores(output_dir, scores, guids):
+    """The prediction files of a regression: a score a line (test_results.tsv, predict.txt) and
+    predictions.tsv with its id; returns their paths."""
+    lines = "".join(f"{x:.6f}\n" for x in scores)
+    table = "id\tscore\n" + "".join(f"{guid}\t{x:.6f}\n" for guid, x in zip(guids, scores))
+    return [write_atomic(os.path.join(output_dir, name), text) for name, text in
+            (("test_results.tsv", lines), ("predict.txt", lines), ("predictions.tsv", table))]

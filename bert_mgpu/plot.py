@@ -18,8 +18,8 @@ SIZE, DPI = (12, 8), 100  # inches: 1200 x 800 pixels
 PANELS = (  # (title, [(run, tag), ...]) for each panel; a tag a run did not log is left out
     ("loss", [("train", "loss"), ("train", "mlm_loss"), ("eval", "loss"), ("train", "eval_loss"),
               ("train", "eval_mlm_loss")]),
-    ("dev metric / accuracy", [("eval", "accuracy"), ("eval", "f1"), ("eval", "mcc"), ("train", "mlm_accuracy"),
-                               ("train", "eval_mlm_accuracy")]),
+    ("dev metric / accuracy", [("eval", "accuracy"), ("eval", "f1"), ("eval", "mcc"), ("eval", "pearson"),
+                               ("eval", "spearman"), ("train", "mlm_accuracy"), ("train", "eval_mlm_accuracy")]),
     ("learning rate", [("train", "learning_rate")]),
     ("examples / s", [("train", "examples_per_second")]),
 )

@@ -10,6 +10,7 @@ import csv
 import dataclasses
 import io
 import logging
+import math
 import os
 
 from bert_mgpu.errors import UserError
@@ -152,11 +153,22 @@ def _text(path, line, row, index):
     return text
 
 
+TASK_TYPES = ("classification", "regression")
+
+
+def _is_number(text):
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 class ColumnTask:
     """Reads `{split}.tsv` files by column position, the shape of every google-bert processor."""
 
     delimiter, quotechar = "\t", None
     invalid_utf8 = "error"  # or "replace" (set by get_task)
+    task_type = "classification"  # or "regression": labels are scores (STS-B)
 
     def __init__(self, name, text_a, text_b=None, label=None, labels=None, skip_header=True,
                  files=None, test_label=None, test_text_a=None, test_text_b=None, row_filter=None):
@@ -168,10 +180,13 @@ class ColumnTask:
         self.test_label, self.row_filter = test_label, row_filter
 
     def get_labels(self, data_dir=None, train_examples=None):
-        """The fixed label set, else the training data's (from `train_examples` when already read).
+        """The fixed label set, else the training data's (from `train_examples` when already read);
+        none for regression.
 
         Once known, the labels are checked on every dev/test row read after, with file and line.
         """
+        if self.task_type == "regression":
+            return []
         if self._labels is None:
             self._labels = labels_from(train_examples or self.get_examples(data_dir, "train"))
         return list(self._labels)
@@ -196,12 +211,24 @@ class ColumnTask:
             label = _cell(path, line, row, il) if il is not None else None
             if split == "test" and not label:
                 label = None  # an empty label cell in a test file: nothing to check
-            if isinstance(self._labels, (list, tuple)) and label is not None and label not in self._labels:
-                raise UserError(f"{path}:{line}: label {label!r} is not one of {', '.join(self._labels)}")
+            if label is not None:
+                self._check_label(path, line, label)
             out.append(Example(f"{split}-{len(out)}", text_a, text_b, label))
         if not out:
             raise UserError(f"{path}: no examples")
         return out
+
+
+    def _check_label(self, path, line, label):
+        if self.task_type == "regression":
+            if not _is_number(label):
+                raise UserError(f"{path}:{line}: label {label!r} is not a number (--task_type=regression)")
+        elif isinstance(self._labels, (list, tuple)):
+            if label not in self._labels:
+                raise UserError(f"{path}:{line}: label {label!r} is not one of {', '.join(self._labels)}")
+        elif _is_number(label) and float(label) != int(float(label)):
+            raise UserError(f"{path}:{line}: label {label!r} is a score, not a class; pass --task_type=regression "
+                            "(or --labels to take such labels as classes)")
 
 
 class NamedColumnTask(ColumnTask):
@@ -284,18 +311,29 @@ def labels_from(examples):
 
 def get_task(name, text_column="text", label_column="label", text_b_column=None, labels=None,
              tfds_name=None, tfds_data_dir=None, xnli_language="zh", tfds_splits=("train", "validation", "test"),
-             invalid_utf8="error"):
-    """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2) or tsv / csv / tfds.
+             invalid_utf8="error", task_type=None):
+    """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2, sts-b) or tsv / csv / tfds.
 
     invalid_utf8: "error" (name the line) or "replace" (U+FFFD, and count the lines).
+    task_type: "classification" or "regression" (scores as labels); None: the task's own (STS-B:
+    regression, else classification).
     """
     if invalid_utf8 not in ("error", "replace"):
         raise UserError(f"--invalid_utf8={invalid_utf8!r}: expected error or replace")
+    if task_type not in (None, *TASK_TYPES):
+        raise UserError(f"--task_type={task_type}: expected {' or '.join(TASK_TYPES)}")
     task = _task(name.lower(), text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir,
                  xnli_language, tfds_splits)
+    own = getattr(task, "task_type", "classification")
+    if task_type and task_type != own and not isinstance(task, NamedColumnTask):
+        raise UserError(f"--task_type={task_type}: {task.name} is a {own} task")
+    task.task_type = task_type or own
+    if task.task_type == "regression" and labels:
+        raise UserError("--labels are classes; a regression task has scores")
     for reader in (task, *vars(task).values()):
         if isinstance(reader, ColumnTask):
             reader.invalid_utf8 = invalid_utf8
+            reader.task_type = task.task_type
     return task
 
 
@@ -308,6 +346,10 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
     if name == "mnli":
         return ColumnTask("mnli", 8, 9, label=-1, labels=["contradiction", "entailment", "neutral"],
                           files={"train": "train.tsv", "dev": "dev_matched.tsv", "test": "test_matched.tsv"})
+    if name in ("sts-b", "stsb", "sts"):  # GLUE's STS-B: a similarity score from 0 to 5
+        task = ColumnTask("sts-b", 7, 8, label=9)
+        task.task_type = "regression"
+        return task
     if name in ("sst-2", "sst2", "sst"):
         return ColumnTask("sst-2", 0, label=1, labels=["0", "1"], test_text_a=1)
     if name == "xnli":
@@ -318,7 +360,7 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
         if not tfds_name:
             raise UserError("--task_name=tfds needs --tfds_name")
         return TfdsTask(tfds_name, tfds_data_dir, text_column, label_column, text_b_column, tfds_splits)
-    raise UserError(f"--task_name={name} is unknown; use cola, mrpc, mnli, xnli, sst-2, tsv, csv or tfds")
+    raise UserError(f"--task_name={name} is unknown; use cola, mrpc, mnli, xnli, sst-2, sts-b, tsv, csv or tfds")
 
 
 class XnliTask:

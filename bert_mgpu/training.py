@@ -28,6 +28,12 @@ def classification_loss(model, features, labels, training=True):
     return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)), {}
 
 
+def regression_loss(model, features, labels, training=True):
+    """Mean squared error of the model's one float32 output, a score (STS-B's similarity)."""
+    scores = model(features, training=training)[:, 0]
+    return tf.reduce_mean(tf.square(scores - tf.cast(labels, scores.dtype))), {}
+
+
 def allreduce_dtypes(model, default):
     """Per trainable variable, the dtype its gradient crosses between towers as: `default`, except float32
     for variables of layers that compute in float32 (the classifier head), LayerNorms and embeddings, whose
