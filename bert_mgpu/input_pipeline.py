@@ -55,11 +55,6 @@ def examples_to_arrays(examples, label_list, source="data", regression=False):
     }
 
 
-# Traced as written: none of the functions bert_mgpu traces branches or loops on tensors, and AutoGraph's
-# conversion of them and of everything they call costs seconds per run (benchmarks/NOTES.md).
-plain = tf.autograph.experimental.do_not_convert
-
-
 def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
     """String tensors [batch] -> (token_ids, segment_ids) ragged [batch, (len)]: [CLS] a [SEP] (b [SEP])."""
     segments = [tokenizer(text_a)]
@@ -97,8 +92,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         n = x.pop("length")
         return dict(x, token_ids=x["token_ids"][:n], segment_ids=x["segment_ids"][:n])
 
-    ds = ds.batch(256).map(plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.unbatch().map(plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.batch(256).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.unbatch().map(unpad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],
@@ -119,7 +114,7 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
                     "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
         return features, batch["label"], batch["index"]
 
-    return ds.map(plain(to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return ds.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 
@@ -139,7 +134,7 @@ def _encoder(tokenizer, max_seq_length, pairs):
     if key not in fns:
         ref = weakref.ref(tokenizer)
         fns[key] = tf.function(lambda a, b: encode(ref(), a, b, max_seq_length, pairs),
-                               input_signature=[tf.TensorSpec([None], tf.string)] * 2, autograph=False)
+                               input_signature=[tf.TensorSpec([None], tf.string)] * 2)
     return fns[key]
 
 
@@ -193,4 +188,4 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
         features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
         return features, label, index
 
-    return tf.data.Dataset.from_tensor_slices(batches).map(plain(to_model_inputs)).prefetch(tf.data.AUTOTUNE)
+    return tf.data.Dataset.from_tensor_slices(batches).map(to_model_inputs).prefetch(tf.data.AUTOTUNE)

@@ -109,7 +109,7 @@ def _unscale_factor(squares, inv_scale, clipnorm):
     return factor
 
 
-@tf.function(jit_compile=True, autograph=False)
+@tf.function(jit_compile=True)
 def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, clipnorm, weight_decay,
                    beta_1, beta_2, epsilon):
     """One device's AdamW step over all its variables -> whether the gradients were finite.
@@ -135,7 +135,7 @@ def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, 
     return finite
 
 
-@tf.function(jit_compile=True, autograph=False)
+@tf.function(jit_compile=True)
 def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, clipnorm, weight_decay,
                   beta_1, beta_2, epsilon):
     """One device's LAMB step over all its variables (Keras' Lamb, after its decoupled decay) -> finite."""

@@ -148,14 +148,11 @@ class Trainer:
                                       (features, labels))
         loss, stats, grads = self._grads_fn(*tf.nest.map_structure(lambda t: t[0], micro))
         present = [i for i, g in enumerate(grads) if g is not None]  # loop variables cannot be None
-
-        def add(i, loss, stats, acc):
-            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))
-            return i + 1, loss + l_i, tf.nest.map_structure(tf.add, stats, s_i), [a + g_i[j] for a, j in
-                                                                                   zip(acc, present)]
-
-        _, loss, stats, acc = tf.while_loop(lambda i, *_: i < k, add,
-                                            (tf.constant(1), loss, stats, [grads[i] for i in present]))
+        acc = [grads[i] for i in present]
+        for i in tf.range(1, k):
+            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))  # noqa: B023
+            loss, stats = loss + l_i, tf.nest.map_structure(tf.add, stats, s_i)
+            acc = [a + g_i[j] for a, j in zip(acc, present)]
         grads = [None] * len(grads)
         for j, a in zip(present, acc):
             grads[j] = a / k
@@ -189,9 +186,8 @@ class Trainer:
                 mean = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None)  # noqa: E731
                 return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
-            self._train_fn = (tf.function(step, input_signature=[self.input_spec], autograph=False)
-                              if self.input_spec is not None
-                              else tf.function(step, reduce_retracing=True, autograph=False))
+            self._train_fn = (tf.function(step, input_signature=[self.input_spec]) if self.input_spec is not None
+                              else tf.function(step, reduce_retracing=True))
         return self._train_fn
 
     def step_graph(self, element_spec):
@@ -249,7 +245,7 @@ class Trainer:
 
         if self._probe_fn is None:
             self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
-                                         reduce_retracing=True, autograph=False)
+                                         reduce_retracing=True)
         return self._probe_fn(batch)
 
     @property
@@ -286,7 +282,7 @@ class Trainer:
                 total = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
                 return tf.nest.map_structure(total, sums), total(n)
 
-            self._eval_fn = tf.function(step, reduce_retracing=True, autograph=False)
+            self._eval_fn = tf.function(step, reduce_retracing=True)
         totals, count, batches = {}, 0.0, 0
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once
             for batch in distribute.distribute_dataset(self.strategy, dataset):
@@ -312,7 +308,7 @@ class Trainer:
                 gather = lambda v: self.strategy.gather(v, axis=0)  # noqa: E731
                 return gather(logits), gather(labels), gather(index)
 
-            self._predict_fn = tf.function(step, reduce_retracing=True, autograph=False)
+            self._predict_fn = tf.function(step, reduce_retracing=True)
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
             parts = []
             for batch in dist:

@@ -118,7 +118,7 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
         run_file = json.load(f)
     assert run_file["global_step"] == 20 and run_file["settings"]["gradient_accumulation_steps"] == 2
     assert run(*common(data, google_release, out, "--do_train", "--gradient_accumulation_steps=0"),
-               check=False).stderr.strip().endswith("--gradient_accumulation_steps=0: expected 1 or more")
+               check=False).stderr.strip().endswith("--gradient_accumulation_steps=0: must be at least 1")
 
 
 def test_dry_run_prints_the_plan():
