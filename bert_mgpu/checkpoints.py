@@ -259,14 +259,8 @@ def _tf_prefixes(path):
         named = list(reversed(state.all_model_checkpoint_paths or [])) or [state.model_checkpoint_path]
         if state.model_checkpoint_path not in named:
             named.insert(0, state.model_checkpoint_path)
-        return [_inside(p, path) for p in named if storage.exists(_inside(p, path) + ".index")]
+        return [p for p in (_inside(p, path) for p in named) if storage.exists(p + ".index")]
     return [p[: -len(".index")] for p in sorted(storage.glob(os.path.join(path, "*.ckpt.index")))]
-
-
-def _find_tf_prefix(path):
-    """A checkpoint prefix for `path` (a prefix itself, or a directory holding one), else None."""
-    found = _tf_prefixes(path)
-    return found[0] if found else None
 
 
 def _read_newest(prefixes, only):
@@ -336,7 +330,7 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
         return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower)
 
-    prefix = _find_tf_prefix(path)
+    prefix = next(iter(_tf_prefixes(path)), None)
     if prefix is not None:
         config = BertConfig.from_json_file(
             bert_config_file or _need(os.path.join(directory, "bert_config.json"), "bert_config.json"))
