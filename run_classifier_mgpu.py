@@ -11,7 +11,7 @@ import time
 
 from absl import app, flags
 
-from bert_mgpu.cli import define_reliability_flags, define_tower_flags
+from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -73,6 +73,7 @@ flags.DEFINE_alias("eval_strategy", "evaluation_strategy")  # Hugging Face's new
 flags.DEFINE_alias("eval_steps", "eval_every_steps")
 # reliability (shared with the other script)
 define_reliability_flags("Train with the largest per-tower batch that fits")
+define_export_flags()
 flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "
                   "line, or replace it by U+FFFD and count the lines.")
 
@@ -95,8 +96,15 @@ def run():
         print(plan.describe())
         print(f"precision: {policy} ({why})")
         return
-    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
-        raise bert_mgpu.UserError("at least one of --do_train, --do_eval or --do_predict must be true")
+    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict or FLAGS.do_export):
+        raise bert_mgpu.UserError("at least one of --do_train, --do_eval, --do_predict or --do_export must be true")
+    exports = cli.export_targets(FLAGS.output_dir)
+    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):  # export alone: no data, no towers
+        source = FLAGS.init_checkpoint or FLAGS.output_dir
+        if not source:
+            raise bert_mgpu.UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
+        cli.run_exports(source, exports)
+        return
     for name in ("task_name", "data_dir", "output_dir"):
         if not getattr(FLAGS, name):
             raise bert_mgpu.UserError(f"--{name} is required")
@@ -167,6 +175,7 @@ def run():
                      outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids))
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:
+        cli.run_exports(clf, exports, [e.text_a for e in (dev or test or [])[:64]])
         if FLAGS.do_eval and clf.confusion is not None:
             outputs.draw("write_confusion", FLAGS.output_dir, clf.confusion, clf.labels)
         if FLAGS.do_train:

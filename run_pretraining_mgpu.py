@@ -19,7 +19,7 @@ import os
 
 from absl import app, flags
 
-from bert_mgpu.cli import define_reliability_flags, define_tower_flags
+from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -80,6 +80,7 @@ flags.DEFINE_alias("log_every", "log_every_steps")  # the name this script had f
 flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, masks, dropout).")
 # reliability (shared with the other script)
 define_reliability_flags("Micro-batch: the largest per tower that fits and divides --train_batch_size")
+define_export_flags()
 
 
 def _data(files, tokenizer):
@@ -145,8 +146,15 @@ def run():
               f"{FLAGS.train_batch_size} = {plan.job_towers} towers x {micro} x "
               f"{FLAGS.train_batch_size / (plan.job_towers * micro):g} accumulation steps")
         return
-    if not (FLAGS.do_train or FLAGS.do_eval):
-        raise UserError("at least one of --do_train or --do_eval must be true")
+    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_export):
+        raise UserError("at least one of --do_train, --do_eval or --do_export must be true")
+    exports = cli.export_targets(FLAGS.output_dir)
+    if not (FLAGS.do_train or FLAGS.do_eval):  # export alone: the model in --init_checkpoint or --output_dir
+        source = FLAGS.init_checkpoint or FLAGS.output_dir
+        if not source:
+            raise UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
+        cli.run_exports(source, exports)
+        return
     for name in ("input_file", "output_dir"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
@@ -214,6 +222,10 @@ def run():
             path = pre.write_eval_results(FLAGS.output_dir, results, step)
             print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
     if towers.is_chief:
+        if exports:
+            from bert_mgpu.export import from_pretrainer
+
+            cli.run_exports(from_pretrainer(pre, FLAGS.max_seq_length), exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
         logged = [r for r in pre.history if "examples_per_second" in r]

@@ -14,7 +14,7 @@ _HOMES = {"BertClassifier": "classifier", "BertConfig": "config", "DevicePlan": 
           "plan_devices": "devices", "make_strategy": "distribute", "UserError": "errors",
           "BertPretrainer": "pretraining", "Budget": "pretraining", "Validation": "pretraining",
           "PretrainingData": "pretraining_input", "Example": "tasks", "get_task": "tasks",
-          "FullTokenizer": "tokenization"}
+          "FullTokenizer": "tokenization", "export_model": "export"}
 __all__ = sorted(_HOMES)
 
 

@@ -112,19 +112,41 @@ def assign_encoder(backbone, weights, source):
 
 # ---------------------------------------------------------------- Hugging Face (safetensors only)
 
+# Hugging Face head tensors kept in Google's layout, by their Google names (None: not stored by Google).
+_HF_HEADS = {
+    "cls.predictions.bias": ("cls/predictions/output_bias", False),
+    "cls.seq_relationship.weight": ("cls/seq_relationship/output_weights", False),
+    "cls.seq_relationship.bias": ("cls/seq_relationship/output_bias", False),
+    "cls.predictions.decoder.weight": (None, False),  # tied to the word embeddings
+    "cls.predictions.decoder.bias": (None, False),
+    # BertForSequenceClassification's head is google-bert run_classifier's: [labels, hidden] both ways.
+    "classifier.weight": ("output_weights", False),
+    "classifier.bias": ("output_bias", False),
+}
+
+
+def google_to_hf_name(name):
+    """`bert/encoder/layer_0/attention/self/query/kernel` -> (`bert.encoder.layer.0....weight`, transpose?)."""
+    for hf, (google, transpose) in _HF_HEADS.items():
+        if google == name:
+            return hf, transpose
+    parts = name.split("/")
+    leaf, scope = parts[-1], parts[:-1]
+    transpose = leaf == "kernel"
+    if leaf.endswith("_embeddings"):
+        scope, leaf = parts, "weight"
+    else:
+        leaf = {"kernel": "weight", "gamma": "weight", "beta": "bias"}.get(leaf, leaf)
+    hf = ".".join(scope + [leaf])
+    return re.sub(r"layer_(\d+)\.", r"layer.\1.", hf), transpose
+
+
 def hf_to_google_name(name):
     """`bert.encoder.layer.0.attention.self.query.weight` -> (`bert/encoder/layer_0/.../kernel`, transpose?)."""
     if name.endswith("position_ids"):
         return None, False
-    heads = {
-        "cls.predictions.bias": ("cls/predictions/output_bias", False),
-        "cls.seq_relationship.weight": ("cls/seq_relationship/output_weights", False),
-        "cls.seq_relationship.bias": ("cls/seq_relationship/output_bias", False),
-        "cls.predictions.decoder.weight": (None, False),  # tied to the word embeddings
-        "cls.predictions.decoder.bias": (None, False),
-    }
-    if name in heads:
-        return heads[name]
+    if name in _HF_HEADS:
+        return _HF_HEADS[name]
     n = name[len("bert."):] if name.startswith("bert.") else name
     n = re.sub(r"layer\.(\d+)\.", r"layer_\1.", n)
     parts = n.split(".")
@@ -210,7 +232,7 @@ def write_google_checkpoint(weights, prefix):
         saver = tf.compat.v1.train.Saver(variables)
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer(), feeds)
-            saver.save(sess, prefix, write_meta_graph=False)
+            saver.save(sess, prefix, write_meta_graph=False, write_state=False)  # as Google ships it
     return prefix
 
 
@@ -228,6 +250,8 @@ class Pretrained:
     do_lower_case: bool = None  # None where the checkpoint does not say
     run: dict = None  # bert_mgpu's own run metadata (labels, max_seq_length, ...)
     ckpt_prefix: str = None  # bert_mgpu checkpoint prefix, to restore head and optimizer
+    labels: list = None  # the classifier head's labels, where the checkpoint names them
+    task_type: str = None  # "classification" or "regression", where the checkpoint says
 
 
 def _need(path, what):
@@ -328,16 +352,37 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         if storage.exists(tok_cfg):
             lower = storage.read_json(tok_cfg).get("do_lower_case")
         vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
-        return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower)
+        return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower,
+                          **_head_facts(cfg))
 
+    from bert_mgpu import serving
+
+    if storage.isdir(path) and serving.is_saved_model(path):
+        return serving.read_saved_model(path)
     prefix = next(iter(_tf_prefixes(path)), None)
     if prefix is not None:
-        config = BertConfig.from_json_file(
-            bert_config_file or _need(os.path.join(directory, "bert_config.json"), "bert_config.json"))
+        config_file = bert_config_file or _need(os.path.join(directory, "bert_config.json"), "bert_config.json")
+        config = BertConfig.from_json_file(config_file)
         vocab = vocab_file or _need(os.path.join(directory, "vocab.txt"), "vocab.txt")
-        return Pretrained("google", prefix, config, vocab, read_tf_checkpoint(prefix))
+        facts = storage.read_json(config_file)  # bert_mgpu's exports add the head's labels (see _head_facts)
+        return Pretrained("google", prefix, config, vocab, read_tf_checkpoint(prefix), facts.get("do_lower_case"),
+                          **_head_facts(facts))
     raise UserError(f"{path}: not a Google checkpoint, a Hugging Face or keras-hub directory, "
                     "or a bert_mgpu output directory")
+
+
+def _head_facts(config):
+    """The classifier head's labels and task type from a config's Hugging Face keys (`id2label`,
+    `problem_type`), which bert_mgpu's Google exports write too; None where it has none."""
+    id2label = config.get("id2label")
+    regression = config.get("problem_type") == "regression"
+    labels = None
+    if isinstance(id2label, dict) and not regression:
+        try:
+            labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
+        except ValueError:
+            labels = None
+    return {"labels": labels, "task_type": "regression" if regression else None}
 
 
 def _load_keras_hub(path):
@@ -359,7 +404,19 @@ def _load_keras_hub(path):
     tok = os.path.join(path, "tokenizer.json")
     if storage.exists(tok):
         lower = storage.read_json(tok).get("config", {}).get("lowercase")
-    return Pretrained("keras_hub", path, config, vocab, encoder_weights(backbone), lower)
+    weights = encoder_weights(backbone)
+    task = os.path.join(path, "task.json")
+    if storage.exists(task) and "BertTextClassifier" in str(storage.read_json(task).get("class_name", "")):
+        try:
+            head = keras_hub.models.BertTextClassifier.from_preset(path).output_dense
+        except Exception as e:  # as above
+            raise UserError(f"{path}: its BertTextClassifier does not load ({e})") from None
+        weights["output_weights"] = np.asarray(head.kernel.numpy(), np.float32).T
+        weights["output_bias"] = np.asarray(head.bias.numpy(), np.float32)
+    meta = os.path.join(path, "metadata.json")
+    facts = (storage.read_json(meta).get("bert_mgpu") or {}) if storage.exists(meta) else {}
+    return Pretrained("keras_hub", path, config, vocab, weights, lower, labels=facts.get("labels") or None,
+                      task_type=facts.get("task_type"))
 
 
 def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):

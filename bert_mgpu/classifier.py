@@ -44,6 +44,16 @@ def examples_digest(examples):
     return h.hexdigest()
 
 
+def _head_fits(weights, head):
+    kernel, bias = weights.get("output_weights"), weights.get("output_bias")
+    return kernel is not None and bias is not None and tuple(kernel.T.shape) == tuple(head.kernel.shape) \
+        and tuple(bias.shape) == tuple(head.bias.shape)
+
+
+# GLUE's pair tasks: what a run directory written before bert_mgpu recorded `pairs` was trained on.
+PAIR_TASKS = ("mrpc", "mnli", "xnli", "qqp", "qnli", "rte", "wnli", "sts-b")
+
+
 class BertClassifier:
     """A BERT sentence (or sentence-pair) classifier trained on every tower: google-bert's run_classifier.
 
@@ -75,6 +85,7 @@ class BertClassifier:
         self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
         self.fused_encoder, self.task_type = fused_encoder, task_type
+        self.pairs = task in PAIR_TASKS  # whether it reads sentence pairs: what its training data had
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
@@ -100,10 +111,10 @@ class BertClassifier:
         towers = towers or Towers()
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         run = pre.run or {}
-        task_type = task_type or run.get("task_type") or "classification"
+        task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         if task_type not in ("classification", "regression"):
             raise UserError(f"--task_type={task_type}: expected classification or regression")
-        labels = [] if task_type == "regression" else list(labels or run.get("labels") or [])
+        labels = [] if task_type == "regression" else list(labels or run.get("labels") or pre.labels or [])
         if not labels and task_type == "classification":
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
         if do_lower_case is None:
@@ -129,12 +140,18 @@ class BertClassifier:
                 run.get("task_type", "classification") == task_type:
             checkpoints.restore_head(model, pre.ckpt_prefix)
             log.info("classifier head restored from %s", pre.ckpt_prefix)
+        elif pre.kind != "bert_mgpu" and _head_fits(pre.weights, model.head):
+            # As google-bert's run_classifier and transformers do: a head of the right shape is loaded.
+            model.head.kernel.assign(pre.weights["output_weights"].T)
+            model.head.bias.assign(pre.weights["output_bias"])
+            log.info("classifier head loaded from %s", init_checkpoint)
         else:
             log.info("%s head (%s) is freshly initialized", task_type,
                      f"{len(labels)} labels" if labels else "one score")
         clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task, fused_encoder, task_type)
         own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
         clf.global_step = int(run.get("global_step", 0)) if own else 0
+        clf.pairs = bool(run.get("pairs", clf.pairs))
         return clf
 
     # ------------------------------------------------------------------ training
@@ -167,6 +184,7 @@ class BertClassifier:
         `loss`, `learning_rate`, ...) and the evaluations' (`eval_step`, `eval_loss`, `eval_accuracy`, ...).
         """
         examples, dev = as_examples(examples), (None if dev is None else as_examples(dev))
+        self.pairs = any(e.text_b is not None for e in examples)
         accum = int(gradient_accumulation_steps)
         if accum < 1:
             raise UserError(f"--gradient_accumulation_steps={accum}: expected 1 or more")
@@ -300,11 +318,22 @@ class BertClassifier:
 
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
-        run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels,
+        run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels, "pairs": self.pairs,
                "do_lower_case": self.tokenizer.do_lower_case,
                "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
                "settings": self.settings}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
+
+    def export(self, output_dir: str, format: str = "saved_model", precision: str = "float32",
+               allow_approximate: bool = False, texts: Sequence[str] | None = None) -> str:
+        """Write the model as it is now to the new directory output_dir: "saved_model" (TensorFlow Serving,
+        raw text in), "hf" (transformers' BertForSequenceClassification), "google" (google-bert's
+        bert_model.ckpt) or "keras_hub" (a BertTextClassifier preset; see `export.write_keras_hub` for
+        `allow_approximate` and `texts`). Each reads back through `from_pretrained`."""
+        from bert_mgpu import export
+
+        trained = export.from_classifier(self)
+        return export.export_model(trained, output_dir, format, precision, allow_approximate, texts)
 
     # ------------------------------------------------------------------ inference
     def _logits(self, examples, batch_size, source, verbose="auto"):

@@ -10,6 +10,8 @@ import tempfile
 
 from absl import flags
 
+FLAGS = flags.FLAGS
+
 
 def main_wrapper(run):
     """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`."""
@@ -33,7 +35,8 @@ def main_wrapper(run):
 
 # What TensorFlow's C++ side prints while it loads on a machine without CUDA, before any log level applies.
 START_NOISE = ("All log messages before absl::InitializeLog()", "cudart_stub.cc", "cpu_feature_guard.cc",
-               "To enable the following instructions", "Unable to register cu", "computation_placer.cc")
+               "To enable the following instructions", "Unable to register cu", "computation_placer.cc",
+               "oneDNN custom operations are on")
 
 
 def start_tensorflow_quietly(environ=None):
@@ -85,6 +88,54 @@ def define_reliability_flags(auto_batch_help):
                          "(required on CPU: all towers together; on GPU: per tower).")
 
 
+def define_export_flags():
+    """--do_export and its settings, the same in both scripts (README: "Serving and export")."""
+    flags.DEFINE_bool("do_export", False, "Export the trained model (after training, or alone: the model in "
+                      "--init_checkpoint or --output_dir).")
+    flags.DEFINE_string("export_dir", None, "Exports go to EXPORT_DIR/FORMAT, each a new directory (default: "
+                        "OUTPUT_DIR/export).")
+    flags.DEFINE_list("export_format", ["saved_model"], "saved_model (TensorFlow Serving, raw text in), hf "
+                      "(transformers), google (google-bert's bert_model.ckpt), keras_hub; comma-separated.")
+    flags.DEFINE_enum("export_precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
+                      "saved_model: the precision the served graph computes in.")
+    flags.DEFINE_bool("allow_approximate_export", False, "keras_hub: write it even where keras-hub's BERT "
+                      "computes other outputs (tanh-GELU, NFKC lower-casing); the difference is logged.")
+
+
+def export_targets(output_dir):
+    """[(format, directory)] the export flags ask for; checked before any training, so a long run cannot
+    end in an export that was never possible."""
+    import os
+
+    from bert_mgpu import storage
+    from bert_mgpu.errors import UserError
+    from bert_mgpu.export import FORMATS
+
+    if not FLAGS.do_export:
+        return []
+    base = FLAGS.export_dir or (output_dir and os.path.join(output_dir, "export"))
+    if not base:
+        raise UserError("--do_export needs --export_dir or --output_dir")
+    targets = []
+    for fmt in FLAGS.export_format:
+        if fmt not in FORMATS:
+            raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
+        target = os.path.join(base, fmt)
+        if storage.exists(target) and (not storage.isdir(target) or storage.glob(os.path.join(target, "*"))):
+            raise UserError(f"{target}: exists and is not empty; remove it or give another --export_dir")
+        targets.append((fmt, target))
+    return targets
+
+
+def run_exports(source, targets, texts=None):
+    """Export `source` (a model in memory or a directory) to each target; prints where each went."""
+    from bert_mgpu.export import export_model
+
+    for fmt, target in targets:
+        export_model(source, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts)
+        print(f"export: {fmt} -> {target}")
+
+
 def define_tower_flags():
     """Where the towers run and in what precision: the same flags in both scripts (README: "Flags")."""
     flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
@@ -116,7 +167,7 @@ def check_numbers(at_least=None, positive=(), fraction=()):
 
     from bert_mgpu.errors import UserError
 
-    f = flags.FLAGS
+    f = FLAGS
     for name, low in (at_least or {}).items():
         if getattr(f, name) is not None and getattr(f, name) < low:
             raise UserError(f"--{name}={getattr(f, name)}: must be at least {low}")
@@ -134,7 +185,7 @@ def plan_from_flags(per_tower_batch):
     """The device plan the tower flags ask for (listing GPUs does not start TensorFlow's runtime)."""
     from bert_mgpu import devices
 
-    f = flags.FLAGS
+    f = FLAGS
     visible = devices.discover_visible_gpus() if f.n_gpus else ()
     job = cluster_from_flags()
     return devices.plan_devices(f.n_gpus, f.towers_per_gpu, per_tower_batch, visible, job.workers if job else 1)
@@ -144,7 +195,7 @@ def cluster_from_flags():
     """The multi-worker cluster the flags name (--worker_hosts/--task_index, --multi_worker), or None."""
     from bert_mgpu.cluster import find_cluster
 
-    f = flags.FLAGS
+    f = FLAGS
     return find_cluster(f.worker_hosts, f.task_index, f.multi_worker)
 
 
@@ -152,5 +203,5 @@ def towers_from_flags(plan):
     """`Towers` for a plan from `plan_from_flags`: devices configured, strategy made."""
     from bert_mgpu.devices import Towers
 
-    f = flags.FLAGS
+    f = FLAGS
     return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster_from_flags())

@@ -358,6 +358,16 @@ class BertPretrainer:
         return write_eval_results(output_dir, {**results, "global_step": global_step})
 
     # ------------------------------------------------------------------ outputs
+    def export(self, output_dir: str, format: str = "saved_model", max_seq_length: int = 128,
+               precision: str = "float32", allow_approximate: bool = False) -> str:
+        """Write the encoder and heads as they are now to the new directory output_dir: "saved_model" (raw
+        text in, the encoder's outputs out), "hf" (BertForPreTraining, or BertForMaskedLM without NSP),
+        "google" (`cls/...` heads) or "keras_hub" (BertBackbone and tokenizer). See `bert_mgpu.export`."""
+        from bert_mgpu import export
+
+        return export.export_model(export.from_pretrainer(self, max_seq_length), output_dir, format, precision,
+                             allow_approximate)
+
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
         """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads
         (run_dir.save_model_dir). Every worker of several must call it; only the chief's copy is kept."""

@@ -107,6 +107,20 @@ def test_hf_names_map_to_google_names():
     assert f("embeddings.position_ids") == (None, False)
 
 
+def test_google_names_map_back_to_every_hf_name(minilm_dir):
+    """`google_to_hf_name` inverts `hf_to_google_name` on a real checkpoint's every tensor, heads included."""
+    from safetensors import safe_open
+
+    with safe_open(f"{minilm_dir}/model.safetensors", "np") as f:
+        names = [n for n in f.keys() if not n.endswith("position_ids")]
+    names += ["cls.predictions.transform.dense.weight", "cls.predictions.transform.LayerNorm.bias",
+              "cls.predictions.bias", "cls.seq_relationship.weight", "classifier.weight", "classifier.bias"]
+    for name in names:
+        google, transpose = checkpoints.hf_to_google_name(name)
+        hf = name if name.startswith(("bert.", "cls.", "classifier.")) else "bert." + name
+        assert checkpoints.google_to_hf_name(google) == (hf, transpose), name
+
+
 def test_pickle_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "bert", "vocab_size": 10}')
     (tmp_path / "pytorch_model.bin").write_bytes(b"\x80\x04not really")

@@ -1,0 +1,300 @@
+"""Export a trained model: SavedModel for serving, Hugging Face, Google TF1 release, keras-hub preset.
+
+Every format is written from one `Trained`: the config, the vocabulary and the weights under Google's
+names and layouts (the classifier head as google-bert's `output_weights` [labels, hidden] and
+`output_bias`, pretraining heads as `cls/...`), the form `checkpoints` reads every format into. Each
+export is built in a temporary directory and moved into place whole; an existing non-empty directory is
+never written into. Each format reads back through `--init_checkpoint` to the same predictions.
+
+Example:
+    bert_mgpu.export_model("out", "out/export/hf", format="hf")   # a run directory, or clf.export(...)
+"""
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+
+from bert_mgpu import checkpoints, storage
+from bert_mgpu.config import BertConfig
+from bert_mgpu.errors import UserError
+
+log = logging.getLogger("bert_mgpu")
+FORMATS = ("saved_model", "hf", "google", "keras_hub")
+# Texts the keras-hub export is compared on, besides any the caller gives.
+PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
+               "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
+               "tabs\tand  double  spaces", "x")
+
+
+@dataclasses.dataclass
+class Trained:
+    """What every export writes.
+
+    Args:
+        kind: "classifier" (a head over the pooled output) or "pretrainer" (the encoder and any
+            pretraining heads).
+        config: the `BertConfig`.
+        vocab_file: its `vocab.txt`.
+        do_lower_case: the tokenizer's setting.
+        weights: {Google name: float32 array}, Google's shapes.
+        labels: the classifier's labels in logit order (empty for a regression or a pretrainer).
+        task_type: "classification" or "regression".
+        max_seq_length: what the serving graph truncates to.
+        pairs: whether the classifier reads sentence pairs.
+    """
+
+    kind: str
+    config: BertConfig
+    vocab_file: str
+    do_lower_case: bool
+    weights: dict
+    labels: list = dataclasses.field(default_factory=list)
+    task_type: str = "classification"
+    max_seq_length: int = 128
+    pairs: bool = False
+
+
+def from_classifier(clf):
+    """A `BertClassifier`'s weights as they are now."""
+    weights = checkpoints.encoder_weights(clf.model.backbone)
+    weights["output_weights"] = np.asarray(clf.model.head.kernel.numpy(), np.float32).T
+    weights["output_bias"] = np.asarray(clf.model.head.bias.numpy(), np.float32)
+    return Trained("classifier", clf.config, clf.tokenizer.vocab_file, clf.tokenizer.do_lower_case, weights,
+                   list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)))
+
+
+def from_pretrainer(pretrainer, max_seq_length=128):
+    """A `BertPretrainer`'s encoder and heads as they are now."""
+    from bert_mgpu.pretraining_model import head_weights
+
+    weights = {**checkpoints.encoder_weights(pretrainer.model.backbone), **head_weights(pretrainer.model)}
+    return Trained("pretrainer", pretrainer.config, pretrainer.tokenizer.vocab_file,
+                   pretrainer.tokenizer.do_lower_case, weights, max_seq_length=max_seq_length)
+
+
+def read_trained(path):
+    """Any model `--init_checkpoint` reads (a bert_mgpu run directory above all) as a `Trained`."""
+    pre = checkpoints.load_pretrained(path)
+    run = pre.run or {}
+    classifier = run.get("kind", "classifier") == "classifier" if pre.kind == "bert_mgpu" \
+        else "output_weights" in pre.weights
+    if pre.kind == "bert_mgpu" and classifier:
+        head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
+        kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
+        bias = [v for k, v in head.items() if k.startswith("head/bias")]
+        if not (kernel and bias):
+            raise UserError(f"{path}: holds no trained classifier head")
+        pre.weights.update(output_weights=kernel[0].T, output_bias=bias[0])
+    task_type = run.get("task_type") or pre.task_type or "classification"
+    labels = list(run.get("labels") or pre.labels or [])
+    if classifier and not labels and task_type == "classification":
+        labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
+    lower = True if pre.do_lower_case is None else bool(pre.do_lower_case)
+    settings = run.get("settings") or {}
+    return Trained("classifier" if classifier else "pretrainer", pre.config, pre.vocab_file, lower, pre.weights,
+                   labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
+                   bool(run.get("pairs", False)))
+
+
+def export_model(source, output_dir, format="saved_model", precision="float32", allow_approximate=False,
+           texts=None):
+    """Write `source` (a `Trained`, a classifier, a pretrainer or a directory any reader takes) to the new
+    directory `output_dir` in `format`; returns output_dir.
+
+    precision: the SavedModel's compute dtype policy (float32, mixed_bfloat16, mixed_float16).
+    allow_approximate / texts: see `write_keras_hub`.
+    """
+    if format not in FORMATS:
+        raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
+    if storage.exists(output_dir) and (not storage.isdir(output_dir) or storage.glob(os.path.join(output_dir, "*"))):
+        raise UserError(f"{output_dir}: exists and is not empty; export into a new directory")
+    trained = _as_trained(source)
+    if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
+        raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
+                        "express (its BERT is post-LN); export it as saved_model")
+    if format == "saved_model":
+        from bert_mgpu.serving import write_saved_model
+
+        write_saved_model(trained, output_dir, precision)
+    else:
+        writer = {"hf": write_hf, "google": write_google, "keras_hub": write_keras_hub}[format]
+        tmp = storage.temporary_dir_for(output_dir)
+        storage.remove(tmp)
+        storage.makedirs(tmp)
+        try:
+            extra = {"allow_approximate": allow_approximate, "texts": texts} if format == "keras_hub" else {}
+            writer(trained, tmp, **extra)
+        except BaseException:
+            storage.remove(tmp)
+            raise
+        storage.replace_dir(tmp, output_dir)
+    log.info("exported %s (%s) to %s", trained.kind, format, output_dir)
+    return output_dir
+
+
+def _as_trained(source):
+    if isinstance(source, Trained):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return read_trained(str(source))
+    if hasattr(source, "labels") and hasattr(source, "task_type"):
+        return from_classifier(source)
+    return from_pretrainer(source)
+
+
+def _labels_config(trained):
+    """The head's labels as Hugging Face writes them (google-bert's readers ignore the extra keys)."""
+    if trained.kind != "classifier":
+        return {}
+    if trained.task_type == "regression":
+        return {"problem_type": "regression", "id2label": {"0": "score"}, "label2id": {"score": 0}}
+    return {"problem_type": "single_label_classification",
+            "id2label": {str(i): label for i, label in enumerate(trained.labels)},
+            "label2id": {label: i for i, label in enumerate(trained.labels)}}
+
+
+def _copy_vocab(trained, directory, name="vocab.txt"):
+    storage.write_atomic(os.path.join(directory, name), storage.read_bytes(trained.vocab_file))
+
+
+# ---------------------------------------------------------------- Google TF1 release
+
+def write_google(trained, directory):
+    """`bert_model.ckpt.*` under google-bert's names, `bert_config.json`, `vocab.txt`."""
+    config = {**trained.config.to_dict(), **_labels_config(trained), "do_lower_case": trained.do_lower_case}
+    config.pop("encoder_ln_mode")  # post-LN, google-bert's only kind
+    storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config, indent=2) + "\n")
+    _copy_vocab(trained, directory)
+    checkpoints.write_google_checkpoint(trained.weights, os.path.join(directory, "bert_model.ckpt"))
+
+
+# ---------------------------------------------------------------- Hugging Face
+
+def write_hf(trained, directory):
+    """config.json, model.safetensors, vocab.txt and the tokenizer's files, as transformers saves
+    `BertForSequenceClassification` (a classifier), `BertForPreTraining` (masked-LM and next-sentence
+    heads) or `BertForMaskedLM`."""
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for name, value in trained.weights.items():
+        hf, transpose = checkpoints.google_to_hf_name(name)
+        tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
+    if trained.kind == "classifier":
+        architecture = "BertForSequenceClassification"
+    elif "cls/seq_relationship/output_weights" in trained.weights:
+        architecture = "BertForPreTraining"
+    elif "cls/predictions/output_bias" in trained.weights:
+        architecture = "BertForMaskedLM"
+    else:
+        architecture = "BertModel"
+        tensors = {k[len("bert."):]: v for k, v in tensors.items()}  # BertModel's own names have no prefix
+    c = trained.config
+    config = {"architectures": [architecture], "model_type": "bert", **c.to_dict(), "layer_norm_eps": 1e-12,
+              "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True,
+              **_labels_config(trained)}
+    config.pop("encoder_ln_mode")
+    storage.write_atomic(os.path.join(directory, "config.json"), json.dumps(config, indent=2) + "\n")
+    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    _copy_vocab(trained, directory)
+    tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": trained.do_lower_case,
+                 "strip_accents": None, "tokenize_chinese_chars": True, "model_max_length": c.max_position_embeddings,
+                 "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                 "mask_token": "[MASK]"}
+    storage.write_atomic(os.path.join(directory, "tokenizer_config.json"), json.dumps(tokenizer, indent=2) + "\n")
+    specials = {k: v for k, v in tokenizer.items() if k.endswith("_token")}
+    storage.write_atomic(os.path.join(directory, "special_tokens_map.json"), json.dumps(specials, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- keras-hub
+
+def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
+    """A keras-hub preset: `BertTextClassifier` (with its preprocessor) for a classifier, `BertBackbone`
+    and `BertTokenizer` otherwise (keras-hub has no BERT pretraining heads; they are left out).
+
+    keras-hub's BERT computes tanh-GELU and lower-cases by NFKC case folding; a model trained with exact
+    GELU, or on text where the two lower-casings differ, gives other outputs there. The preset is loaded
+    back and compared on PROBE_TEXTS and `texts`; where the outputs differ by more than 1e-4 the export is
+    refused with the measured difference unless `allow_approximate`.
+    """
+    import keras_hub
+
+    from bert_mgpu.tokenization import read_vocab
+
+    c = trained.config
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=c.vocab_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
+        hidden_dim=c.hidden_size, intermediate_dim=c.intermediate_size, dropout=c.hidden_dropout_prob,
+        max_sequence_length=c.max_position_embeddings, num_segments=c.type_vocab_size)
+    checkpoints.assign_encoder(backbone, trained.weights, "export")
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=read_vocab(trained.vocab_file),
+                                               lowercase=trained.do_lower_case)
+    classifier = trained.kind == "classifier"
+    if classifier:
+        preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer,
+                                                                       sequence_length=trained.max_seq_length)
+        task = keras_hub.models.BertTextClassifier(backbone, num_classes=max(len(trained.labels), 1),
+                                                   preprocessor=preprocessor, dropout=c.hidden_dropout_prob)
+        head = task.output_dense
+        head.kernel.assign(trained.weights["output_weights"].T)
+        head.bias.assign(trained.weights["output_bias"])
+        task.save_to_preset(directory)
+        # keras-hub's classifier has no label names; its metadata.json (written, never read by keras-hub)
+        # carries them for `--init_checkpoint`.
+        meta = os.path.join(directory, "metadata.json")
+        facts = {"labels": trained.labels, "task_type": trained.task_type, "max_seq_length": trained.max_seq_length}
+        storage.write_atomic(meta, json.dumps({**storage.read_json(meta), "bert_mgpu": facts}, indent=4) + "\n")
+    else:
+        backbone.save_to_preset(directory)
+        tokenizer.save_to_preset(directory)
+    difference = _keras_hub_difference(trained, directory, list(PROBE_TEXTS) + list(texts or []))
+    exact = c.hidden_act in ("gelu_new", "gelu_pytorch_tanh")
+    if difference > 1e-4 and not allow_approximate:
+        why = "tanh-GELU where this model has exact GELU" if not exact else "NFKC lower-casing"
+        raise UserError(f"--export_format=keras_hub: keras-hub's BERT computes {why}; its outputs differ from "
+                        f"this model's by up to {difference:.2g} on {len(PROBE_TEXTS) + len(texts or [])} texts. "
+                        "Pass --allow_approximate_export to write it anyway")
+    if difference > 1e-4:
+        log.warning("keras-hub export: outputs differ from this model's by up to %.2g", difference)
+
+
+def _keras_hub_difference(trained, directory, texts):
+    """Largest |difference| between this model's outputs and the preset's (loaded back from `directory`):
+    probabilities (scores for a regression) of a classifier, the pooled output of an encoder."""
+    import keras_hub
+    import tensorflow as tf
+
+    from bert_mgpu.input_pipeline import encode
+    from bert_mgpu.modeling import build_backbone, build_classifier
+    from bert_mgpu.tokenization import FullTokenizer
+
+    texts = tf.constant(texts)
+    ours_tok = FullTokenizer(trained.vocab_file, trained.do_lower_case)
+    # Traced: called eagerly, keras-hub's tokenizer returns Python lists.
+    ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False))(texts)
+    features = {"token_ids": ids.to_tensor(0), "segment_ids": segments.to_tensor(0)}
+    features["padding_mask"] = tf.not_equal(features["token_ids"], 0)
+    if trained.kind == "classifier":
+        ours = build_classifier(trained.config, max(len(trained.labels), 1), fused=False)
+        checkpoints.assign_encoder(ours.backbone, trained.weights, "export")
+        ours.head.kernel.assign(trained.weights["output_weights"].T)
+        ours.head.bias.assign(trained.weights["output_bias"])
+        theirs = keras_hub.models.BertTextClassifier.from_preset(directory)
+        a, b = ours(features, training=False), theirs.predict(texts, verbose=0)
+        if trained.task_type != "regression":
+            a, b = tf.nn.softmax(a), tf.nn.softmax(b)
+    else:
+        ours = build_backbone(trained.config)
+        checkpoints.assign_encoder(ours, trained.weights, "export")
+        theirs = keras_hub.models.BertBackbone.from_preset(directory)
+        tok = keras_hub.models.BertTokenizer.from_preset(directory)
+        packer = keras_hub.layers.MultiSegmentPacker(sequence_length=trained.max_seq_length,
+                                                     start_value=tok.cls_token_id, end_value=tok.sep_token_id)
+        their_ids, their_segments = packer(tok(texts))
+        a = ours(features, training=False)["pooled_output"]
+        b = theirs({"token_ids": their_ids, "segment_ids": their_segments,
+                    "padding_mask": their_ids != tok.pad_token_id}, training=False)["pooled_output"]
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))

@@ -1,0 +1,142 @@
+"""A SavedModel for TensorFlow Serving that takes raw text: tokenization is part of the graph.
+
+The graph tokenizes as training does (the same `FullTokenizer` and `encode`, tensorflow-text ops), runs the
+reference (unfused) keras-hub encoder with the trained weights, and returns probabilities, label ids and
+label names (scores for a regression; encoder outputs for a pretrained model). A process that imports
+only TensorFlow and tensorflow-text serves it. Built with Keras' `ExportArchive`.
+
+The directory also keeps, in `assets.extra/` (which TensorFlow Serving ignores), the config, vocabulary
+and run facts, and the archive keeps the weights under Google's names, so `--init_checkpoint` reads an
+export back (`read_saved_model`).
+
+Example:
+    clf.export("serving/1", format="saved_model")
+    served = tf.saved_model.load("serving/1")   # after `import tensorflow_text`
+    served.signatures["serving_default"](text=tf.constant(["a fine film"]))["probabilities"]
+"""
+
+import json
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from bert_mgpu import checkpoints, storage
+from bert_mgpu.config import BertConfig
+from bert_mgpu.errors import UserError
+from bert_mgpu.input_pipeline import encode
+from bert_mgpu.modeling import build_backbone, build_classifier
+from bert_mgpu.tokenization import FullTokenizer
+
+EXTRA = "assets.extra"  # TensorFlow Serving's place for files it does not read
+META = "bert_mgpu_export.json"
+
+
+def _text_specs(pairs):
+    names = ("text_a", "text_b") if pairs else ("text",)
+    return [tf.TensorSpec([None], tf.string, name=n) for n in names]
+
+
+def _id_specs():
+    return [tf.TensorSpec([None, None], tf.int32, name="token_ids"),
+            tf.TensorSpec([None, None], tf.int32, name="segment_ids")]
+
+
+def write_saved_model(trained, path, precision="float32"):
+    """Write `trained` (an `export.Trained`) as a SavedModel at `path` (a new directory).
+
+    Signatures: `serving_default` (raw strings: `text`, or `text_a` and `text_b` for a pair task) and
+    `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
+    """
+    tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
+    classifier = trained.kind == "classifier"
+    if classifier:
+        model = build_classifier(trained.config, max(len(trained.labels), 1), precision, fused=False)
+        checkpoints.assign_encoder(model.backbone, trained.weights, "export")
+        model.head.kernel.assign(trained.weights["output_weights"].T)
+        model.head.bias.assign(trained.weights["output_bias"])
+        backbone = model.backbone
+    else:
+        backbone = model = build_backbone(trained.config, precision)
+        checkpoints.assign_encoder(backbone, trained.weights, "export")
+    labels = tf.constant(trained.labels or [""])
+    pad = tokenizer.pad_id
+
+    def run(ids, segments):
+        features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, pad)}
+        out = model(features, training=False)
+        if not classifier:
+            mask = tf.cast(features["padding_mask"], tf.float32)[:, :, None]
+            sequence = tf.cast(out["sequence_output"], tf.float32)
+            return {"pooled_output": tf.cast(out["pooled_output"], tf.float32), "sequence_output": sequence,
+                    "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
+        if trained.task_type == "regression":
+            return {"scores": out[:, 0]}
+        ids = tf.argmax(out, axis=-1, output_type=tf.int32)
+        return {"probabilities": tf.nn.softmax(out), "label_ids": ids, "labels": tf.gather(labels, ids)}
+
+    def from_text(text_a, text_b=None):
+        ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None)
+        return run(ids.to_tensor(pad), segments.to_tensor(0))
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    if trained.pairs:
+        archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b),
+                             _text_specs(True))
+    else:
+        archive.add_endpoint("serving_default", lambda text: from_text(text), _text_specs(False))
+    archive.add_endpoint("serving_ids", run, _id_specs())
+    # Every weight, its Google name in the meta file: what `read_saved_model` reads back.
+    named = _named_variables(model, backbone)
+    archive.add_variable_collection("bert_weights", list(named.values()))
+    tmp = storage.temporary_dir_for(path)
+    storage.remove(tmp)
+    archive.write_out(tmp, verbose=False)
+    storage.makedirs(os.path.join(tmp, EXTRA))
+    meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type,
+            "max_seq_length": trained.max_seq_length, "pairs": trained.pairs,
+            "do_lower_case": trained.do_lower_case, "precision": precision, "weights": list(named),
+            "signatures": {"serving_default": [s.name for s in _text_specs(trained.pairs)],
+                           "serving_ids": [s.name for s in _id_specs()]}}
+    storage.write_atomic(os.path.join(tmp, EXTRA, META), json.dumps(meta, indent=2) + "\n")
+    storage.write_atomic(os.path.join(tmp, EXTRA, "bert_config.json"),
+                         json.dumps(trained.config.to_dict(), indent=2) + "\n")
+    storage.write_atomic(os.path.join(tmp, EXTRA, "vocab.txt"), storage.read_bytes(trained.vocab_file))
+    storage.replace_dir(tmp, path)
+    return path
+
+
+def _named_variables(model, backbone):
+    named = {checkpoints.google_name(v.path): v for v in backbone.weights}
+    if getattr(model, "head", None) is not None:
+        named["classifier/kernel"], named["classifier/bias"] = model.head.kernel, model.head.bias
+    return named
+
+
+def is_saved_model(path):
+    return storage.exists(os.path.join(path, "saved_model.pb")) and storage.exists(os.path.join(path, EXTRA, META))
+
+
+def read_saved_model(path):
+    """A bert_mgpu SavedModel export -> `checkpoints.Pretrained` (weights under Google's names)."""
+    import tensorflow_text  # noqa: F401  (registers the tokenizer's ops the graph holds)
+
+    meta = storage.read_json(os.path.join(path, EXTRA, META))
+    config = BertConfig.from_json_file(os.path.join(path, EXTRA, "bert_config.json"))
+    try:
+        loaded = tf.saved_model.load(path)
+    except (tf.errors.OpError, ValueError, OSError) as e:
+        raise UserError(f"{path}: not a loadable SavedModel ({str(e).splitlines()[0][:160]})") from None
+    weights = {}
+    for name, var in zip(meta["weights"], loaded.bert_weights):
+        value = np.asarray(var.numpy(), np.float32)
+        if name == "classifier/kernel":
+            name, value = "output_weights", value.T
+        elif name == "classifier/bias":
+            name = "output_bias"
+        weights[name] = checkpoints.fold_to_google_shape(name, value)
+    return checkpoints.Pretrained(
+        "saved_model", path, config, os.path.join(path, EXTRA, "vocab.txt"), weights, meta.get("do_lower_case"),
+        labels=meta.get("labels") or None, task_type=meta.get("task_type"))

@@ -1,0 +1,283 @@
+"""Export: a SavedModel served from raw text, Hugging Face, Google TF1 and keras-hub, each read back."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import WORDS, run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
+
+import bert_mgpu
+from bert_mgpu import checkpoints, export
+from bert_mgpu.errors import UserError
+
+FORMATS = ("saved_model", "hf", "google", "keras_hub")
+ASCII = ["the movie was good", "awful plot !", "it was very fun and not dull", "brilliant actor , boring story"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A classifier fine-tuned by the script, exported in every format by the same run (--do_export).
+
+    tanh-GELU (`gelu_new`), as keras-hub's BERT computes, so that its export is exact too."""
+    base = tmp_path_factory.mktemp("export")
+    release, _ = write_google_release(str(base / "release"), tiny_config(len(WORDS) + 10, hidden_act="gelu_new"))
+    data = base / "data"
+    data.mkdir()
+    write_tsv(data / "train.tsv", sentiment_rows(640, seed=1))
+    write_tsv(data / "dev.tsv", sentiment_rows(48, seed=2))
+    write_tsv(data / "test.tsv", [("neg", t) for t in ASCII])
+    out = base / "out"
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}",
+                      f"--init_checkpoint={release}", f"--output_dir={out}", "--do_train", "--do_eval",
+                      "--do_predict", "--do_export", f"--export_format={','.join(FORMATS)}", "--n_gpus=0",
+                      "--towers_per_gpu=2", "--train_batch_size=8", "--max_seq_length=32", "--precision=float32",
+                      "--learning_rate=2e-3", "--num_train_epochs=4")
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
+    clf = bert_mgpu.BertClassifier.from_pretrained(str(out), towers=towers, precision="float32", max_seq_length=32)
+    return out, clf, proc
+
+
+def texts(n):
+    rng = np.random.default_rng(7)
+    return [" ".join(rng.choice(WORDS, rng.integers(1, 40))) for _ in range(n)]
+
+
+def test_the_run_trained_and_exported_every_format(trained):
+    out, clf, proc = trained
+    for fmt in FORMATS:
+        assert f"export: {fmt} -> {out / 'export' / fmt}" in proc.stdout
+    accuracy = float(dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())[
+        "eval_accuracy"])
+    assert accuracy > 0.8  # a model that learned something: its outputs are not all alike
+    p = clf.predict(ASCII)
+    assert np.ptp(p[:, 0]) > 0.2, p
+
+
+SERVE = r"""
+import json, sys
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (the tokenizer's ops)
+
+path, texts = sys.argv[1], json.load(open(sys.argv[2]))
+served = tf.saved_model.load(path)
+fn = served.signatures["serving_default"]
+full = fn(text=tf.constant(texts))
+one = fn(text=tf.constant(texts[:1]))
+assert not [m for m in sys.modules if m.split(".")[0] in ("bert_mgpu", "keras_hub", "keras_nlp")]
+np.savez(sys.argv[3], probabilities=full["probabilities"].numpy(), one=one["probabilities"].numpy(),
+         labels=full["labels"].numpy().astype(str), label_ids=full["label_ids"].numpy())
+"""
+
+
+def test_saved_model_serves_raw_text_in_a_process_without_bert_mgpu(trained, tmp_path):
+    out, clf, _ = trained
+    batch = ASCII + texts(996)  # 1,000 texts, up to 40 words: some cut at --max_seq_length=32
+    (tmp_path / "texts.json").write_text(json.dumps(batch))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([sys.executable, "-c", SERVE, str(out / "export" / "saved_model"), str(tmp_path / "texts.json"),
+                    str(tmp_path / "served.npz")], check=True, cwd=str(tmp_path), env=env, timeout=300)
+    served = np.load(tmp_path / "served.npz")
+    ours = clf.predict(batch, batch_size=64)
+    assert served["probabilities"].shape == (1000, 2)
+    assert np.abs(served["probabilities"] - ours).max() <= 1e-5
+    assert np.abs(served["one"] - ours[:1]).max() <= 1e-5
+    assert list(served["labels"]) == [clf.labels[i] for i in ours.argmax(1)]
+    assert (served["label_ids"] == ours.argmax(1)).all()
+
+
+def test_saved_model_token_id_signature_and_saved_model_cli(trained):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    out, clf, _ = trained
+    path = out / "export" / "saved_model"
+    shown = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "show", "--dir",
+                            str(path), "--tag_set", "serve"], capture_output=True, text=True, check=True)
+    assert 'SignatureDef key: "serving_default"' in shown.stdout and 'SignatureDef key: "serving_ids"' in shown.stdout
+    ids = [[clf.tokenizer.cls_id, *clf.tokenizer.convert_tokens_to_ids(clf.tokenizer.tokenize(t)), clf.tokenizer.sep_id]
+           for t in ASCII]
+    width = max(map(len, ids))
+    padded = tf.constant([row + [0] * (width - len(row)) for row in ids], tf.int32)
+    got = tf.saved_model.load(str(path)).signatures["serving_ids"](token_ids=padded, segment_ids=tf.zeros_like(padded))
+    assert np.abs(got["probabilities"].numpy() - clf.predict(ASCII)).max() <= 1e-5
+
+
+def test_hf_export_gives_transformers_the_same_outputs(trained):
+    import torch
+    import transformers
+
+    out, clf, _ = trained
+    path = out / "export" / "hf"
+    assert not [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pkl"))]  # nothing pickled
+    model = transformers.BertForSequenceClassification.from_pretrained(str(path)).eval()
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    tok = transformers.BertTokenizer.from_pretrained(str(path))
+    batch = tok(ASCII, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        theirs = torch.softmax(model(**batch).logits, -1).numpy()
+    assert np.abs(theirs - clf.predict(ASCII)).max() <= 1e-5
+
+
+def test_hf_export_of_real_minilm_weights_matches_transformers_logits(minilm_dir, tmp_path):
+    """Real weights (all-MiniLM-L6-v2, exact GELU) under a random head: logits to 1e-4."""
+    import torch
+    import transformers
+
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)
+    clf = bert_mgpu.BertClassifier.from_pretrained(minilm_dir, labels=["a", "b", "c"], towers=towers,
+                                                   precision="float32", max_seq_length=64)
+    clf.model.head.bias.assign([0.5, -0.25, 0.0])
+    clf.export(str(tmp_path / "hf"), format="hf")
+    model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+    tok = transformers.BertTokenizer.from_pretrained(str(tmp_path / "hf"))
+    with torch.no_grad():
+        logits = model(**tok(ASCII, padding=True, return_tensors="pt")).logits.numpy()
+    ours = np.log(clf.predict(ASCII))
+    # Softmax keeps logit differences: compare them (the head's logits are not otherwise exposed).
+    assert np.abs((logits - logits[:, :1]) - (ours - ours[:, :1])).max() <= 1e-4
+    assert np.ptp(logits) > 0.05  # the real encoder under a head gives distinct logits
+
+
+def test_google_export_has_googles_names_and_reads_back(trained):
+    import tensorflow as tf
+
+    out, clf, _ = trained
+    path = out / "export" / "google"
+    assert sorted(os.listdir(path)) == ["bert_config.json", "bert_model.ckpt.data-00000-of-00001",
+                                        "bert_model.ckpt.index", "vocab.txt"]
+    names = dict(tf.train.list_variables(str(path / "bert_model.ckpt")))
+    assert names["output_weights"] == [2, 32] and names["output_bias"] == [2]  # run_classifier's head
+    assert names["bert/encoder/layer_1/attention/self/query/kernel"] == [32, 32]
+    assert names["bert/pooler/dense/kernel"] == [32, 32]
+    assert not [n for n in names if "adam" in n or n.startswith(("encoder", "head", "optimizer"))]
+    config = json.loads((path / "bert_config.json").read_text())
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                "type_vocab_size", "initializer_range"):
+        assert key in config
+    pre = checkpoints.load_pretrained(str(path))
+    assert pre.kind == "google" and pre.labels == ["neg", "pos"]
+    ours = export.from_classifier(clf).weights
+    assert set(pre.weights) == set(ours)
+    assert max(np.abs(pre.weights[k] - ours[k]).max() for k in ours) == 0.0
+
+
+def test_keras_hub_preset_loads_in_keras_hub_to_the_same_outputs(trained):
+    import keras_hub
+
+    out, clf, _ = trained
+    task = keras_hub.models.BertTextClassifier.from_preset(str(out / "export" / "keras_hub"))
+    theirs = np.asarray(task.predict(ASCII, verbose=0))  # logits
+    theirs = np.exp(theirs - theirs.max(1, keepdims=True))
+    theirs /= theirs.sum(1, keepdims=True)
+    assert np.abs(theirs - clf.predict(ASCII)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_export_reads_back_to_the_same_predictions(trained, fmt):
+    out, clf, _ = trained
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
+    back = bert_mgpu.BertClassifier.from_pretrained(str(out / "export" / fmt), towers=towers, precision="float32",
+                                                    max_seq_length=32)
+    assert back.labels == clf.labels
+    batch = ASCII + texts(60)
+    assert np.abs(back.predict(batch) - clf.predict(batch)).max() <= 1e-6
+
+
+def test_predict_from_a_saved_model_export_with_the_script(trained, tmp_path):
+    out, _, _ = trained
+    again = tmp_path / "again"
+    run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={out.parent / 'data'}",
+               f"--init_checkpoint={out / 'export' / 'saved_model'}", f"--output_dir={again}", "--do_predict",
+               "--n_gpus=0", "--max_seq_length=32", "--precision=float32")
+    assert (again / "test_results.tsv").read_text() == (out / "test_results.tsv").read_text()
+
+
+def test_keras_hub_export_of_an_exact_gelu_model_is_refused_unless_allowed(minilm_dir, tmp_path, caplog):
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)
+    clf = bert_mgpu.BertClassifier.from_pretrained(minilm_dir, labels=["a", "b"], towers=towers,
+                                                   precision="float32", max_seq_length=64)
+    clf.model.head.kernel.assign(clf.model.head.kernel * 50)  # a head that tells inputs apart
+    with pytest.raises(UserError, match=r"computes tanh-GELU where this model has exact GELU; its outputs differ "
+                                        r"from this model's by up to [0-9.e-]+ on \d+ texts\. Pass "
+                                        r"--allow_approximate_export"):
+        clf.export(str(tmp_path / "kh"), format="keras_hub")
+    assert not os.path.exists(tmp_path / "kh") and os.listdir(tmp_path) == []  # nothing left behind
+    clf.export(str(tmp_path / "kh"), format="keras_hub", allow_approximate=True)
+    assert os.path.exists(tmp_path / "kh" / "task.weights.h5")
+    assert "keras-hub export: outputs differ from this model's by up to" in caplog.text
+
+
+def test_pretrainer_exports_hf_pretraining_heads_and_google_names(tmp_path):
+    """BertForPreTraining from a pretrainer: the masked-LM and next-sentence logits equal ours to 1e-4."""
+    import tensorflow as tf
+    import torch
+    import transformers
+
+    from bert_mgpu import pretraining_model
+
+    release, _ = write_google_release(str(tmp_path / "release"), seed=3)
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)
+    pre = bert_mgpu.BertPretrainer.from_config(tiny_config(len(WORDS) + 10), os.path.join(release, "vocab.txt"),
+                                              towers=towers, precision="float32", fused_encoder=False)
+    rng = np.random.default_rng(0)
+    for var in pre.model.weights:  # weights far from initialization: heads that matter
+        var.assign(var.numpy() + rng.normal(0, 0.2, var.shape).astype(np.float32))
+    pre.export(str(tmp_path / "hf"), format="hf")
+    pre.export(str(tmp_path / "google"), format="google")
+    ids = np.array([[2, 15, 16, 4, 17, 3, 18, 4, 3, 0]], np.int32)
+    segments = np.array([[0, 0, 0, 0, 0, 0, 1, 1, 1, 0]], np.int32)
+    positions = np.array([[3, 7]], np.int32)
+    ours = pre.model({"token_ids": ids, "segment_ids": segments, "padding_mask": ids != 0,
+                      "mask_positions": positions}, training=False)
+    model = transformers.BertForPreTraining.from_pretrained(str(tmp_path / "hf")).eval()
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor(ids).long(), token_type_ids=torch.tensor(segments).long(),
+                       attention_mask=torch.tensor(ids != 0).long())
+    mlm = theirs.prediction_logits.numpy()[0, positions[0]]
+    assert np.abs(mlm - ours["mlm_logits"].numpy()[0]).max() <= 1e-4
+    assert np.abs(theirs.seq_relationship_logits.numpy() - ours["nsp_logits"].numpy()).max() <= 1e-4
+    assert np.ptp(mlm) > 1.0
+    names = dict(tf.train.list_variables(str(tmp_path / "google" / "bert_model.ckpt")))
+    assert names["cls/seq_relationship/output_weights"] == [2, 32]
+    assert set(pretraining_model.head_weights(pre.model)) <= set(names)
+    back = bert_mgpu.BertPretrainer.from_pretrained(str(tmp_path / "hf"), towers=towers, precision="float32",
+                                                    fused_encoder=False)
+    again = back.model({"token_ids": ids, "segment_ids": segments, "padding_mask": ids != 0,
+                        "mask_positions": positions}, training=False)
+    assert np.abs(again["mlm_logits"].numpy() - ours["mlm_logits"].numpy()).max() <= 1e-5
+
+
+def test_export_alone_and_its_bad_input(trained, tmp_path):
+    out, _, _ = trained
+    again = tmp_path / "again"
+    proc = run_script("run_classifier_mgpu.py", f"--output_dir={out}", "--do_export", f"--export_dir={again}",
+                      "--export_format=hf")
+    assert f"export: hf -> {again / 'hf'}" in proc.stdout and (again / "hf" / "model.safetensors").exists()
+
+    def fails(*args):
+        proc = run_script("run_classifier_mgpu.py", *args, check=False, env={"TF_CPP_MIN_LOG_LEVEL": None})
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        return lines[0]
+
+    (tmp_path / "empty").mkdir()
+    assert "not a Google checkpoint" in fails(f"--output_dir={tmp_path / 'empty'}", "--do_export",
+                                              f"--export_dir={tmp_path / 'x'}")
+    assert "--export_format=onnx: expected one of saved_model, hf, google, keras_hub" in fails(
+        f"--output_dir={out}", "--do_export", "--export_format=onnx", f"--export_dir={tmp_path / 'x'}")
+    before = (again / "hf" / "config.json").read_text()
+    assert f"{again / 'hf'}: exists and is not empty" in fails(f"--output_dir={out}", "--do_export",
+                                                                f"--export_dir={again}", "--export_format=hf")
+    assert (again / "hf" / "config.json").read_text() == before
+    # Checked before training: a run that could not export never starts.
+    fresh = tmp_path / "fresh"
+    assert "exists and is not empty" in fails(
+        "--task_name=tsv", f"--data_dir={out.parent / 'data'}", f"--init_checkpoint={out.parent / 'release'}",
+        f"--output_dir={fresh}", "--do_train", "--do_export", f"--export_dir={again}", "--export_format=hf")
+    assert not fresh.exists()
