@@ -13,69 +13,23 @@ import dataclasses
 import json
 import logging
 import os
-import re
 
 import numpy as np
 
 from bert_mgpu import storage
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
+from bert_mgpu.weight_names import (
+    HEAD_PREFIXES,
+    KERAS_LAYOUT_HEADS,
+    fold_to_google_shape,
+    google_name,
+    google_shape,
+    hf_to_google_name,
+)
 
 log = logging.getLogger("bert_mgpu")
 RUN_FILE = "bert_mgpu.json"  # marks a bert_mgpu output directory (config, labels, tokenizer settings)
-
-# keras-hub BertBackbone variable path -> Google TF1 name.
-_KERAS_TO_GOOGLE = [
-    (r"token_embedding/embeddings", r"bert/embeddings/word_embeddings"),
-    (r"position_embedding/embeddings", r"bert/embeddings/position_embeddings"),
-    (r"segment_embedding/embeddings", r"bert/embeddings/token_type_embeddings"),
-    (r"embeddings_layer_norm/(gamma|beta)", r"bert/embeddings/LayerNorm/\1"),
-    (r"transformer_layer_(\d+)/self_attention_layer/(query|key|value)/(kernel|bias)",
-     r"bert/encoder/layer_\1/attention/self/\2/\3"),
-    (r"transformer_layer_(\d+)/self_attention_layer/attention_output/(kernel|bias)",
-     r"bert/encoder/layer_\1/attention/output/dense/\2"),
-    (r"transformer_layer_(\d+)/self_attention_layer_norm/(gamma|beta)",
-     r"bert/encoder/layer_\1/attention/output/LayerNorm/\2"),
-    (r"transformer_layer_(\d+)/feedforward_intermediate_dense/(kernel|bias)",
-     r"bert/encoder/layer_\1/intermediate/dense/\2"),
-    (r"transformer_layer_(\d+)/feedforward_output_dense/(kernel|bias)", r"bert/encoder/layer_\1/output/dense/\2"),
-    (r"transformer_layer_(\d+)/feedforward_layer_norm/(gamma|beta)", r"bert/encoder/layer_\1/output/LayerNorm/\2"),
-    (r"pooled_dense/(kernel|bias)", r"bert/pooler/dense/\1"),
-]
-# Head tensors a bert_mgpu checkpoint keeps in Keras' layout, and their Google name.
-_KERAS_LAYOUT_HEADS = {"cls/seq_relationship/kernel": "cls/seq_relationship/output_weights"}
-# Tensors a classifier does not use: pretraining heads and other tasks' heads.
-_HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias")
-
-
-def google_name(keras_path):
-    for pattern, repl in _KERAS_TO_GOOGLE:
-        if re.fullmatch(pattern, keras_path):
-            return re.sub(pattern, repl, keras_path)
-    raise KeyError(f"no Google name for backbone variable {keras_path}")
-
-
-def google_shape(keras_path, shape):
-    """Keras' multi-head attention keeps [hidden, heads, head_dim] kernels; Google keeps [hidden, hidden]."""
-    shape = tuple(shape)
-    if re.search(r"/(query|key|value)/kernel$", keras_path):
-        return (shape[0], shape[1] * shape[2])
-    if re.search(r"/(query|key|value)/bias$", keras_path):
-        return (shape[0] * shape[1],)
-    if keras_path.endswith("attention_output/kernel"):
-        return (shape[0] * shape[1], shape[2])
-    return shape
-
-
-def fold_to_google_shape(name, value):
-    """A Keras-shaped attention tensor under its Google name -> Google's 2-D/1-D shape."""
-    if re.search(r"/attention/self/(query|key|value)/kernel$", name) and value.ndim == 3:
-        return value.reshape(value.shape[0], -1)
-    if re.search(r"/attention/self/(query|key|value)/bias$", name) and value.ndim == 2:
-        return value.reshape(-1)
-    if name.endswith("/attention/output/dense/kernel") and value.ndim == 3:
-        return value.reshape(-1, value.shape[2])
-    return value
 
 
 def encoder_weights(backbone):
@@ -96,7 +50,7 @@ def assign_encoder(backbone, weights, source):
             used.add(name)
             if tuple(weights[name].shape) != want:
                 misshaped.append(f"{name} is {list(weights[name].shape)}, model wants {list(want)}")
-    heads = sorted(n for n in weights if n not in used and n.startswith(_HEAD_PREFIXES))
+    heads = sorted(n for n in weights if n not in used and n.startswith(HEAD_PREFIXES))
     unexpected = sorted(n for n in weights if n not in used and n not in heads)
     problems = []
     for label, names in (("mis-shaped", misshaped), ("missing", missing), ("unexpected", unexpected)):
@@ -111,57 +65,6 @@ def assign_encoder(backbone, weights, source):
 
 
 # ---------------------------------------------------------------- Hugging Face (safetensors only)
-
-# Hugging Face head tensors kept in Google's layout, by their Google names (None: not stored by Google).
-_HF_HEADS = {
-    "cls.predictions.bias": ("cls/predictions/output_bias", False),
-    "cls.seq_relationship.weight": ("cls/seq_relationship/output_weights", False),
-    "cls.seq_relationship.bias": ("cls/seq_relationship/output_bias", False),
-    "cls.predictions.decoder.weight": (None, False),  # tied to the word embeddings
-    "cls.predictions.decoder.bias": (None, False),
-    # BertForSequenceClassification's head is google-bert run_classifier's: [labels, hidden] both ways.
-    "classifier.weight": ("output_weights", False),
-    "classifier.bias": ("output_bias", False),
-}
-
-
-def google_to_hf_name(name):
-    """`bert/encoder/layer_0/attention/self/query/kernel` -> (`bert.encoder.layer.0....weight`, transpose?)."""
-    for hf, (google, transpose) in _HF_HEADS.items():
-        if google == name:
-            return hf, transpose
-    parts = name.split("/")
-    leaf, scope = parts[-1], parts[:-1]
-    transpose = leaf == "kernel"
-    if leaf.endswith("_embeddings"):
-        scope, leaf = parts, "weight"
-    else:
-        leaf = {"kernel": "weight", "gamma": "weight", "beta": "bias"}.get(leaf, leaf)
-    hf = ".".join(scope + [leaf])
-    return re.sub(r"layer_(\d+)\.", r"layer.\1.", hf), transpose
-
-
-def hf_to_google_name(name):
-    """`bert.encoder.layer.0.attention.self.query.weight` -> (`bert/encoder/layer_0/.../kernel`, transpose?)."""
-    if name.endswith("position_ids"):
-        return None, False
-    if name in _HF_HEADS:
-        return _HF_HEADS[name]
-    n = name[len("bert."):] if name.startswith("bert.") else name
-    n = re.sub(r"layer\.(\d+)\.", r"layer_\1.", n)
-    parts = n.split(".")
-    leaf, scope = parts[-1], parts[:-1]
-    transpose = False
-    if scope and scope[-1] == "LayerNorm":
-        leaf = {"weight": "gamma", "bias": "beta"}.get(leaf, leaf)
-    elif scope and scope[-1].endswith("_embeddings") and leaf == "weight":
-        leaf = None
-    elif leaf == "weight":
-        leaf, transpose = "kernel", True
-    parts = scope + ([leaf] if leaf else [])
-    prefix = "" if parts[0] in ("cls", "classifier") else "bert/"
-    return prefix + "/".join(parts), transpose
-
 
 def read_safetensors(path):
     """Hugging Face safetensors -> {Google name: float32 array}, without torch and without pickle."""
@@ -327,8 +230,8 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         encoder = {}
         for key, value in weights.items():
             name = key.split("/", 1)[1][: -len("/.ATTRIBUTES/VARIABLE_VALUE")].replace(".S", "/")
-            if name in _KERAS_LAYOUT_HEADS:  # kept in Keras' [in, out] layout; Google's is [out, in]
-                name, value = _KERAS_LAYOUT_HEADS[name], value.T
+            if name in KERAS_LAYOUT_HEADS:  # kept in Keras' [in, out] layout; Google's is [out, in]
+                name, value = KERAS_LAYOUT_HEADS[name], value.T
             encoder[name] = fold_to_google_shape(name, value)
         return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
                           encoder, run.get("do_lower_case"), run, prefix)

@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from bert_mgpu import checkpoints, storage
+from bert_mgpu import checkpoints, storage, weight_names
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
 
@@ -181,7 +181,7 @@ def write_hf(trained, directory):
 
     tensors = {}
     for name, value in trained.weights.items():
-        hf, transpose = checkpoints.google_to_hf_name(name)
+        hf, transpose = weight_names.google_to_hf_name(name)
         tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
     if trained.kind == "classifier":
         architecture = "BertForSequenceClassification"

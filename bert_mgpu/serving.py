@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, storage
+from bert_mgpu import checkpoints, storage, weight_names
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import encode
@@ -109,7 +109,7 @@ def write_saved_model(trained, path, precision="float32"):
 
 
 def _named_variables(model, backbone):
-    named = {checkpoints.google_name(v.path): v for v in backbone.weights}
+    named = {weight_names.google_name(v.path): v for v in backbone.weights}
     if getattr(model, "head", None) is not None:
         named["classifier/kernel"], named["classifier/bias"] = model.head.kernel, model.head.bias
     return named
@@ -136,7 +136,7 @@ def read_saved_model(path):
             name, value = "output_weights", value.T
         elif name == "classifier/bias":
             name = "output_bias"
-        weights[name] = checkpoints.fold_to_google_shape(name, value)
+        weights[name] = weight_names.fold_to_google_shape(name, value)
     return checkpoints.Pretrained(
         "saved_model", path, config, os.path.join(path, EXTRA, "vocab.txt"), weights, meta.get("do_lower_case"),
         labels=meta.get("labels") or None, task_type=meta.get("task_type"))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from bert_mgpu import checkpoints, modeling
+from bert_mgpu import checkpoints, modeling, weight_names
 from bert_mgpu.errors import UserError
 
 TOKENS = np.array([[101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102, 0, 0],
@@ -96,7 +96,7 @@ def test_unexpected_tensor_is_an_error_and_heads_are_reported(google_release):
 
 
 def test_hf_names_map_to_google_names():
-    f = checkpoints.hf_to_google_name
+    f = weight_names.hf_to_google_name
     assert f("bert.encoder.layer.11.attention.self.query.weight") == (
         "bert/encoder/layer_11/attention/self/query/kernel", True)
     assert f("embeddings.LayerNorm.weight") == ("bert/embeddings/LayerNorm/gamma", False)
@@ -116,9 +116,9 @@ def test_google_names_map_back_to_every_hf_name(minilm_dir):
     names += ["cls.predictions.transform.dense.weight", "cls.predictions.transform.LayerNorm.bias",
               "cls.predictions.bias", "cls.seq_relationship.weight", "classifier.weight", "classifier.bias"]
     for name in names:
-        google, transpose = checkpoints.hf_to_google_name(name)
+        google, transpose = weight_names.hf_to_google_name(name)
         hf = name if name.startswith(("bert.", "cls.", "classifier.")) else "bert." + name
-        assert checkpoints.google_to_hf_name(google) == (hf, transpose), name
+        assert weight_names.google_to_hf_name(google) == (hf, transpose), name
 
 
 def test_pickle_is_refused(tmp_path):

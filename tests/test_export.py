@@ -281,3 +281,15 @@ def test_export_alone_and_its_bad_input(trained, tmp_path):
         "--task_name=tsv", f"--data_dir={out.parent / 'data'}", f"--init_checkpoint={out.parent / 'release'}",
         f"--output_dir={fresh}", "--do_train", "--do_export", f"--export_dir={again}", "--export_format=hf")
     assert not fresh.exists()
+
+
+def test_a_saved_model_in_bfloat16_serves_close_to_float32(trained, tmp_path):
+    import tensorflow as tf
+
+    out, clf, _ = trained
+    path = clf.export(str(tmp_path / "bf16"), format="saved_model", precision="mixed_bfloat16")
+    meta = json.loads((tmp_path / "bf16" / "assets.extra" / "bert_mgpu_export.json").read_text())
+    assert meta["precision"] == "mixed_bfloat16" and meta["labels"] == ["neg", "pos"]
+    got = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(ASCII))["probabilities"].numpy()
+    difference = np.abs(got - clf.predict(ASCII)).max()
+    assert 0 < difference <= 0.05, difference  # bfloat16 has 8 bits of mantissa: close, not equal

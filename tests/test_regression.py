@@ -102,3 +102,34 @@ def test_labels_that_do_not_fit_the_task_type_are_one_line(stsb, tmp_path, case,
     last = proc.stderr.strip().splitlines()[-1]
     assert re.search(expected, last) and last.startswith("run_classifier_mgpu.py: error: "), last
     assert not os.path.exists(tmp_path / "o" / "bert_mgpu.json")
+
+
+def test_a_regression_exports_scores_of_sentence_pairs(stsb, tmp_path):
+    """The SavedModel takes text_a and text_b and returns scores; Hugging Face's config says regression."""
+    import tensorflow as tf
+    import torch
+    import transformers
+
+    import bert_mgpu
+
+    data, out, _, _ = stsb
+    pairs = [("the movie was good", "the plot"), ("awful dull film", "it was"), ("great fun", "")]
+    clf = bert_mgpu.BertClassifier.from_pretrained(str(out), towers=bert_mgpu.Towers(n_gpus=0), precision="float32",
+                                                   max_seq_length=32)
+    ours = clf.predict(pairs)
+    assert clf.pairs and ours.shape == (3,) and np.ptp(ours) > 0.5
+    bert_mgpu.export_model(str(out), str(tmp_path / "sm"), "saved_model")
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    got = served(text_a=tf.constant([a for a, _ in pairs]), text_b=tf.constant([b for _, b in pairs]))
+    assert list(got) == ["scores"] and np.abs(got["scores"].numpy() - ours).max() <= 1e-5
+    bert_mgpu.export_model(str(out), str(tmp_path / "hf"), "hf")
+    model = transformers.BertForSequenceClassification.from_pretrained(str(tmp_path / "hf")).eval()
+    assert model.config.problem_type == "regression" and model.config.num_labels == 1
+    tok = transformers.BertTokenizer.from_pretrained(str(tmp_path / "hf"))
+    batch = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**batch).logits.numpy()[:, 0]
+    assert np.abs(logits - ours).max() <= 1e-4
+    back = bert_mgpu.BertClassifier.from_pretrained(str(tmp_path / "hf"), towers=bert_mgpu.Towers(n_gpus=0),
+                                                    precision="float32", max_seq_length=32)
+    assert back.regression and np.abs(back.predict(pairs) - ours).max() <= 1e-6

@@ -4,6 +4,7 @@ import os
 import re
 import struct
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import run_script, sentiment_rows, tiny_config, write_tsv, write_vocab
@@ -34,7 +35,8 @@ def pretrained(release):
             "--validation_steps=10", "--towers_per_gpu=2", "--train_batch_size=16",
             "--train_micro_batch_size_per_gpu=4", "--max_seq_length=32", "--max_predictions_per_seq=5",
             "--num_train_steps=20", "--learning_rate=1e-3", "--finetune_time_markers=0.5,1.0",
-            "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32", "--log_every_steps=5"]
+            "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32", "--log_every_steps=5",
+            "--do_export"]
     proc = run_script("run_pretraining_mgpu.py", *args)
     return d, out, args, proc
 
@@ -54,7 +56,7 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     assert float(facts["masked_lm_accuracy"]) == pytest.approx(float(results["masked_lm_accuracy"]), abs=5e-4)
     assert float(facts["sequences/s"]) > 0 and float(facts["tokens/s"]) > 0
     assert block[-1].startswith(f"  outputs in {out}: ckpt-20 (latest checkpoint), bert_config.json, ")
-    assert "eval_results.txt, finetune_checkpoints/, learning_curves.png, train/, vocab.txt" in block[-1]
+    assert "eval_results.txt, export/, finetune_checkpoints/, learning_curves.png, train/, vocab.txt" in block[-1]
     # Its curves: the masked-LM loss and accuracy, validation, learning rate and sequences/s it logged.
     import matplotlib.image
 
@@ -80,8 +82,35 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
 
 def test_rerun_resumes_and_finds_the_budget_spent(pretrained):
     d, out, args, _ = pretrained
-    proc = run_script("run_pretraining_mgpu.py", *[a for a in args if not a.startswith("--encoder_ln_mode")])
+    proc = run_script("run_pretraining_mgpu.py", *[a for a in args if not a.startswith(("--encoder_ln_mode",
+                                                                                         "--do_export"))])
     assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
+
+
+def test_the_pretrained_encoder_is_served_from_raw_text(pretrained):
+    """--do_export after pretraining: a SavedModel giving the encoder's outputs (pre-LN, which only a
+    SavedModel can carry); Hugging Face's BERT has no pre-LN, so that export is refused in one line."""
+    import tensorflow_text  # noqa: F401
+
+    from bert_mgpu import BertPretrainer, Towers
+
+    d, out, args, proc = pretrained
+    path = os.path.join(out, "export", "saved_model")
+    assert f"export: saved_model -> {path}" in proc.stdout
+    served = tf.saved_model.load(path)
+    ids = tf.constant([[2, 15, 16, 17, 3, 0], [2, 18, 3, 0, 0, 0]], tf.int32)
+    got = served.signatures["serving_ids"](token_ids=ids, segment_ids=tf.zeros_like(ids))
+    pre = BertPretrainer.from_pretrained(out, towers=Towers(n_gpus=0), precision="float32", fused_encoder=False)
+    ours = pre.model.backbone({"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": ids != 0})
+    assert np.abs(got["pooled_output"].numpy() - ours["pooled_output"].numpy()).max() <= 1e-5
+    text = served.signatures["serving_default"](text=tf.constant(["the movie", "it"]))
+    assert text["sequence_output"].shape[0] == 2 and text["mean_pooled"].shape == (2, 32)
+    proc = run_script("run_pretraining_mgpu.py", f"--output_dir={out}", "--do_export", "--export_format=hf",
+                      check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        "run_pretraining_mgpu.py: error: --export_format=hf: this model's encoder is pre-LN, which hf cannot "
+        "express (its BERT is post-LN); export it as saved_model")
+    assert not os.path.exists(os.path.join(out, "export", "hf"))
 
 
 def test_reference_encoder_evaluates_the_same(pretrained, tmp_path):
