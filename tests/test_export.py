@@ -293,3 +293,30 @@ def test_a_saved_model_in_bfloat16_serves_close_to_float32(trained, tmp_path):
     got = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(ASCII))["probabilities"].numpy()
     difference = np.abs(got - clf.predict(ASCII)).max()
     assert 0 < difference <= 0.05, difference  # bfloat16 has 8 bits of mantissa: close, not equal
+
+
+def test_a_pretrainer_without_nsp_exports_masked_lm_and_a_keras_hub_backbone(tmp_path):
+    import keras_hub
+    import torch
+    import transformers
+
+    release, _ = write_google_release(str(tmp_path / "release"), seed=4)
+    vocab = os.path.join(release, "vocab.txt")
+    pre = bert_mgpu.BertPretrainer.from_config(tiny_config(len(WORDS) + 10, hidden_act="gelu_new"), vocab,
+                                              towers=bert_mgpu.Towers(n_gpus=0), precision="float32", nsp=False)
+    rng = np.random.default_rng(1)
+    for var in pre.model.weights:
+        var.assign(var.numpy() + rng.normal(0, 0.2, var.shape).astype(np.float32))
+    pre.export(str(tmp_path / "hf"), format="hf", max_seq_length=16)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["BertForMaskedLM"] and "id2label" not in config
+    model = transformers.BertForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()
+    ids = np.array([[2, 15, 4, 17, 3]], np.int32)
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor(ids).long()).logits.numpy()[0, 2]
+    ours = pre.model({"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": ids != 0,
+                      "mask_positions": np.array([[2]], np.int32)}, training=False)["mlm_logits"].numpy()[0, 0]
+    assert np.abs(theirs - ours).max() <= 1e-4 and np.ptp(ours) > 1.0
+    pre.export(str(tmp_path / "kh"), format="keras_hub", max_seq_length=16)  # tanh-GELU: exact, not refused
+    backbone = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "kh"))
+    assert backbone.num_layers == 2 and keras_hub.models.BertTokenizer.from_preset(str(tmp_path / "kh"))
