@@ -18,7 +18,7 @@ ROUNDS ?= 2
 # The GPU build's CUDA libraries (setup.py's gpu extra) where nvidia-smi lists a GPU; the CPU build elsewhere.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu)
 
-.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo bench gpu-check
+.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo bench gpu-check glue
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,15 @@ lint: $(VENV)/.installed
 gpu-check: venv
 	mkdir -p output
 	$(PY) -m bert_mgpu.gpu_check --out output/gpu_check.json
+
+# The GLUE suite and its table: GLUE_DIR holds GLUE's download (never fetched here), GLUE_MODEL any checkpoint.
+GLUE_DIR ?= glue_data
+GLUE_MODEL ?= $(MODEL)
+GLUE_OUT ?= output/glue
+GLUE_TASKS ?= all
+glue: venv
+	$(PY) run_glue_mgpu.py --glue_dir=$(GLUE_DIR) --init_checkpoint=$(GLUE_MODEL) --output_dir=$(GLUE_OUT) \
+	  --tasks=$(GLUE_TASKS)
 
 clean:
 	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH)

@@ -17,7 +17,8 @@ FLAGS = flags.FLAGS
 # google-research/bert's flags
 flags.DEFINE_string("data_dir", None, "Directory with the task's train/dev/test files.")
 flags.DEFINE_string("bert_config_file", None, "bert_config.json (default: beside the checkpoint).")
-flags.DEFINE_string("task_name", None, "cola, mrpc, mnli, xnli, sst-2, sts-b, tsv, csv or tfds.")
+flags.DEFINE_string("task_name", None, "A GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, mnli-mm, qnli, rte, "
+                    "wnli, ax), xnli, tsv, csv or tfds.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt (default: beside the checkpoint).")
 flags.DEFINE_string("output_dir", None, "Checkpoints, logs and results go here; rerun to resume.")
 flags.DEFINE_string("init_checkpoint", None, "Google bert_model.ckpt, Hugging Face or keras-hub directory, "

@@ -2,12 +2,14 @@
 
 from setuptools import find_packages, setup
 
+SCRIPTS = ["run_classifier_mgpu", "run_pretraining_mgpu", "run_glue_mgpu", "create_pretraining_data", "build_vocab"]
+
 setup(
     name="bert_mgpu",
     version="0.1.0",
     description="Multi-tower (in-graph replicated) BERT training with tf.distribute and keras-hub",
     packages=find_packages(include=["bert_mgpu", "bert_mgpu.*"]),
-    py_modules=["run_classifier_mgpu", "run_pretraining_mgpu", "create_pretraining_data", "build_vocab"],
+    py_modules=SCRIPTS,
     python_requires=">=3.10",
     install_requires=[
         "tensorflow>=2.21,<2.22",
@@ -31,6 +33,5 @@ setup(
         # learning_curves.png and confusion_matrix.png (bert_mgpu.plot); training never needs it.
         "plot": ["matplotlib>=3.8"],
     },
-    entry_points={"console_scripts": [f"{m}={m}:_console" for m in (
-        "run_classifier_mgpu", "run_pretraining_mgpu", "create_pretraining_data", "build_vocab")]},
+    entry_points={"console_scripts": [f"{m}={m}:_console" for m in SCRIPTS]},
 )

@@ -54,5 +54,5 @@ def spearman(labels, predictions):
     return pearson(ranks(labels), ranks(predictions))
 
 
-TASK_METRICS = {"mrpc": ("eval_f1", f1), "cola": ("eval_mcc", matthews_corrcoef)}
+TASK_METRICS = {"mrpc": ("eval_f1", f1), "qqp": ("eval_f1", f1), "cola": ("eval_mcc", matthews_corrcoef)}
 REGRESSION_METRICS = {"eval_pearson": pearson, "eval_spearman": spearman}

@@ -1,8 +1,9 @@
 """Tasks: files on disk -> lists of `Example`s and a label list, as google-research/bert's processors.
 
-`get_task(name, ...)` gives the GLUE processors google-bert ships (cola, mrpc, mnli, xnli) plus sst-2, a
-generic `tsv`/`csv` task whose columns are named by flags, and `tfds` for a dataset already prepared in a
-local TFDS data_dir (nothing is downloaded). Bad rows raise UserError naming the file and line.
+`get_task(name, ...)` gives every GLUE task from the files of GLUE's download (glue.py), XNLI, a generic
+`tsv`/`csv` task whose columns are named by flags, and `tfds` for a dataset already prepared in a local
+TFDS data_dir (nothing is downloaded; `glue/*` with GLUE's columns). Bad rows raise UserError naming the
+file and line.
 """
 
 import codecs
@@ -192,6 +193,9 @@ class ColumnTask:
         return list(self._labels)
 
     def get_examples(self, data_dir, split):
+        if split not in self.files:
+            raise UserError(f"--task_name={self.name} has no {split} set, only {', '.join(self.files)} "
+                            f"({', '.join(self.files.values())})")
         path = os.path.join(data_dir, self.files[split])
         rows = read_rows(path, self.delimiter, self.quotechar, self.invalid_utf8)
         if self.skip_header is True or (split == "test" and self.skip_header == "test"):
@@ -284,21 +288,23 @@ class TfdsTask:
 
     def get_labels(self, data_dir=None, train_examples=None):
         _, info = self._load(self.splits["train"])
-        return list(info.features[self.columns[2]].names)
+        return list(getattr(info.features[self.columns[2]], "names", None) or [])  # none: a score (regression)
 
     def get_examples(self, data_dir, split):
         import tensorflow_datasets as tfds
 
         ds, info = self._load(self.splits[split])
-        labels = list(info.features[self.columns[2]].names)
+        labels = list(getattr(info.features[self.columns[2]], "names", None) or [])
         text, text_b, label = self.columns
         out = []
         for i, row in enumerate(tfds.as_numpy(ds)):
-            lab = int(row[label]) if label in row else -1
-            out.append(Example(
-                f"{split}-{i}", row[text].decode("utf-8"),
-                row[text_b].decode("utf-8") if text_b else None,
-                labels[lab] if 0 <= lab < len(labels) else None))
+            value = row.get(label)
+            if not labels:  # a float feature: a score; GLUE's unlabelled test rows hold -1
+                value = None if value is None or float(value) < 0 else f"{float(value):g}"
+            else:
+                value = labels[int(value)] if value is not None and 0 <= int(value) < len(labels) else None
+            out.append(Example(f"{split}-{i}", row[text].decode("utf-8"),
+                               row[text_b].decode("utf-8") if text_b else None, value))
         if not out:
             raise UserError(f"tfds dataset {self.name!r} split {self.splits[split]!r}: no examples")
         return out
@@ -325,7 +331,7 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
     task = _task(name.lower(), text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir,
                  xnli_language, tfds_splits)
     own = getattr(task, "task_type", "classification")
-    if task_type and task_type != own and not isinstance(task, NamedColumnTask):
+    if task_type and task_type != own and not isinstance(task, NamedColumnTask | TfdsTask):
         raise UserError(f"--task_type={task_type}: {task.name} is a {own} task")
     task.task_type = task_type or own
     if task.task_type == "regression" and labels:
@@ -339,19 +345,11 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
 
 def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir, xnli_language,
           tfds_splits):
-    if name == "cola":
-        return ColumnTask("cola", 3, label=1, labels=["0", "1"], skip_header="test", test_text_a=1)
-    if name == "mrpc":
-        return ColumnTask("mrpc", 3, 4, label=0, labels=["0", "1"])
-    if name == "mnli":
-        return ColumnTask("mnli", 8, 9, label=-1, labels=["contradiction", "entailment", "neutral"],
-                          files={"train": "train.tsv", "dev": "dev_matched.tsv", "test": "test_matched.tsv"})
-    if name in ("sts-b", "stsb", "sts"):  # GLUE's STS-B: a similarity score from 0 to 5
-        task = ColumnTask("sts-b", 7, 8, label=9)
-        task.task_type = "regression"
+    from bert_mgpu import glue
+
+    task = glue.reader(name)
+    if task is not None:
         return task
-    if name in ("sst-2", "sst2", "sst"):
-        return ColumnTask("sst-2", 0, label=1, labels=["0", "1"], test_text_a=1)
     if name == "xnli":
         return XnliTask(xnli_language)
     if name in ("tsv", "csv"):
@@ -359,8 +357,15 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
     if name == "tfds":
         if not tfds_name:
             raise UserError("--task_name=tfds needs --tfds_name")
-        return TfdsTask(tfds_name, tfds_data_dir, text_column, label_column, text_b_column, tfds_splits)
-    raise UserError(f"--task_name={name} is unknown; use cola, mrpc, mnli, xnli, sst-2, sts-b, tsv, csv or tfds")
+        known = glue.tfds_columns(tfds_name)
+        if known and text_column == "text":  # GLUE's own columns unless the flags name others
+            text_column, text_b_column, splits = known
+            tfds_splits = splits if tfds_splits == ("train", "validation", "test") else tfds_splits
+        task = TfdsTask(tfds_name, tfds_data_dir, text_column, label_column, text_b_column, tfds_splits)
+        if tfds_name.startswith("glue/stsb"):
+            task.task_type = "regression"
+        return task
+    raise UserError(f"--task_name={name} is unknown; use {', '.join(glue.TASKS)}, xnli, tsv, csv or tfds")
 
 
 class XnliTask:

@@ -1,0 +1,211 @@
+"""GLUE: each task's files (the layouts of GLUE's download), official metric, usual recipe and leaderboard
+file; the TFDS `glue/*` columns; the table papers print.
+
+The readers are `tasks.ColumnTask`s by column position, as google-bert's processors (and Hugging Face's)
+read them. MNLI has two dev and test sets: `mnli` is the matched pair, `mnli-mm` the mismatched, both
+trained on MNLI's train.tsv; `ax` (GLUE's diagnostic set) is prediction only, with an MNLI model.
+
+Example:
+    task = bert_mgpu.get_task("qnli")            # glue_data/QNLI/{train,dev,test}.tsv
+    print(glue.table({"mrpc": {"eval_f1": 0.88, "eval_accuracy": 0.84}}))
+"""
+
+import dataclasses
+import logging
+import os
+
+from bert_mgpu.errors import UserError
+
+log = logging.getLogger("bert_mgpu")
+NLI = ["contradiction", "entailment", "neutral"]
+ENTAILMENT = ["entailment", "not_entailment"]
+
+
+@dataclasses.dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task.
+
+    Args:
+        name: bert_mgpu's task name (`--task_name`).
+        directory: its folder in GLUE's download (`glue_data/MRPC`).
+        title: its name in the GLUE table and its leaderboard file (`MRPC.tsv`).
+        metrics: the official metrics, in the order papers print them ("F1/accuracy").
+        epochs, learning_rate, batch_size: the usual recipe (google-bert's: 3 epochs, 2e-5, 32).
+    """
+
+    name: str
+    directory: str
+    title: str
+    metrics: tuple
+    epochs: float = 3.0
+    learning_rate: float = 2e-5
+    batch_size: int = 32
+
+
+# In the order of the GLUE table.
+TASKS = {t.name: t for t in (
+    GlueTask("cola", "CoLA", "CoLA", ("eval_mcc",)),
+    GlueTask("sst-2", "SST-2", "SST-2", ("eval_accuracy",)),
+    GlueTask("mrpc", "MRPC", "MRPC", ("eval_f1", "eval_accuracy"), epochs=5),
+    GlueTask("sts-b", "STS-B", "STS-B", ("eval_pearson", "eval_spearman"), epochs=5),
+    GlueTask("qqp", "QQP", "QQP", ("eval_f1", "eval_accuracy")),
+    GlueTask("mnli", "MNLI", "MNLI-m", ("eval_accuracy",)),
+    GlueTask("mnli-mm", "MNLI", "MNLI-mm", ("eval_accuracy",)),
+    GlueTask("qnli", "QNLI", "QNLI", ("eval_accuracy",)),
+    GlueTask("rte", "RTE", "RTE", ("eval_accuracy",), epochs=5),
+    GlueTask("wnli", "WNLI", "WNLI", ("eval_accuracy",), epochs=5),
+    GlueTask("ax", "diagnostic", "AX", ()),
+)}
+ALIASES = {"sst2": "sst-2", "sst": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-m": "mnli",
+           "mnli_mismatched": "mnli-mm", "diagnostic": "ax"}
+
+
+def reader(name):
+    """The `ColumnTask` reading GLUE task `name`'s files, or None if it is not a GLUE task."""
+    from bert_mgpu.tasks import ColumnTask
+
+    name = ALIASES.get(name, name)
+    mnli = dict(text_a=8, text_b=9, label=-1, labels=NLI)
+    readers = {
+        # CoLA's train and dev have no header (source, label, mark, sentence); its test has one (index, sentence).
+        "cola": lambda: ColumnTask("cola", 3, label=1, labels=["0", "1"], skip_header="test", test_text_a=1),
+        "sst-2": lambda: ColumnTask("sst-2", 0, label=1, labels=["0", "1"], test_text_a=1),
+        "mrpc": lambda: ColumnTask("mrpc", 3, 4, label=0, labels=["0", "1"]),
+        "sts-b": lambda: ColumnTask("sts-b", 7, 8, label=9),
+        # QQP: id, qid1, qid2, question1, question2, is_duplicate; its test: id, question1, question2.
+        "qqp": lambda: ColumnTask("qqp", 3, 4, label=5, labels=["0", "1"], test_text_a=1, test_text_b=2),
+        "mnli": lambda: ColumnTask("mnli", **mnli, files={"train": "train.tsv", "dev": "dev_matched.tsv",
+                                                          "test": "test_matched.tsv"}),
+        "mnli-mm": lambda: ColumnTask("mnli-mm", **mnli, files={"train": "train.tsv", "dev": "dev_mismatched.tsv",
+                                                                "test": "test_mismatched.tsv"}),
+        "qnli": lambda: ColumnTask("qnli", 1, 2, label=3, labels=ENTAILMENT),
+        "rte": lambda: ColumnTask("rte", 1, 2, label=3, labels=ENTAILMENT),
+        "wnli": lambda: ColumnTask("wnli", 1, 2, label=3, labels=["0", "1"]),
+        "ax": lambda: ColumnTask("ax", 1, 2, labels=NLI, files={"test": "diagnostic.tsv"}),
+    }
+    if name not in readers:
+        return None
+    task = readers[name]()
+    if name == "sts-b":
+        task.task_type = "regression"
+    return task
+
+
+# TFDS `glue/<config>`: (text column, second text column, splits as train, dev, test).
+TFDS = {
+    "cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
+    "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"), "qnli": ("question", "sentence"),
+    "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2"), "mnli": ("premise", "hypothesis"),
+    "mnli_matched": ("premise", "hypothesis"), "mnli_mismatched": ("premise", "hypothesis"),
+    "ax": ("premise", "hypothesis"),
+}
+
+
+def tfds_columns(tfds_name):
+    """(text, text_b, splits) for a TFDS `glue/*` name; None for other datasets."""
+    config = tfds_name.split(":")[0].split("/", 1)[1] if tfds_name.startswith("glue/") else None
+    if config is None:
+        return None
+    if config not in TFDS:
+        raise UserError(f"--tfds_name={tfds_name}: not a GLUE configuration ({', '.join(sorted(TFDS))})")
+    splits = {"mnli": ("train", "validation_matched", "test_matched"), "ax": ("test", "test", "test")}
+    return (*TFDS[config], splits.get(config, ("train", "validation", "test")))
+
+
+def score(task, results):
+    """A task's GLUE score: the mean of its official metrics, x 100."""
+    values = [results[m] for m in TASKS[task].metrics if m in results]
+    return 100 * sum(values) / len(values) if values else None
+
+
+def table(results):
+    """The GLUE table as papers print it: a header row of task titles, a row of scores (two metrics as
+    "F1/accuracy", MNLI as "m/mm"), and the average of the tasks' scores (a task's score is the mean of its
+    metrics, MNLI's the mean of matched and mismatched). Markdown."""
+    titles, cells, scores = [], [], []
+    for name, task in TASKS.items():
+        if name in ("ax", "mnli-mm") or name not in results:
+            continue
+        r = results[name]
+        cell = "/".join(f"{100 * r[m]:.1f}" for m in task.metrics)
+        titles.append(task.title)
+        scores.append(score(name, r))
+        if name == "mnli":  # one task of the average: the mean of matched and mismatched
+            titles[-1] = "MNLI-m/mm"
+            if "mnli-mm" in results:
+                cell += f"/{100 * results['mnli-mm']['eval_accuracy']:.1f}"
+                scores[-1] = (scores[-1] + score("mnli-mm", results["mnli-mm"])) / 2
+        cells.append(cell)
+    titles.append("Average")
+    cells.append(f"{sum(scores) / len(scores):.1f}" if scores else "")
+    return "\n".join(["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles), "| " + " | ".join(cells) + " |"])
+
+
+def submission(task, predictions, labels):
+    """GLUE leaderboard file text for `task`: `index<TAB>prediction`, one row per test example in order;
+    predictions are probabilities [N, labels] (or scores [N] for STS-B)."""
+    if task == "sts-b":
+        rows = [f"{min(max(float(x), 0.0), 5.0):.3f}" for x in predictions]  # the leaderboard takes 0..5
+    else:
+        rows = [labels[i] for i in predictions.argmax(axis=1)]
+    return "index\tprediction\n" + "".join(f"{i}\t{p}\n" for i, p in enumerate(rows))
+
+
+def submission_path(directory, task):
+    return os.path.join(directory, f"{TASKS[task].title}.tsv")
+
+
+def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predict=True, precision="auto",
+        max_seq_length=128, epochs=None, learning_rate=None, batch_size=None, eval_batch_size=32, seed=12345,
+        **fit_args):
+    """Fine-tune and evaluate each task (every one by default) with its recipe; returns {task: eval results}.
+
+    Each task trains in `output_dir/<task>` (rerun to resume); MNLI's model is evaluated on both dev sets
+    and predicts AX. `epochs`, `learning_rate`, `batch_size` (per tower) replace every task's recipe.
+    With `do_predict`, the leaderboard files go to `output_dir/submission/`. Writes `glue_results.md`
+    (`table`) and `glue_results.tsv` (every metric) in output_dir.
+    """
+    from bert_mgpu import storage
+    from bert_mgpu.classifier import BertClassifier
+    from bert_mgpu.devices import Towers
+    from bert_mgpu.tasks import get_task
+
+    names = [ALIASES.get(t, t) for t in (tasks or [t for t in TASKS if t not in ("mnli-mm", "ax")])]
+    unknown = [t for t in names if t not in TASKS]
+    if unknown:
+        raise UserError(f"--tasks: unknown {', '.join(unknown)} (GLUE's are {', '.join(TASKS)})")
+    towers = towers or Towers()
+    results, submission_dir = {}, os.path.join(output_dir, "submission")
+    for name in [t for t in names if t not in ("mnli-mm", "ax")]:
+        spec, task = TASKS[name], get_task(name)
+        data = os.path.join(glue_dir, spec.directory)
+        train = task.get_examples(data, "train")
+        labels = task.get_labels(data, train)
+        towers.set_batch(batch_size or spec.batch_size)
+        clf = BertClassifier.from_pretrained(init_checkpoint, labels=labels, towers=towers, precision=precision,
+                                             max_seq_length=max_seq_length, task=name, task_type=task.task_type)
+        log.info("GLUE %s: %d training examples, %g epochs at %g", spec.title, len(train),
+                 epochs or spec.epochs, learning_rate or spec.learning_rate)
+        clf.fit(train, os.path.join(output_dir, name), epochs=epochs or spec.epochs,
+                learning_rate=learning_rate or spec.learning_rate, seed=seed, **fit_args)
+        if clf.interrupted:
+            raise UserError(f"GLUE {spec.title}: interrupted by {clf.interrupted}; rerun to resume")
+        evaluated = [name] + (["mnli-mm"] if name == "mnli" else [])
+        for each in evaluated:
+            other = get_task(each)
+            results[each] = clf.evaluate(other.get_examples(data, "dev"), batch_size=eval_batch_size)
+            log.info("GLUE %s: %s", TASKS[each].title, {m: round(results[each][m], 4) for m in TASKS[each].metrics})
+        if do_predict:
+            storage.makedirs(submission_dir)
+            for each in evaluated + (["ax"] if name == "mnli" else []):
+                where = data if each != "ax" else os.path.join(glue_dir, TASKS["ax"].directory)
+                if each == "ax" and not storage.exists(os.path.join(where, "diagnostic.tsv")):
+                    log.warning("no %s: GLUE's diagnostic set (AX) is not predicted", where)
+                    continue
+                predicted = clf.predict(get_task(each).get_examples(where, "test"), batch_size=eval_batch_size)
+                storage.write_atomic(submission_path(submission_dir, each), submission(each, predicted, clf.labels))
+    storage.write_atomic(os.path.join(output_dir, "glue_results.md"), table(results) + "\n")
+    rows = [f"{TASKS[t].title}\t{m}\t{results[t][m]:.6f}" for t in results for m in sorted(results[t])
+            if m.startswith("eval_")]
+    storage.write_atomic(os.path.join(output_dir, "glue_results.tsv"), "task\tmetric\tvalue\n" + "\n".join(rows) + "\n")
+    return results
