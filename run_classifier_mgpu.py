@@ -50,9 +50,12 @@ flags.DEFINE_enum("task_type", None, ["classification", "regression"], "regressi
                   "output trained with mean squared error, Pearson and Spearman reported (default: the task's; "
                   "sts-b is a regression, tsv/csv a classification).")
 flags.DEFINE_list("labels", None, "Label set, comma-separated (default: the labels of the training data).")
-flags.DEFINE_string("text_column", "text", "tsv/csv/tfds: column of the (first) text.")
-flags.DEFINE_string("text_b_column", None, "tsv/csv/tfds: column of the second text of a pair.")
-flags.DEFINE_string("label_column", "label", "tsv/csv/tfds: column of the label.")
+flags.DEFINE_string("text_column", "text", "tsv/csv/jsonl/tfds: column of the (first) text: a header name, or a "
+                    "number (0 = first) for a file without a header row (jsonl default: sentence).")
+flags.DEFINE_string("text_b_column", None, "tsv/csv/jsonl/tfds: column of the second text of a pair.")
+flags.DEFINE_string("label_column", "label", "tsv/csv/jsonl/tfds: column of the label.")
+flags.DEFINE_enum("predict_format", "label", ["label", "index"], "predict.txt: the predicted label a line, or its "
+                  "index in the label list (bert-ad's two forms).")
 flags.DEFINE_string("tfds_name", None, "tfds: dataset name, prepared in --tfds_data_dir (never downloaded).")
 flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
 flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
@@ -173,7 +176,7 @@ def run():
         if towers.is_chief:
             guids = [e.guid for e in test]
             paths = (outputs.write_scores(FLAGS.output_dir, predicted, guids) if clf.regression else
-                     outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids))
+                     outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids, FLAGS.predict_format))
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:
         cli.run_exports(clf, exports, [e.text_a for e in (dev or test or [])[:64]])

@@ -56,11 +56,12 @@ def write_eval_results(output_dir, results):
     return write_atomic(os.path.join(output_dir, "eval_results.txt"), lines)
 
 
-def write_predictions(output_dir, probabilities, label_list, guids):
-    """The three prediction files; returns their paths."""
+def write_predictions(output_dir, probabilities, label_list, guids, predict_format="label"):
+    """The three prediction files; returns their paths. predict.txt holds a label a line, or its index in
+    the label list with `predict_format="index"` (bert-ad's two forms)."""
     predicted = probabilities.argmax(axis=1)
     test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in probabilities)
-    labels = "".join(f"{label_list[i]}\n" for i in predicted)
+    labels = "".join(f"{i if predict_format == 'index' else label_list[i]}\n" for i in predicted)
     header = "\t".join(["id", "label"] + [f"p_{name}" for name in label_list]) + "\n"
     table = header + "".join(
         "\t".join([guid, label_list[i]] + [f"{p:.8f}" for p in row]) + "\n"

@@ -6,15 +6,13 @@ TFDS data_dir (nothing is downloaded; `glue/*` with GLUE's columns). Bad rows ra
 file and line.
 """
 
-import codecs
-import csv
 import dataclasses
-import io
 import logging
 import math
 import os
 
 from bert_mgpu.errors import UserError
+from bert_mgpu.text_files import read_json_lines, read_rows
 
 log = logging.getLogger("bert_mgpu")
 
@@ -81,63 +79,6 @@ def _from_frame(frame, text_column, text_b_column, label_column):
     rows = frame.to_dict("records")
     return [Example(str(guid), str(row[text]), None if text_b is None else str(row[text_b]),
                     None if label is None else str(row[label])) for guid, row in zip(frame.index, rows)]
-
-
-def decode_utf8(path, data, invalid_utf8="error"):
-    """Bytes -> text. Invalid UTF-8 is an error naming line and column, or (`replace`) U+FFFD, counted."""
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        if invalid_utf8 != "replace":
-            raise UserError(f"{path}:{line}: invalid UTF-8 at byte {column} of the line ({e.reason}); fix the "
-                            "file or pass --invalid_utf8=replace") from None
-    bad = [i + 1 for i, raw in enumerate(data.split(b"\n")) if _invalid(raw)]
-    log.warning("%s: invalid UTF-8 replaced by U+FFFD on %d line(s), the first at line %d", path, len(bad), bad[0])
-    return data.decode("utf-8", errors="replace")
-
-
-def _invalid(raw):
-    try:
-        raw.decode("utf-8")
-        return False
-    except UnicodeDecodeError:
-        return True
-
-
-def read_rows(path, delimiter="\t", quotechar=None, invalid_utf8="error"):
-    """Rows of a TSV/CSV file, each with its 1-based line number; UserError naming the file and line for
-    input that cannot be read right (no file, NUL byte, invalid UTF-8, a quote that never closes)."""
-    if not os.path.exists(path):
-        raise UserError(f"{path}: file not found")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror})") from None
-    text = decode_utf8(path, data, invalid_utf8)
-    if "\x00" in text:
-        at = text.index("\x00")
-        raise UserError(f"{path}:{text.count(chr(10), 0, at) + 1}: NUL byte at column "
-                        f"{at - text.rfind(chr(10), 0, at)}; is it a binary or UTF-16 file?")
-    rows = []
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quotechar=quotechar, strict=True)
-    while True:
-        line = reader.line_num + 1
-        try:
-            row = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as e:
-            if "unexpected end of data" in str(e):
-                raise UserError(f"{path}:{line}: a quote opened on this line never closes") from None
-            raise UserError(f"{path}:{line}: malformed row ({e})") from None
-        if row:
-            rows.append((line, row))
-    return rows
 
 
 def _cell(path, line, row, index):
@@ -236,7 +177,9 @@ class ColumnTask:
 
 
 class NamedColumnTask(ColumnTask):
-    """Generic TSV/CSV with a header row: text, optional second text and label columns named by flags."""
+    """Generic TSV/CSV: text, optional second text and label columns named by flags. Names read a header
+    row; numbers (0 = the first column) read a file without one, as google-bert's processors and bert-ad's
+    `label<TAB>text` files."""
 
     def __init__(self, kind, text_column, label_column, text_b_column=None, labels=None):
         ext = "csv" if kind == "csv" else "tsv"
@@ -244,10 +187,21 @@ class NamedColumnTask(ColumnTask):
         self.columns = (text_column, text_b_column, label_column)
         if kind == "csv":
             self.delimiter, self.quotechar = ",", '"'
+        given = [c for c in self.columns if c is not None]
+        numbers = [str(c).isdigit() for c in given]
+        if any(numbers) and not all(numbers):
+            raise UserError(f"--text_column, --text_b_column, --label_column: all names (a header row) or all "
+                            f"numbers (no header), not both ({', '.join(map(str, given))})")
+        self.by_number = all(numbers)
 
     def get_examples(self, data_dir, split):
         path = os.path.join(data_dir, self.files[split])
         rows = read_rows(path, self.delimiter, self.quotechar, self.invalid_utf8)
+        if self.by_number:
+            text, text_b, label = (None if c is None else int(c) for c in self.columns)
+            if split == "test" and label is not None and rows and label >= len(rows[0][1]):
+                label = None  # a test file without the label column
+            return self._examples(path, rows, split, text, text_b, label)
         if not rows:
             raise UserError(f"{path}: empty file (a header row is expected)")
         header = rows[0][1]
@@ -265,6 +219,32 @@ class NamedColumnTask(ColumnTask):
                 raise UserError(f"{path}:{line}: {len(row)} cells but the header has {len(header)}; "
                                 f"{inside}? (the text would be cut there)")
         return self._examples(path, rows[1:], split, index["text"], index["text_b"], index["label"])
+
+
+class JsonLinesTask(ColumnTask):
+    """One JSON object a line (`{split}.jsonl`, or `.json` as CLUE names them): the text, second text and
+    label under keys named by flags (CLUE: `sentence`, or `sentence1` and `sentence2`; `label`)."""
+
+    def __init__(self, text_column, label_column, text_b_column=None, labels=None):
+        super().__init__("jsonl", None, labels=labels)
+        self.columns = (text_column, text_b_column, label_column)
+
+    def get_examples(self, data_dir, split):
+        paths = [os.path.join(data_dir, f"{split}.{ext}") for ext in ("jsonl", "json")]
+        path = next((p for p in paths if os.path.exists(p)), paths[0])
+        rows = []
+        for line, obj in read_json_lines(path, self.invalid_utf8):
+            cells = []
+            for role, key in zip(("text", "text_b", "label"), self.columns):
+                if key is None or (role == "label" and split == "test" and key not in obj):
+                    cells.append("")
+                elif key not in obj:
+                    raise UserError(f"{path}:{line}: no key {key!r} (its keys: {', '.join(obj)})")
+                else:
+                    cells.append(str(obj[key]))
+            rows.append((line, cells))
+        return self._examples(path, rows, split, 0, 1 if self.columns[1] else None,
+                              2 if split != "test" or any(r[2] for _, r in rows) else None)
 
 
 class TfdsTask:
@@ -331,7 +311,7 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
     task = _task(name.lower(), text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir,
                  xnli_language, tfds_splits)
     own = getattr(task, "task_type", "classification")
-    if task_type and task_type != own and not isinstance(task, NamedColumnTask | TfdsTask):
+    if task_type and task_type != own and not isinstance(task, NamedColumnTask | JsonLinesTask | TfdsTask):
         raise UserError(f"--task_type={task_type}: {task.name} is a {own} task")
     task.task_type = task_type or own
     if task.task_type == "regression" and labels:
@@ -354,6 +334,9 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
         return XnliTask(xnli_language)
     if name in ("tsv", "csv"):
         return NamedColumnTask(name, text_column, label_column, text_b_column, labels)
+    if name in ("jsonl", "json"):
+        return JsonLinesTask("sentence" if text_column == "text" else text_column, label_column, text_b_column,
+                             labels)
     if name == "tfds":
         if not tfds_name:
             raise UserError("--task_name=tfds needs --tfds_name")
@@ -365,7 +348,7 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
         if tfds_name.startswith("glue/stsb"):
             task.task_type = "regression"
         return task
-    raise UserError(f"--task_name={name} is unknown; use {', '.join(glue.TASKS)}, xnli, tsv, csv or tfds")
+    raise UserError(f"--task_name={name} is unknown; use {', '.join(glue.TASKS)}, xnli, tsv, csv, jsonl or tfds")
 
 
 class XnliTask:

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 from conftest import write_tsv
 
@@ -150,3 +152,60 @@ def test_notebook_inputs_become_examples():
     with pytest.raises(UserError, match=r"^the DataFrame has no text column text, text_a or sentence \(its "
                                         r"columns: q, p\)$"):
         as_examples(pairs)
+
+
+def test_headerless_tsv_by_column_number(tmp_path):
+    """bert-ad's `label<TAB>text` files: columns by number (0 = first), no header row."""
+    (tmp_path / "train.tsv").write_text("体育\t姚明加盟火箭\n财经\t股市大涨\n")
+    (tmp_path / "test.tsv").write_text("今天下雨\n")
+    task = get_task("tsv", text_column="1", label_column="0")
+    train = task.get_examples(str(tmp_path), "train")
+    assert [(e.text_a, e.label) for e in train] == [("姚明加盟火箭", "体育"), ("股市大涨", "财经")]
+    test = get_task("tsv", text_column="0", label_column="1").get_examples(str(tmp_path), "test")
+    assert [(e.text_a, e.label) for e in test] == [("今天下雨", None)]  # a test file without the label column
+    (tmp_path / "dev.tsv").write_text("体育\t姚明\n财经\n")
+    with pytest.raises(UserError, match=r"dev.tsv:2: expected at least 2 columns, found 1"):
+        task.get_examples(str(tmp_path), "dev")
+    with pytest.raises(UserError, match=r"all names \(a header row\) or all numbers \(no header\), not both"):
+        get_task("tsv", text_column="1", label_column="label")
+
+
+def test_json_lines_as_clue_writes_them(tmp_path):
+    rows = [{"sentence1": "花呗如何还款", "sentence2": "花呗怎么还钱", "label": "1"},
+            {"sentence1": "借呗额度", "sentence2": "今天天气", "label": 0}]
+    (tmp_path / "train.json").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    task = get_task("jsonl", text_column="sentence1", text_b_column="sentence2")
+    train = task.get_examples(str(tmp_path), "train")
+    assert [(e.text_a, e.text_b, e.label) for e in train] == [("花呗如何还款", "花呗怎么还钱", "1"),
+                                                              ("借呗额度", "今天天气", "0")]
+    (tmp_path / "test.jsonl").write_text('{"id": 0, "sentence": "好看"}\n')
+    assert get_task("jsonl").get_examples(str(tmp_path), "test")[0].text_a == "好看"  # CLUE's key by default
+    (tmp_path / "dev.jsonl").write_text('{"sentence1": "a", "sentence2": "b", "label": "1"}\n{"sentence1": "a",\n')
+    with pytest.raises(UserError, match=r"dev.jsonl:2: not a JSON object \(Expecting property name enclosed in "
+                                        r"double quotes at column 19\)"):
+        task.get_examples(str(tmp_path), "dev")
+    (tmp_path / "dev.jsonl").write_text('{"sentence1": "a", "label": "1"}\n')
+    with pytest.raises(UserError, match=r"dev.jsonl:1: no key 'sentence2' \(its keys: sentence1, label\)"):
+        task.get_examples(str(tmp_path), "dev")
+
+
+def test_csv_with_quoted_fields_and_newlines_inside(tmp_path):
+    (tmp_path / "train.csv").write_text('text,label\n"a film, long\nand dull",neg\n"say ""yes""",pos\nfun,pos\n')
+    train = get_task("csv").get_examples(str(tmp_path), "train")
+    assert [(e.text_a, e.label) for e in train] == [("a film, long\nand dull", "neg"), ('say "yes"', "pos"),
+                                                    ("fun", "pos")]
+    (tmp_path / "dev.csv").write_text('text,label\n"ok",pos\n"never closed,neg\n')
+    with pytest.raises(UserError, match=r"dev.csv:3: a quote opened on this line never closes"):
+        get_task("csv").get_examples(str(tmp_path), "dev")
+
+
+def test_predict_txt_holds_labels_or_their_index(tmp_path):
+    import numpy as np
+
+    from bert_mgpu import outputs
+
+    p = np.array([[0.1, 0.9], [0.8, 0.2]])
+    outputs.write_predictions(str(tmp_path), p, ["neg", "pos"], ["a", "b"])
+    assert (tmp_path / "predict.txt").read_text() == "pos\nneg\n"
+    outputs.write_predictions(str(tmp_path), p, ["neg", "pos"], ["a", "b"], predict_format="index")
+    assert (tmp_path / "predict.txt").read_text() == "1\n0\n"
