@@ -54,6 +54,8 @@ flags.DEFINE_string("text_column", "text", "tsv/csv/jsonl/tfds: column of the (f
                     "number (0 = first) for a file without a header row (jsonl default: sentence).")
 flags.DEFINE_string("text_b_column", None, "tsv/csv/jsonl/tfds: column of the second text of a pair.")
 flags.DEFINE_string("label_column", "label", "tsv/csv/jsonl/tfds: column of the label.")
+flags.DEFINE_list("metrics", None, "Evaluation adds these (eval_<name>): accuracy, f1, f1_macro, f1_micro, mcc, "
+                  "auc, pearson, spearman; also for --metric_for_best_model.")
 flags.DEFINE_enum("predict_format", "label", ["label", "index"], "predict.txt: the predicted label a line, or its "
                   "index in the label list (bert-ad's two forms).")
 flags.DEFINE_string("tfds_name", None, "tfds: dataset name, prepared in --tfds_data_dir (never downloaded).")
@@ -130,6 +132,9 @@ def run():
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
         tfds_data_dir=FLAGS.tfds_data_dir, xnli_language=FLAGS.xnli_language, tfds_splits=tuple(FLAGS.tfds_splits),
         invalid_utf8=FLAGS.invalid_utf8, task_type=FLAGS.task_type)
+    from bert_mgpu import metrics
+
+    metrics.check_names(FLAGS.metrics, task.task_type == "regression")
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
@@ -142,6 +147,7 @@ def run():
         init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
         task=task.name, fused_encoder=FLAGS.fused_encoder, task_type=task.task_type)
+    clf.metrics = FLAGS.metrics or []
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
             clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
@@ -168,7 +174,7 @@ def run():
         for key in sorted(results):
             logging.info("  %s = %s", key, results[key])
         if towers.is_chief:
-            path = outputs.write_eval_results(FLAGS.output_dir, results)
+            path = outputs.write_eval_results(FLAGS.output_dir, results, clf.report)
             main = clf.main_metric
             print(f"eval: {main[len('eval_'):]} {results[main]:.4f} on {len(dev)} examples -> {path}")
     if FLAGS.do_predict:

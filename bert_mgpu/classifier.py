@@ -21,7 +21,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, distribute, memory, metrics, optimization, run_dir
+from bert_mgpu import checkpoints, distribute, memory, optimization, run_dir
+from bert_mgpu import metrics as metrics_module
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
@@ -89,6 +90,8 @@ class BertClassifier:
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
+        self.report = None  # the last evaluation's {label: (precision, recall, F1, support)}
+        self.metrics = []  # metrics every evaluation adds (--metrics): see metrics.CLASSIFICATION
         self._predictor = Trainer(towers.strategy, model)
 
     @property
@@ -291,7 +294,7 @@ class BertClassifier:
         accuracy otherwise."""
         if self.regression:
             return "eval_pearson"
-        return metrics.TASK_METRICS[self.task][0] if self.task in metrics.TASK_METRICS else "eval_accuracy"
+        return metrics_module.TASK_METRICS.get(self.task, ("eval_accuracy",))[0]
 
     def _save_model_dir(self, directory, step):
         """A loadable model directory of the weights as they are (`best/`): encoder, head, run files."""
@@ -359,9 +362,13 @@ class BertClassifier:
         logits, _ = self._logits(examples, batch_size, "predict", verbose)
         return logits[:, 0] if self.regression else tf.nn.softmax(logits).numpy()
 
-    def evaluate(self, examples, batch_size: int = 8, verbose="auto") -> dict:
-        """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA); examples
-        as `predict` takes them, with labels."""
+    def evaluate(self, examples, batch_size: int = 8, verbose="auto", metrics: Sequence[str] | None = None) -> dict:
+        """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA) and `metrics`
+        (default `self.metrics`: accuracy, f1, f1_macro, f1_micro, mcc, auc, pearson, spearman) as
+        `eval_<name>`; examples as `predict` takes them, with labels. Sets `self.confusion` and the
+        per-class `self.report`."""
+        names = list(self.metrics if metrics is None else metrics)
+        metrics_module.check_names(names, self.regression)
         examples = as_examples(examples)
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")
@@ -369,20 +376,24 @@ class BertClassifier:
         if self.regression:
             return self._regression_results(logits[:, 0], labels, len(examples))
         losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        predicted = np.argmax(logits, axis=1)
-        self.confusion = np.zeros([len(self.labels)] * 2, np.int64)  # true label per row, predicted per column
+        predicted, k = np.argmax(logits, axis=1), len(self.labels)
+        self.confusion = np.zeros([k] * 2, np.int64)  # true label per row, predicted per column
         np.add.at(self.confusion, (labels, predicted), 1)
+        self.report = dict(zip(self.labels, zip(*metrics_module.per_class(labels, predicted, k))))
         loss = float(np.mean(losses))
-        results = {"eval_accuracy": metrics.accuracy(labels, predicted), "eval_loss": loss, "loss": loss,
+        results = {"eval_accuracy": metrics_module.accuracy(labels, predicted), "eval_loss": loss, "loss": loss,
                    "global_step": self.global_step, "eval_examples": len(examples)}
-        if self.task in metrics.TASK_METRICS:
-            name, fn = metrics.TASK_METRICS[self.task]
+        if self.task in metrics_module.TASK_METRICS:
+            name, fn = metrics_module.TASK_METRICS[self.task]
             results[name] = fn(labels, predicted)
+        probabilities = tf.nn.softmax(logits).numpy() if names else None
+        for name in names:
+            results[f"eval_{name}"] = metrics_module.CLASSIFICATION[name](labels, predicted, probabilities, k)
         return results
 
     def _regression_results(self, scores, labels, count):
         """Mean squared error (the loss), Pearson and Spearman, as Hugging Face's GLUE script reports STS-B."""
-        self.confusion = None
+        self.confusion = self.report = None
         loss = float(np.mean(np.square(scores.astype(np.float64) - labels)))
         return {"eval_loss": loss, "loss": loss, "global_step": self.global_step, "eval_examples": count,
-                **{name: fn(labels, scores) for name, fn in metrics.REGRESSION_METRICS.items()}}
+                **{name: fn(labels, scores) for name, fn in metrics_module.REGRESSION_METRICS.items()}}

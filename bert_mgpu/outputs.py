@@ -51,8 +51,13 @@ def draw(what, *args):
     return getattr(plot, what)(*args)
 
 
-def write_eval_results(output_dir, results):
+def write_eval_results(output_dir, results, report=None):
+    """google-bert's `key = value` lines; with `report` ({label: (precision, recall, F1, support)}) a
+    `report_<label>_<measure>` line each after them."""
     lines = "".join(f"{k} = {results[k]}\n" for k in sorted(results))
+    for label, values in (report or {}).items():
+        lines += "".join(f"report_{label}_{name} = {value}\n"
+                         for name, value in zip(("precision", "recall", "f1", "support"), values))
     return write_atomic(os.path.join(output_dir, "eval_results.txt"), lines)
 
 

@@ -35,3 +35,35 @@ def test_pearson_spearman_and_ranks_on_known_values():
     assert pearson(a, [2 * x + 1 for x in a]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
     assert pearson([1, 1, 1], [1, 2, 3]) == 0.0  # undefined for a constant: 0, as the other metrics
+
+
+@pytest.mark.parametrize("k, seed", [(2, 0), (3, 1), (5, 2)])
+def test_every_metric_equals_scikit_learns(k, seed):
+    """On random labels and probabilities with ties, 2 to 5 classes, one class never predicted."""
+    import sklearn.metrics as sklearn  # the test extra's reference
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, k, 300)
+    probabilities = rng.multinomial(20, np.ones(k) / k, 300) / 20  # in twentieths: tied scores, as models give
+    p = probabilities.argmax(1)
+    p[p == k - 1] = 0  # a class never predicted: zero precision, as scikit-learn's zero_division=0
+    precision, recall, f1, support = metrics.per_class(y, p, k)
+    ref = sklearn.precision_recall_fscore_support(y, p, labels=range(k), zero_division=0)
+    for ours, theirs in zip((precision, recall, f1, support), ref):
+        np.testing.assert_allclose(ours, theirs, atol=1e-12)
+    assert metrics.f1_macro(y, p, k) == pytest.approx(sklearn.f1_score(y, p, average="macro", labels=range(k),
+                                                                       zero_division=0), abs=1e-12)
+    assert metrics.f1_micro(y, p, k) == pytest.approx(sklearn.f1_score(y, p, average="micro"), abs=1e-12)
+    assert metrics.matthews_corrcoef(y, p) == pytest.approx(sklearn.matthews_corrcoef(y, p), abs=1e-12)
+    auc = sklearn.roc_auc_score(y, probabilities[:, 1]) if k == 2 else sklearn.roc_auc_score(
+        y, probabilities, multi_class="ovr", average="macro")
+    assert metrics.roc_auc(y, probabilities) == pytest.approx(auc, abs=1e-12)
+
+
+def test_metric_names_are_checked_against_the_task_type():
+    from bert_mgpu.errors import UserError
+
+    metrics.check_names(["f1_macro", "auc"], regression=False)
+    with pytest.raises(UserError, match=r"--metrics=f2: expected some of accuracy, f1, f1_macro"):
+        metrics.check_names(["f2"], regression=False)
+    with pytest.raises(UserError, match=r"--metrics=accuracy: a regression has scores, not classes"):
+        metrics.check_names(["accuracy"], regression=True)

@@ -34,7 +34,8 @@ def common(data, release, out, *extra):
 def trained(data, google_release, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("out"))
     args = common(data, google_release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=4",
-                  "--learning_rate=2e-3", "--warmup_proportion=0.1", "--save_checkpoints_steps=50")
+                  "--learning_rate=2e-3", "--warmup_proportion=0.1", "--save_checkpoints_steps=50",
+                  "--metrics=f1_macro,mcc,auc")
     return out, args, run(*args)
 
 
@@ -70,6 +71,16 @@ def test_train_eval_predict_writes_every_output(trained):
     counts = [line.split("\t")[1:] for line in open(os.path.join(out, "confusion_matrix.tsv")).read().splitlines()[1:]]
     assert sum(int(n) for row in counts for n in row) == 50
     assert sum(int(counts[i][i]) for i in range(2)) / 50 == pytest.approx(float(results["eval_accuracy"]))
+    # --metrics and the per-class report agree with the confusion matrix.
+    c = np.array(counts, float)
+    for i, label in enumerate(("neg", "pos")):
+        precision, recall = c[i, i] / c[:, i].sum(), c[i, i] / c[i].sum()
+        assert float(results[f"report_{label}_precision"]) == pytest.approx(precision)
+        assert float(results[f"report_{label}_recall"]) == pytest.approx(recall)
+        assert int(results[f"report_{label}_support"]) == c[i].sum()
+    f1s = [float(results[f"report_{label}_f1"]) for label in ("neg", "pos")]
+    assert float(results["eval_f1_macro"]) == pytest.approx(np.mean(f1s)) and float(results["eval_f1_macro"]) > 0.8
+    assert float(results["eval_auc"]) > 0.9 and float(results["eval_mcc"]) > 0.7
 
 
 def test_rerun_resumes_and_predicts_the_same(trained):
