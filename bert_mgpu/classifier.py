@@ -362,6 +362,13 @@ class BertClassifier:
         logits, _ = self._logits(examples, batch_size, "predict", verbose)
         return logits[:, 0] if self.regression else tf.nn.softmax(logits).numpy()
 
+    def embed(self, texts, pooling: str = "mean", batch_size: int = 32) -> np.ndarray:
+        """Sentence embeddings [N, hidden] from this model's encoder (see `embeddings.Encoder.embed`)."""
+        from bert_mgpu.embeddings import Encoder
+
+        return Encoder(self.model.backbone, self.tokenizer, self.towers, self.max_seq_length).embed(
+            texts, pooling, batch_size)
+
     def evaluate(self, examples, batch_size: int = 8, verbose="auto", metrics: Sequence[str] | None = None) -> dict:
         """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA) and `metrics`
         (default `self.metrics`: accuracy, f1, f1_macro, f1_micro, mcc, auc, pearson, spearman) as

@@ -122,7 +122,7 @@ _ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs)
 _CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of a large set
 
 
-def _encoder(tokenizer, max_seq_length, pairs):
+def traced_encode(tokenizer, max_seq_length, pairs):
     """A traced `encode` kept with the tokenizer, so its kernels (compiled regexes) are built once.
 
     The function reaches the tokenizer through a weak reference (it is traced once, at its first call),
@@ -144,7 +144,7 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
     Widths are lengths rounded up to pad_to_multiple; a batch never mixes widths, so no example is
     padded by pad_to_multiple or more. A width's last batch may be partial.
     """
-    encode_fn = _encoder(tokenizer, max_seq_length, pairs)
+    encode_fn = traced_encode(tokenizer, max_seq_length, pairs)
     ids, segs, lengths = [], [], []
     for i in range(0, len(arrays["index"]), _CHUNK):
         a, b = encode_fn(arrays["text_a"][i:i + _CHUNK], arrays["text_b"][i:i + _CHUNK])

@@ -76,6 +76,15 @@ def read_rows(path, delimiter="\t", quotechar=None, invalid_utf8="error"):
     return rows
 
 
+def read_lines(path, invalid_utf8="error"):
+    """(line number, text) for each non-blank line of a text file (no line ending kept)."""
+    text = _read(path, invalid_utf8)
+    if "\x00" in text:
+        raise UserError(f"{path}:{text.count(chr(10), 0, text.index(chr(0))) + 1}: NUL byte; is it a binary or "
+                        "UTF-16 file?")
+    return [(i, line.rstrip("\r")) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
+
+
 def read_json_lines(path, invalid_utf8="error"):
     """(line number, object) for each non-blank line of a JSON-lines file."""
     out = []
