@@ -46,9 +46,12 @@ flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert comp
 flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
 # bert_mgpu's flags
 define_tower_flags()
-flags.DEFINE_enum("task_type", None, ["classification", "regression"], "regression: the labels are scores, one "
-                  "output trained with mean squared error, Pearson and Spearman reported (default: the task's; "
-                  "sts-b is a regression, tsv/csv a classification).")
+flags.DEFINE_enum("task_type", None, ["classification", "regression", "multi_label"], "regression: the labels "
+                  "are scores, one output trained with mean squared error, Pearson and Spearman reported; "
+                  "multi_label: each label a set (--label_separator), sigmoid outputs, binary cross-entropy, micro "
+                  "and macro F1 (default: the task's; sts-b is a regression, tsv/csv a classification).")
+flags.DEFINE_string("label_separator", ",", "multi_label: what separates an example's labels in its label cell.")
+flags.DEFINE_float("threshold", 0.5, "multi_label: a label is predicted when its probability is above this.")
 flags.DEFINE_list("labels", None, "Label set, comma-separated (default: the labels of the training data).")
 flags.DEFINE_string("text_column", "text", "tsv/csv/jsonl/tfds: column of the (first) text: a header name, or a "
                     "number (0 = first) for a file without a header row (jsonl default: sentence).")
@@ -131,10 +134,10 @@ def run():
         FLAGS.task_name, text_column=FLAGS.text_column, label_column=FLAGS.label_column,
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
         tfds_data_dir=FLAGS.tfds_data_dir, xnli_language=FLAGS.xnli_language, tfds_splits=tuple(FLAGS.tfds_splits),
-        invalid_utf8=FLAGS.invalid_utf8, task_type=FLAGS.task_type)
+        invalid_utf8=FLAGS.invalid_utf8, task_type=FLAGS.task_type, label_separator=FLAGS.label_separator)
     from bert_mgpu import metrics
 
-    metrics.check_names(FLAGS.metrics, task.task_type == "regression")
+    metrics.check_names(FLAGS.metrics, task.task_type == "regression", task.task_type == "multi_label")
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
@@ -148,6 +151,8 @@ def run():
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
         task=task.name, fused_encoder=FLAGS.fused_encoder, task_type=task.task_type)
     clf.metrics = FLAGS.metrics or []
+    if clf.multi_label:
+        clf.label_separator, clf.threshold = FLAGS.label_separator, FLAGS.threshold
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
             clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
@@ -181,8 +186,13 @@ def run():
         predicted = clf.predict(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
             guids = [e.guid for e in test]
-            paths = (outputs.write_scores(FLAGS.output_dir, predicted, guids) if clf.regression else
-                     outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids, FLAGS.predict_format))
+            if clf.regression:
+                paths = outputs.write_scores(FLAGS.output_dir, predicted, guids)
+            elif clf.multi_label:
+                paths = outputs.write_label_sets(FLAGS.output_dir, predicted, clf.labels, guids, clf.threshold,
+                                                 clf.label_separator)
+            else:
+                paths = outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids, FLAGS.predict_format)
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:
         cli.run_exports(clf, exports, [e.text_a for e in (dev or test or [])[:64]])

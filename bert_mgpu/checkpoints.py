@@ -285,7 +285,8 @@ def _head_facts(config):
             labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
         except ValueError:
             labels = None
-    return {"labels": labels, "task_type": "regression" if regression else None}
+    multi = config.get("problem_type") == "multi_label_classification"
+    return {"labels": labels, "task_type": "regression" if regression else "multi_label" if multi else None}
 
 
 def _load_keras_hub(path):

@@ -32,7 +32,7 @@ from bert_mgpu.modeling import build_classifier
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tasks import Example, as_examples
 from bert_mgpu.tokenization import FullTokenizer
-from bert_mgpu.training import Trainer, classification_loss, regression_loss
+from bert_mgpu.training import Trainer, classification_loss, multi_label_loss, regression_loss
 
 log = logging.getLogger("bert_mgpu")
 
@@ -87,6 +87,7 @@ class BertClassifier:
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
         self.fused_encoder, self.task_type = fused_encoder, task_type
         self.pairs = task in PAIR_TASKS  # whether it reads sentence pairs: what its training data had
+        self.label_separator, self.threshold = ",", 0.5  # multi_label: labels' separator, the decision threshold
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
@@ -97,6 +98,15 @@ class BertClassifier:
     @property
     def regression(self):
         return self.task_type == "regression"
+
+    @property
+    def multi_label(self):
+        """The label separator of a multi-label classifier (sigmoid outputs), else None."""
+        return self.label_separator if self.task_type == "multi_label" else None
+
+    def _data(self, examples, batch_size, **kwargs):
+        return make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, batch_size,
+                            regression=self.regression, multi_label=self.multi_label, **kwargs)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, labels: Sequence[str] | None = None, towers: Towers | None = None,
@@ -115,8 +125,8 @@ class BertClassifier:
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         run = pre.run or {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
-        if task_type not in ("classification", "regression"):
-            raise UserError(f"--task_type={task_type}: expected classification or regression")
+        if task_type not in ("classification", "regression", "multi_label"):
+            raise UserError(f"--task_type={task_type}: expected classification, regression or multi_label")
         labels = [] if task_type == "regression" else list(labels or run.get("labels") or pre.labels or [])
         if not labels and task_type == "classification":
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
@@ -155,6 +165,7 @@ class BertClassifier:
         own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
         clf.global_step = int(run.get("global_step", 0)) if own else 0
         clf.pairs = bool(run.get("pairs", clf.pairs))
+        clf.label_separator, clf.threshold = run.get("label_separator", ","), run.get("threshold", 0.5)
         return clf
 
     # ------------------------------------------------------------------ training
@@ -205,7 +216,7 @@ class BertClassifier:
             "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **run_dir.vocab_setting(self.tokenizer.vocab_file),
-            **({"task_type": self.task_type} if self.regression else {}),
+            **({"task_type": self.task_type} if self.task_type != "classification" else {}),
             **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
         every = evaluation_every(evaluation_strategy, eval_every_steps, num_steps / epochs)
         if (every or load_best_model_at_end or early_stopping_patience) and not dev:
@@ -223,7 +234,8 @@ class BertClassifier:
             optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
                                                       float16=self.policy == "mixed_float16")
         trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum,
-                          loss_fn=regression_loss if self.regression else classification_loss)
+                          loss_fn={"regression": regression_loss, "multi_label": multi_label_loss}.get(
+                              self.task_type, classification_loss))
         restored = run.restore(checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
                                                                rng=run_dir.rng_states(self.model)),
                                self.model.weights)
@@ -250,8 +262,7 @@ class BertClassifier:
         if start >= num_steps:
             self.global_step = start
             return self._finish(hooks, load_best_model_at_end, [])
-        dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, global_batch,
-                               training=True, seed=seed, source="train", regression=self.regression).skip(start)
+        dataset = self._data(examples, global_batch, training=True, seed=seed, source="train").skip(start)
         loop = Loop(trainer, global_batch, hooks, callbacks=callbacks, writer=run.writer, log_every=log_every,
                     save=lambda: run.save(int(trainer.step.numpy())), save_every=save_checkpoints_steps,
                     last_checkpoint=lambda: run.latest, max_consecutive_skips=max_consecutive_skips,
@@ -294,6 +305,8 @@ class BertClassifier:
         accuracy otherwise."""
         if self.regression:
             return "eval_pearson"
+        if self.multi_label:
+            return "eval_f1_micro"
         return metrics_module.TASK_METRICS.get(self.task, ("eval_accuracy",))[0]
 
     def _save_model_dir(self, directory, step):
@@ -322,6 +335,7 @@ class BertClassifier:
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
         run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels, "pairs": self.pairs,
+               **({"label_separator": self.label_separator, "threshold": self.threshold} if self.multi_label else {}),
                "do_lower_case": self.tokenizer.do_lower_case,
                "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
                "settings": self.settings}
@@ -343,9 +357,8 @@ class BertClassifier:
         if int(batch_size) < 1:
             raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
         # Rows padded to a multiple of 8 (or of the batch) per tower: few shapes for the XLA kernels.
-        dataset = make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length,
-                               self.towers.batch(batch_size), training=False, source=source,
-                               rows_multiple=self.towers.batch(math.gcd(batch_size, 8)), regression=self.regression)
+        dataset = self._data(examples, self.towers.batch(batch_size), training=False, source=source,
+                             rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
         bar = None
         if verbose is True or (verbose == "auto" and len(examples) >= 1000):
             bar = keras.utils.Progbar(len(examples), unit_name="example")
@@ -360,6 +373,8 @@ class BertClassifier:
         """
         examples = as_examples(examples)
         logits, _ = self._logits(examples, batch_size, "predict", verbose)
+        if self.multi_label:
+            return tf.sigmoid(logits).numpy()
         return logits[:, 0] if self.regression else tf.nn.softmax(logits).numpy()
 
     def embed(self, texts, pooling: str = "mean", batch_size: int = 32) -> np.ndarray:
@@ -375,32 +390,11 @@ class BertClassifier:
         `eval_<name>`; examples as `predict` takes them, with labels. Sets `self.confusion` and the
         per-class `self.report`."""
         names = list(self.metrics if metrics is None else metrics)
-        metrics_module.check_names(names, self.regression)
+        metrics_module.check_names(names, self.regression, bool(self.multi_label))
         examples = as_examples(examples)
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")
         logits, labels = self._logits(examples, batch_size, "eval", verbose)
-        if self.regression:
-            return self._regression_results(logits[:, 0], labels, len(examples))
-        losses = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-        predicted, k = np.argmax(logits, axis=1), len(self.labels)
-        self.confusion = np.zeros([k] * 2, np.int64)  # true label per row, predicted per column
-        np.add.at(self.confusion, (labels, predicted), 1)
-        self.report = dict(zip(self.labels, zip(*metrics_module.per_class(labels, predicted, k))))
-        loss = float(np.mean(losses))
-        results = {"eval_accuracy": metrics_module.accuracy(labels, predicted), "eval_loss": loss, "loss": loss,
-                   "global_step": self.global_step, "eval_examples": len(examples)}
-        if self.task in metrics_module.TASK_METRICS:
-            name, fn = metrics_module.TASK_METRICS[self.task]
-            results[name] = fn(labels, predicted)
-        probabilities = tf.nn.softmax(logits).numpy() if names else None
-        for name in names:
-            results[f"eval_{name}"] = metrics_module.CLASSIFICATION[name](labels, predicted, probabilities, k)
-        return results
-
-    def _regression_results(self, scores, labels, count):
-        """Mean squared error (the loss), Pearson and Spearman, as Hugging Face's GLUE script reports STS-B."""
-        self.confusion = self.report = None
-        loss = float(np.mean(np.square(scores.astype(np.float64) - labels)))
-        return {"eval_loss": loss, "loss": loss, "global_step": self.global_step, "eval_examples": count,
-                **{name: fn(labels, scores) for name, fn in metrics_module.REGRESSION_METRICS.items()}}
+        results, self.confusion, self.report = metrics_module.evaluation_results(
+            self.task_type, logits, labels, self.labels, task=self.task, names=names, threshold=self.threshold)
+        return {**results, "global_step": self.global_step, "eval_examples": len(examples)}

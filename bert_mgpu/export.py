@@ -151,7 +151,8 @@ def _labels_config(trained):
         return {}
     if trained.task_type == "regression":
         return {"problem_type": "regression", "id2label": {"0": "score"}, "label2id": {"score": 0}}
-    return {"problem_type": "single_label_classification",
+    kind = "multi_label_classification" if trained.task_type == "multi_label" else "single_label_classification"
+    return {"problem_type": kind,
             "id2label": {str(i): label for i, label in enumerate(trained.labels)},
             "label2id": {label: i for i, label in enumerate(trained.labels)}}
 
@@ -284,7 +285,9 @@ def _keras_hub_difference(trained, directory, texts):
         ours.head.bias.assign(trained.weights["output_bias"])
         theirs = keras_hub.models.BertTextClassifier.from_preset(directory)
         a, b = ours(features, training=False), theirs.predict(texts, verbose=0)
-        if trained.task_type != "regression":
+        if trained.task_type == "multi_label":
+            a, b = tf.sigmoid(a), tf.sigmoid(b)
+        elif trained.task_type != "regression":
             a, b = tf.nn.softmax(a), tf.nn.softmax(b)
     else:
         ours = build_backbone(trained.config)

@@ -27,15 +27,25 @@ from bert_mgpu.errors import UserError
 _BOUNDARIES = tuple(range(9, 130, 8)) + tuple(range(161, 514, 32))
 
 
-def examples_to_arrays(examples, label_list, source="data", regression=False):
+def examples_to_arrays(examples, label_list, source="data", regression=False, multi_label=None):
     """Python examples -> dict of numpy arrays; UserError for an empty set or an unknown label. With
-    `regression`, labels are scores (float32; NaN where an example has none)."""
+    `regression`, labels are scores (float32; NaN where an example has none); with `multi_label` (the
+    separator), each label is a `multi_label`-separated set, made a float32 0/1 row over label_list."""
     if not examples:
         raise UserError(f"{source}: no examples")
     label_ids = {label: i for i, label in enumerate(label_list or [])}
     labels = []
     for e in examples:
-        if regression:
+        if multi_label:
+            row = np.zeros(len(label_ids), np.float32)
+            for part in (e.label or "").split(multi_label):
+                if part.strip() and part.strip() not in label_ids:
+                    raise UserError(f"{source}: example {e.guid} has label {part.strip()!r}, not one of "
+                                    f"{', '.join(label_list)}")
+                if part.strip():
+                    row[label_ids[part.strip()]] = 1.0
+            labels.append(row)
+        elif regression:
             try:
                 labels.append(np.nan if e.label is None else float(e.label))
             except ValueError:
@@ -50,7 +60,8 @@ def examples_to_arrays(examples, label_list, source="data", regression=False):
     return {
         "text_a": np.array([e.text_a for e in examples], dtype=object),
         "text_b": np.array([e.text_b or "" for e in examples], dtype=object),
-        "label": np.array(labels, np.float32 if regression else np.int32),
+        "label": np.array(labels, np.float32 if regression or multi_label else np.int32).reshape(
+            (len(examples), len(label_ids)) if multi_label else (len(examples),)),
         "index": np.arange(len(examples), dtype=np.int32),
     }
 
@@ -66,7 +77,7 @@ def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
 
 
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data", pad_to_multiple=8, rows_multiple=None, regression=False):
+                 source="data", pad_to_multiple=8, rows_multiple=None, regression=False, multi_label=None):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and yields only full batches (every step has the full global
@@ -76,7 +87,7 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     which prediction drops: the batch shapes a pass can meet are then (width, rows) from short lists, so
     XLA-compiled kernels compile for few shapes.
     """
-    arrays = examples_to_arrays(examples, label_list, source, regression)
+    arrays = examples_to_arrays(examples, label_list, source, regression, multi_label)
     pairs = any(e.text_b is not None for e in examples)
     if not training:
         return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple)
@@ -99,7 +110,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": [], "index": []},
+        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": [int(d) for d in arrays["label"].shape[1:]],
+                       "index": []},
         padding_values={"token_ids": tokenizer.pad_id, "segment_ids": 0, "label": arrays["label"].dtype.type(0),
                         "index": 0},
         drop_remainder=True,
@@ -183,7 +195,8 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
             filler = tf.concat([tf.fill([extra, 1], tf.cast(tokenizer.cls_id, ids.dtype)),
                                 tf.fill([extra, width - 1], tf.cast(tokenizer.pad_id, ids.dtype))], axis=1)
             ids, segments = tf.concat([ids, filler], 0), tf.concat([segments, tf.zeros_like(filler)], 0)
-            label = tf.concat([label, tf.fill([extra], tf.constant(-1, label.dtype))], 0)
+            rows = tf.concat([[extra], tf.shape(label)[1:]], 0)  # a multi-label row is a vector
+            label = tf.concat([label, tf.fill(rows, tf.constant(-1, label.dtype))], 0)
             index = tf.concat([index, tf.fill([extra], tf.constant(-1, index.dtype))], 0)
         features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
         return features, label, index

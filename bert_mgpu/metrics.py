@@ -96,6 +96,67 @@ def roc_auc(labels, probabilities):
     return float(np.mean(areas)) if areas else float("nan")
 
 
+def per_label(labels, predicted):
+    """Per label of 0/1 rows [N, labels]: (precision, recall, F1, support), 0 where undefined."""
+    y, p = np.asarray(labels) > 0.5, np.asarray(predicted) > 0.5
+    tp, fp, fn = (y & p).sum(0), (~y & p).sum(0), (y & ~p).sum(0)
+    precision = np.where(tp + fp > 0, tp / np.maximum(tp + fp, 1), 0.0)
+    recall = np.where(tp + fn > 0, tp / np.maximum(tp + fn, 1), 0.0)
+    f = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 0.0)
+    return precision, recall, f, y.sum(0)
+
+
+def multi_label(labels, predicted):
+    """Exact-match accuracy and micro/macro F1 of 0/1 rows [N, labels] (scikit-learn's multilabel F1)."""
+    y, p = np.asarray(labels) > 0.5, np.asarray(predicted) > 0.5
+    tp, fp, fn = (y & p).sum(), (~y & p).sum(), (y & ~p).sum()
+    return {"eval_accuracy": float(np.mean(np.all(y == p, axis=1))),
+            "eval_f1_macro": float(np.mean(per_label(y, p)[2])),
+            "eval_f1_micro": float(2 * tp / (2 * tp + fp + fn)) if 2 * tp + fp + fn else 0.0}
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-np.asarray(x, np.float64)))
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(1, keepdims=True)
+    return x - np.log(np.exp(x).sum(1, keepdims=True))
+
+
+def evaluation_results(task_type, logits, labels, label_names, task=None, names=(), threshold=0.5):
+    """(results, confusion matrix or None, per-class report or None) of an evaluation from its logits:
+    the loss (cross-entropy, mean squared error or binary cross-entropy), the task's metric (F1 for MRPC
+    and QQP, MCC for CoLA, Pearson and Spearman for a regression, micro/macro F1 at `threshold` for
+    multi-label) and the `names` (--metrics) as eval_<name>."""
+    logits = np.asarray(logits, np.float64)
+    if task_type == "regression":
+        scores = logits[:, 0]
+        loss = float(np.mean(np.square(scores - labels)))
+        results = {name: fn(labels, scores) for name, fn in REGRESSION_METRICS.items()}
+        results.update({f"eval_{n}": CLASSIFICATION[n](labels, scores, None, 0) for n in names})
+        return {"eval_loss": loss, "loss": loss, **results}, None, None
+    if task_type == "multi_label":
+        z = np.clip(logits, -50, 50)
+        loss = float(np.mean(np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z)))))
+        predicted = _sigmoid(logits) > threshold
+        report = dict(zip(label_names, zip(*per_label(labels, predicted))))
+        return {"eval_loss": loss, "loss": loss, **multi_label(labels, predicted)}, None, report
+    k = len(label_names)
+    predicted = np.argmax(logits, axis=1)
+    confusion = np.zeros([k] * 2, np.int64)  # true label per row, predicted per column
+    np.add.at(confusion, (labels, predicted), 1)
+    loss = float(-np.mean(_log_softmax(logits)[np.arange(len(labels)), labels]))
+    results = {"eval_accuracy": accuracy(labels, predicted), "eval_loss": loss, "loss": loss}
+    if task in TASK_METRICS:
+        name, fn = TASK_METRICS[task]
+        results[name] = fn(labels, predicted)
+    probabilities = np.exp(_log_softmax(logits))
+    results.update({f"eval_{n}": CLASSIFICATION[n](labels, predicted, probabilities, k) for n in names})
+    return results, confusion, dict(zip(label_names, zip(*per_class(labels, predicted, k))))
+
+
 # --metrics: name -> fn(label ids, predicted ids, probabilities, number of classes).
 CLASSIFICATION = {
     "accuracy": lambda y, p, prob, k: accuracy(y, p),
@@ -110,7 +171,7 @@ CLASSIFICATION = {
 REGRESSION = ("pearson", "spearman")
 
 
-def check_names(names, regression):
+def check_names(names, regression, multi_label=False):
     """UserError for a --metrics name that is unknown or does not fit the task type."""
     from bert_mgpu.errors import UserError
 
@@ -119,6 +180,9 @@ def check_names(names, regression):
             raise UserError(f"--metrics={name}: expected some of {', '.join(CLASSIFICATION)}")
         if regression and name not in REGRESSION:
             raise UserError(f"--metrics={name}: a regression has scores, not classes ({', '.join(REGRESSION)})")
+        if multi_label:
+            raise UserError(f"--metrics={name}: a multi-label task reports exact-match accuracy and micro and "
+                            "macro F1 (--threshold)")
 
 
 TASK_METRICS = {"mrpc": ("eval_f1", f1), "qqp": ("eval_f1", f1), "cola": ("eval_mcc", matthews_corrcoef)}

@@ -82,3 +82,17 @@ def write_scores(output_dir, scores, guids):
     table = "id\tscore\n" + "".join(f"{guid}\t{x:.6f}\n" for guid, x in zip(guids, scores))
     return [write_atomic(os.path.join(output_dir, name), text) for name, text in
             (("test_results.tsv", lines), ("predict.txt", lines), ("predictions.tsv", table))]
+
+
+def write_label_sets(output_dir, probabilities, label_list, guids, threshold=0.5, separator=","):
+    """The prediction files of a multi-label task: each label's probability (test_results.tsv), the labels
+    above `threshold` joined by `separator` (predict.txt; an empty line for none), and predictions.tsv."""
+    chosen = [separator.join(label_list[i] for i in range(len(label_list)) if row[i] > threshold)
+              for row in probabilities]
+    test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in probabilities)
+    header = "\t".join(["id", "labels"] + [f"p_{name}" for name in label_list]) + "\n"
+    table = header + "".join("\t".join([guid, labels] + [f"{p:.8f}" for p in row]) + "\n"
+                             for guid, labels, row in zip(guids, chosen, probabilities))
+    return [write_atomic(os.path.join(output_dir, name), text) for name, text in
+            (("test_results.tsv", test), ("predict.txt", "".join(c + "\n" for c in chosen)),
+             ("predictions.tsv", table))]

@@ -73,6 +73,8 @@ def write_saved_model(trained, path, precision="float32"):
                     "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
         if trained.task_type == "regression":
             return {"scores": out[:, 0]}
+        if trained.task_type == "multi_label":  # each label's own probability
+            return {"probabilities": tf.sigmoid(out)}
         ids = tf.argmax(out, axis=-1, output_type=tf.int32)
         return {"probabilities": tf.nn.softmax(out), "label_ids": ids, "labels": tf.gather(labels, ids)}
 

@@ -95,7 +95,7 @@ def _text(path, line, row, index):
     return text
 
 
-TASK_TYPES = ("classification", "regression")
+TASK_TYPES = ("classification", "regression", "multi_label")
 
 
 def _is_number(text):
@@ -110,7 +110,8 @@ class ColumnTask:
 
     delimiter, quotechar = "\t", None
     invalid_utf8 = "error"  # or "replace" (set by get_task)
-    task_type = "classification"  # or "regression": labels are scores (STS-B)
+    task_type = "classification"  # or "regression": labels are scores (STS-B); or "multi_label"
+    label_separator = ","  # multi_label: what separates an example's labels
 
     def __init__(self, name, text_a, text_b=None, label=None, labels=None, skip_header=True,
                  files=None, test_label=None, test_text_a=None, test_text_b=None, row_filter=None):
@@ -130,7 +131,8 @@ class ColumnTask:
         if self.task_type == "regression":
             return []
         if self._labels is None:
-            self._labels = labels_from(train_examples or self.get_examples(data_dir, "train"))
+            self._labels = labels_from(train_examples or self.get_examples(data_dir, "train"),
+                                       self.label_separator if self.task_type == "multi_label" else None)
         return list(self._labels)
 
     def get_examples(self, data_dir, split):
@@ -165,7 +167,12 @@ class ColumnTask:
 
 
     def _check_label(self, path, line, label):
-        if self.task_type == "regression":
+        if self.task_type == "multi_label":
+            parts = [p.strip() for p in label.split(self.label_separator) if p.strip()]
+            unknown = [p for p in parts if isinstance(self._labels, (list, tuple)) and p not in self._labels]
+            if unknown:
+                raise UserError(f"{path}:{line}: label {unknown[0]!r} is not one of {', '.join(self._labels)}")
+        elif self.task_type == "regression":
             if not _is_number(label):
                 raise UserError(f"{path}:{line}: label {label!r} is not a number (--task_type=regression)")
         elif isinstance(self._labels, (list, tuple)):
@@ -290,24 +297,26 @@ class TfdsTask:
         return out
 
 
-def labels_from(examples):
-    """The sorted set of labels in the training examples."""
+def labels_from(examples, separator=None):
+    """The sorted set of labels in the training examples; with `separator`, of the labels each holds."""
+    if separator:
+        return sorted({p.strip() for e in examples if e.label for p in e.label.split(separator) if p.strip()})
     return sorted({e.label for e in examples if e.label is not None})
 
 
 def get_task(name, text_column="text", label_column="label", text_b_column=None, labels=None,
              tfds_name=None, tfds_data_dir=None, xnli_language="zh", tfds_splits=("train", "validation", "test"),
-             invalid_utf8="error", task_type=None):
+             invalid_utf8="error", task_type=None, label_separator=","):
     """A task by google-bert name (cola, mrpc, mnli, xnli, sst-2, sts-b) or tsv / csv / tfds.
 
     invalid_utf8: "error" (name the line) or "replace" (U+FFFD, and count the lines).
-    task_type: "classification" or "regression" (scores as labels); None: the task's own (STS-B:
-    regression, else classification).
+    task_type: "classification", "regression" (scores as labels) or "multi_label" (each label a set,
+    separated by `label_separator`); None: the task's own (STS-B: regression, else classification).
     """
     if invalid_utf8 not in ("error", "replace"):
         raise UserError(f"--invalid_utf8={invalid_utf8!r}: expected error or replace")
     if task_type not in (None, *TASK_TYPES):
-        raise UserError(f"--task_type={task_type}: expected {' or '.join(TASK_TYPES)}")
+        raise UserError(f"--task_type={task_type}: expected {', '.join(TASK_TYPES)}")
     task = _task(name.lower(), text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir,
                  xnli_language, tfds_splits)
     own = getattr(task, "task_type", "classification")
@@ -318,8 +327,9 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
         raise UserError("--labels are classes; a regression task has scores")
     for reader in (task, *vars(task).values()):
         if isinstance(reader, ColumnTask):
-            reader.invalid_utf8 = invalid_utf8
+            reader.invalid_utf8, reader.label_separator = invalid_utf8, label_separator
             reader.task_type = task.task_type
+    task.label_separator = label_separator
     return task
 
 

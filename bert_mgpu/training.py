@@ -34,6 +34,12 @@ def regression_loss(model, features, labels, training=True):
     return tf.reduce_mean(tf.square(scores - tf.cast(labels, scores.dtype))), {}
 
 
+def multi_label_loss(model, features, labels, training=True):
+    """Binary cross-entropy of each label's float32 logit (sigmoid outputs), averaged over labels and rows."""
+    logits = model(features, training=training)
+    return tf.reduce_mean(keras.losses.binary_crossentropy(tf.cast(labels, logits.dtype), logits, from_logits=True)), {}
+
+
 def allreduce_dtypes(model, default):
     """Per trainable variable, the dtype its gradient crosses between towers as: `default`, except float32
     for variables of layers that compute in float32 (the classifier head), LayerNorms and embeddings, whose
