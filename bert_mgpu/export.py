@@ -254,9 +254,11 @@ def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
     difference = _keras_hub_difference(trained, directory, list(PROBE_TEXTS) + list(texts or []))
     exact = c.hidden_act in ("gelu_new", "gelu_pytorch_tanh")
     if difference > 1e-4 and not allow_approximate:
-        why = "tanh-GELU where this model has exact GELU" if not exact else "NFKC lower-casing"
-        raise UserError(f"--export_format=keras_hub: keras-hub's BERT computes {why}; its outputs differ from "
-                        f"this model's by up to {difference:.2g} on {len(PROBE_TEXTS) + len(texts or [])} texts. "
+        why = [] if exact else [f"tanh-GELU where this model has {c.hidden_act}"]
+        why += ["NFKC case folding where this model lower-cases as google-bert"] if trained.do_lower_case else []
+        raise UserError(f"--export_format=keras_hub: keras-hub's BERT computes {' and '.join(why or ['otherwise'])}; "
+                        f"its outputs differ from this model's by up to {difference:.2g} on "
+                        f"{len(PROBE_TEXTS) + len(texts or [])} texts. "
                         "Pass --allow_approximate_export to write it anyway")
     if difference > 1e-4:
         log.warning("keras-hub export: outputs differ from this model's by up to %.2g", difference)
