@@ -115,7 +115,7 @@ zh-demo: $(ZH)/train.tsv
 # Two worker processes, a test file each at a time: most of the suite is start-up, tracing and compiling, which
 # one core does; the other keeps busy (clean-clone CI: 8 min 32 s instead of 19 min 40 s one file after another).
 test: assets
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 # ruff.toml: pyflakes, pycodestyle (120 columns), bugbear, import order.
 lint: $(VENV)/.installed

@@ -120,7 +120,7 @@ def _sigmoid(x):
 
 
 def _log_softmax(x):
-    x = np.asarray(x, np.float64)
+    x = np.asarray(x, np.float32)  # float32, as the model computes them: runs that differ by rounding agree
     x = x - x.max(1, keepdims=True)
     return x - np.log(np.exp(x).sum(1, keepdims=True))
 
@@ -130,16 +130,16 @@ def evaluation_results(task_type, logits, labels, label_names, task=None, names=
     the loss (cross-entropy, mean squared error or binary cross-entropy), the task's metric (F1 for MRPC
     and QQP, MCC for CoLA, Pearson and Spearman for a regression, micro/macro F1 at `threshold` for
     multi-label) and the `names` (--metrics) as eval_<name>."""
-    logits = np.asarray(logits, np.float64)
+    logits = np.asarray(logits, np.float32)
     if task_type == "regression":
-        scores = logits[:, 0]
+        scores = logits[:, 0].astype(np.float64)
         loss = float(np.mean(np.square(scores - labels)))
         results = {name: fn(labels, scores) for name, fn in REGRESSION_METRICS.items()}
         results.update({f"eval_{n}": CLASSIFICATION[n](labels, scores, None, 0) for n in names})
         return {"eval_loss": loss, "loss": loss, **results}, None, None
     if task_type == "multi_label":
         z = np.clip(logits, -50, 50)
-        loss = float(np.mean(np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z)))))
+        loss = float(np.mean(np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z))), dtype=np.float32))
         predicted = _sigmoid(logits) > threshold
         report = dict(zip(label_names, zip(*per_label(labels, predicted))))
         return {"eval_loss": loss, "loss": loss, **multi_label(labels, predicted)}, None, report
@@ -147,12 +147,12 @@ def evaluation_results(task_type, logits, labels, label_names, task=None, names=
     predicted = np.argmax(logits, axis=1)
     confusion = np.zeros([k] * 2, np.int64)  # true label per row, predicted per column
     np.add.at(confusion, (labels, predicted), 1)
-    loss = float(-np.mean(_log_softmax(logits)[np.arange(len(labels)), labels]))
+    loss = float(-np.mean(_log_softmax(logits)[np.arange(len(labels)), labels], dtype=np.float32))
     results = {"eval_accuracy": accuracy(labels, predicted), "eval_loss": loss, "loss": loss}
     if task in TASK_METRICS:
         name, fn = TASK_METRICS[task]
         results[name] = fn(labels, predicted)
-    probabilities = np.exp(_log_softmax(logits))
+    probabilities = np.exp(_log_softmax(logits).astype(np.float64))
     results.update({f"eval_{n}": CLASSIFICATION[n](labels, predicted, probabilities, k) for n in names})
     return results, confusion, dict(zip(label_names, zip(*per_class(labels, predicted, k))))
 

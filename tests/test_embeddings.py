@@ -78,6 +78,6 @@ def test_extract_features_writes_googles_json_lines_and_npy(minilm_dir, google_r
         assert np.abs(ours - hidden[index][0].numpy()).max() <= 1e-4
     assert np.load(tmp_path / "e.npy").shape == (2, 384)
     bad = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'x'}",
-                     f"--init_checkpoint={google_release}", "--layers=-3", check=False)
+                     f"--init_checkpoint={google_release}", "--layers=-3", "--max_seq_length=32", check=False)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
         "extract_features.py: error: --layers=-3: the model has 2 layers (-2 to 1)")
