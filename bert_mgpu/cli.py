@@ -107,9 +107,8 @@ def export_targets(output_dir):
     end in an export that was never possible."""
     import os
 
-    from bert_mgpu import storage
     from bert_mgpu.errors import UserError
-    from bert_mgpu.export import FORMATS
+    from bert_mgpu.export import FORMATS, check_new_dir
 
     if not FLAGS.do_export:
         return []
@@ -120,10 +119,7 @@ def export_targets(output_dir):
     for fmt in FLAGS.export_format:
         if fmt not in FORMATS:
             raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
-        target = os.path.join(base, fmt)
-        if storage.exists(target) and (not storage.isdir(target) or storage.glob(os.path.join(target, "*"))):
-            raise UserError(f"{target}: exists and is not empty; remove it or give another --export_dir")
-        targets.append((fmt, target))
+        targets.append((fmt, check_new_dir(os.path.join(base, fmt))))
     return targets
 
 

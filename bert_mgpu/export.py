@@ -99,8 +99,15 @@ def read_trained(path):
                    bool(run.get("pairs", False)))
 
 
+def check_new_dir(path):
+    """An export goes to a new (or empty) directory: one line, before anything is built, otherwise."""
+    if storage.exists(path) and (not storage.isdir(path) or storage.glob(os.path.join(path, "*"))):
+        raise UserError(f"{path}: exists and is not empty; remove it or give another --export_dir")
+    return path
+
+
 def export_model(source, output_dir, format="saved_model", precision="float32", allow_approximate=False,
-           texts=None):
+                 texts=None):
     """Write `source` (a `Trained`, a classifier, a pretrainer or a directory any reader takes) to the new
     directory `output_dir` in `format`; returns output_dir.
 
@@ -109,28 +116,24 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     """
     if format not in FORMATS:
         raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
-    if storage.exists(output_dir) and (not storage.isdir(output_dir) or storage.glob(os.path.join(output_dir, "*"))):
-        raise UserError(f"{output_dir}: exists and is not empty; export into a new directory")
+    check_new_dir(output_dir)
     trained = _as_trained(source)
     if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
         raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
                         "express (its BERT is post-LN); export it as saved_model")
-    if format == "saved_model":
-        from bert_mgpu.serving import write_saved_model
+    from bert_mgpu.serving import write_saved_model
 
-        write_saved_model(trained, output_dir, precision)
-    else:
-        writer = {"hf": write_hf, "google": write_google, "keras_hub": write_keras_hub}[format]
-        tmp = storage.temporary_dir_for(output_dir)
+    writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
+               "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
+    tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
+    storage.remove(tmp)
+    storage.makedirs(tmp)
+    try:
+        writers[format](trained, tmp)
+    except BaseException:
         storage.remove(tmp)
-        storage.makedirs(tmp)
-        try:
-            extra = {"allow_approximate": allow_approximate, "texts": texts} if format == "keras_hub" else {}
-            writer(trained, tmp, **extra)
-        except BaseException:
-            storage.remove(tmp)
-            raise
-        storage.replace_dir(tmp, output_dir)
+        raise
+    storage.replace_dir(tmp, output_dir)
     log.info("exported %s (%s) to %s", trained.kind, format, output_dir)
     return output_dir
 

@@ -44,7 +44,7 @@ def _id_specs():
 
 
 def write_saved_model(trained, path, precision="float32"):
-    """Write `trained` (an `export.Trained`) as a SavedModel at `path` (a new directory).
+    """Write `trained` (an `export.Trained`) as a SavedModel in the empty directory `path`.
 
     Signatures: `serving_default` (raw strings: `text`, or `text_a` and `text_b` for a pair task) and
     `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
@@ -93,20 +93,17 @@ def write_saved_model(trained, path, precision="float32"):
     # Every weight, its Google name in the meta file: what `read_saved_model` reads back.
     named = _named_variables(model, backbone)
     archive.add_variable_collection("bert_weights", list(named.values()))
-    tmp = storage.temporary_dir_for(path)
-    storage.remove(tmp)
-    archive.write_out(tmp, verbose=False)
-    storage.makedirs(os.path.join(tmp, EXTRA))
+    archive.write_out(path, verbose=False)
+    storage.makedirs(os.path.join(path, EXTRA))
     meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type,
             "max_seq_length": trained.max_seq_length, "pairs": trained.pairs,
             "do_lower_case": trained.do_lower_case, "precision": precision, "weights": list(named),
             "signatures": {"serving_default": [s.name for s in _text_specs(trained.pairs)],
                            "serving_ids": [s.name for s in _id_specs()]}}
-    storage.write_atomic(os.path.join(tmp, EXTRA, META), json.dumps(meta, indent=2) + "\n")
-    storage.write_atomic(os.path.join(tmp, EXTRA, "bert_config.json"),
+    storage.write_atomic(os.path.join(path, EXTRA, META), json.dumps(meta, indent=2) + "\n")
+    storage.write_atomic(os.path.join(path, EXTRA, "bert_config.json"),
                          json.dumps(trained.config.to_dict(), indent=2) + "\n")
-    storage.write_atomic(os.path.join(tmp, EXTRA, "vocab.txt"), storage.read_bytes(trained.vocab_file))
-    storage.replace_dir(tmp, path)
+    storage.write_atomic(os.path.join(path, EXTRA, "vocab.txt"), storage.read_bytes(trained.vocab_file))
     return path
 
 
