@@ -149,10 +149,14 @@ def run():
     clf = bert_mgpu.BertClassifier.from_pretrained(
         init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
-        task=task.name, fused_encoder=FLAGS.fused_encoder, task_type=task.task_type)
+        task=task.name, fused_encoder=FLAGS.fused_encoder,
+        # Evaluating or predicting with a run directory, unless told: the task type it was trained for.
+        task_type=FLAGS.task_type or (None if task.task_type == "classification" and not FLAGS.do_train
+                                      else task.task_type))
     clf.metrics = FLAGS.metrics or []
-    if clf.multi_label:
-        clf.label_separator, clf.threshold = FLAGS.label_separator, FLAGS.threshold
+    for name in ("label_separator", "threshold"):  # given ones win over what a run directory recorded
+        if FLAGS[name].present or not clf.multi_label:
+            setattr(clf, name, getattr(FLAGS, name))
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
             clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,

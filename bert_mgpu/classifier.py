@@ -128,7 +128,7 @@ class BertClassifier:
         if task_type not in ("classification", "regression", "multi_label"):
             raise UserError(f"--task_type={task_type}: expected classification, regression or multi_label")
         labels = [] if task_type == "regression" else list(labels or run.get("labels") or pre.labels or [])
-        if not labels and task_type == "classification":
+        if not labels and task_type != "regression":
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
         if do_lower_case is None:
             do_lower_case = True if pre.do_lower_case is None else bool(pre.do_lower_case)

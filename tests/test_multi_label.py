@@ -90,3 +90,12 @@ def test_multi_label_f1_equals_scikit_learns():
     ref = sklearn.metrics.precision_recall_fscore_support(y, p, zero_division=0)
     for a, b in zip((precision, recall, f1, support), ref):
         np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_predicting_from_the_run_directory_keeps_its_separator_and_threshold(run, tmp_path):
+    data, out, _, _ = run
+    again = tmp_path / "again"
+    run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={out}",
+               f"--output_dir={again}", "--do_predict", "--n_gpus=0", "--max_seq_length=32", "--precision=float32")
+    assert (again / "predict.txt").read_text() == (out / "predict.txt").read_text()  # '|', as the run was told
+    assert "|" in (again / "predict.txt").read_text()
