@@ -156,6 +156,12 @@ class Pretrained:
     labels: list = None  # the classifier head's labels, where the checkpoint names them
     task_type: str = None  # "classification" or "regression", where the checkpoint says
 
+    def lower_case(self, given=None):
+        """`given` if set, else what the checkpoint says, else True (Google's uncased releases)."""
+        if given is not None:
+            return bool(given)
+        return True if self.do_lower_case is None else bool(self.do_lower_case)
+
 
 def _need(path, what):
     if not storage.exists(path):

@@ -131,7 +131,7 @@ class BertClassifier:
         if not labels and task_type != "regression":
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
         if do_lower_case is None:
-            do_lower_case = True if pre.do_lower_case is None else bool(pre.do_lower_case)
+            do_lower_case = pre.lower_case()
         elif pre.do_lower_case is not None and bool(pre.do_lower_case) != bool(do_lower_case):
             log.warning("--do_lower_case=%s but %s was trained with do_lower_case=%s",
                         do_lower_case, init_checkpoint, pre.do_lower_case)

@@ -93,13 +93,11 @@ class Encoder:
         towers = towers or Towers()
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
         pre.config.check_seq_length(max_seq_length)
-        lower = do_lower_case if do_lower_case is not None else (
-            True if pre.do_lower_case is None else bool(pre.do_lower_case))
         policy, _ = resolve_precision(precision, towers.plan)
         with towers.strategy.scope():
             backbone = build_backbone(pre.config, policy)
         checkpoints.assign_encoder(backbone, pre.weights, init_checkpoint)
-        return cls(backbone, FullTokenizer(pre.vocab_file, lower), towers, max_seq_length)
+        return cls(backbone, FullTokenizer(pre.vocab_file, pre.lower_case(do_lower_case)), towers, max_seq_length)
 
     def _run(self, model, examples, batch_size):
         examples = [dataclasses.replace(e, label=None) for e in as_examples(examples)]

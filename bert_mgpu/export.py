@@ -92,9 +92,9 @@ def read_trained(path):
     labels = list(run.get("labels") or pre.labels or [])
     if classifier and not labels and task_type == "classification":
         labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
-    lower = True if pre.do_lower_case is None else bool(pre.do_lower_case)
     settings = run.get("settings") or {}
-    return Trained("classifier" if classifier else "pretrainer", pre.config, pre.vocab_file, lower, pre.weights,
+    return Trained("classifier" if classifier else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
+                   pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
                    bool(run.get("pairs", False)))
 
@@ -104,6 +104,21 @@ def check_new_dir(path):
     if storage.exists(path) and (not storage.isdir(path) or storage.glob(os.path.join(path, "*"))):
         raise UserError(f"{path}: exists and is not empty; remove it or give another --export_dir")
     return path
+
+
+def build_model(trained, precision="float32"):
+    """The reference (unfused) Keras model of `trained` with its weights: the classifier, or the encoder."""
+    from bert_mgpu.modeling import build_backbone, build_classifier
+
+    if trained.kind != "classifier":
+        backbone = build_backbone(trained.config, precision)
+        checkpoints.assign_encoder(backbone, trained.weights, "export")
+        return backbone
+    model = build_classifier(trained.config, max(len(trained.labels), 1), precision, fused=False)
+    checkpoints.assign_encoder(model.backbone, trained.weights, "export")
+    model.head.kernel.assign(trained.weights["output_weights"].T)
+    model.head.bias.assign(trained.weights["output_bias"])
+    return model
 
 
 def export_model(source, output_dir, format="saved_model", precision="float32", allow_approximate=False,
@@ -274,7 +289,6 @@ def _keras_hub_difference(trained, directory, texts):
     import tensorflow as tf
 
     from bert_mgpu.input_pipeline import encode
-    from bert_mgpu.modeling import build_backbone, build_classifier
     from bert_mgpu.tokenization import FullTokenizer
 
     texts = tf.constant(texts)
@@ -283,11 +297,8 @@ def _keras_hub_difference(trained, directory, texts):
     ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False))(texts)
     features = {"token_ids": ids.to_tensor(0), "segment_ids": segments.to_tensor(0)}
     features["padding_mask"] = tf.not_equal(features["token_ids"], 0)
+    ours = build_model(trained)
     if trained.kind == "classifier":
-        ours = build_classifier(trained.config, max(len(trained.labels), 1), fused=False)
-        checkpoints.assign_encoder(ours.backbone, trained.weights, "export")
-        ours.head.kernel.assign(trained.weights["output_weights"].T)
-        ours.head.bias.assign(trained.weights["output_bias"])
         theirs = keras_hub.models.BertTextClassifier.from_preset(directory)
         a, b = ours(features, training=False), theirs.predict(texts, verbose=0)
         if trained.task_type == "multi_label":
@@ -295,8 +306,6 @@ def _keras_hub_difference(trained, directory, texts):
         elif trained.task_type != "regression":
             a, b = tf.nn.softmax(a), tf.nn.softmax(b)
     else:
-        ours = build_backbone(trained.config)
-        checkpoints.assign_encoder(ours, trained.weights, "export")
         theirs = keras_hub.models.BertBackbone.from_preset(directory)
         tok = keras_hub.models.BertTokenizer.from_preset(directory)
         packer = keras_hub.layers.MultiSegmentPacker(sequence_length=trained.max_seq_length,

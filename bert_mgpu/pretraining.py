@@ -230,9 +230,8 @@ class BertPretrainer:
                         vocab_file: str | None = None, fused_encoder: bool = True) -> "BertPretrainer":
         """Continue pretraining any checkpoint the classifier reads; heads it lacks start fresh (logged)."""
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
-        lower = do_lower_case if do_lower_case is not None else (
-            True if pre.do_lower_case is None else bool(pre.do_lower_case))
-        self = cls._build(pre.config, FullTokenizer(pre.vocab_file, lower), towers, precision, nsp, fused_encoder)
+        self = cls._build(pre.config, FullTokenizer(pre.vocab_file, pre.lower_case(do_lower_case)), towers, precision,
+                          nsp, fused_encoder)
         checkpoints.assign_encoder(self.model.backbone, pre.weights, init_checkpoint)
         fresh = pretraining_model.assign_heads(self.model, pre.weights, init_checkpoint)
         log.info("loaded %s checkpoint %s; heads loaded: %s", pre.kind, init_checkpoint,

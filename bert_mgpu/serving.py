@@ -25,8 +25,8 @@ import tensorflow as tf
 from bert_mgpu import checkpoints, storage, weight_names
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
+from bert_mgpu.export import build_model
 from bert_mgpu.input_pipeline import encode
-from bert_mgpu.modeling import build_backbone, build_classifier
 from bert_mgpu.tokenization import FullTokenizer
 
 EXTRA = "assets.extra"  # TensorFlow Serving's place for files it does not read
@@ -51,15 +51,8 @@ def write_saved_model(trained, path, precision="float32"):
     """
     tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
     classifier = trained.kind == "classifier"
-    if classifier:
-        model = build_classifier(trained.config, max(len(trained.labels), 1), precision, fused=False)
-        checkpoints.assign_encoder(model.backbone, trained.weights, "export")
-        model.head.kernel.assign(trained.weights["output_weights"].T)
-        model.head.bias.assign(trained.weights["output_bias"])
-        backbone = model.backbone
-    else:
-        backbone = model = build_backbone(trained.config, precision)
-        checkpoints.assign_encoder(backbone, trained.weights, "export")
+    model = build_model(trained, precision)
+    backbone = model.backbone if classifier else model
     labels = tf.constant(trained.labels or [""])
     pad = tokenizer.pad_id
 
