@@ -128,3 +128,36 @@ def host_cross_device_ops(strategy):
     `reduce_to` picks them only when a worker has several towers; these never queue behind a GPU's
     steps, so a worker can agree with the others on the host while its GPUs still run."""
     return strategy.extended._host_cross_device_ops
+
+
+def preemption_handler(cluster_resolver, checkpoint_manager, termination_config):
+    """TensorFlow's PreemptionCheckpointHandler, told its platform by this worker's devices. Left alone it
+    asks GCE's metadata server over the network, and on a GCE machine without GPUs it then does nothing
+    at all (its `save_checkpoint_if_preempted` returns at once)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute.failure_handling import failure_handling_util as util
+
+    kind = util.PlatformDevice.INTERNAL_GPU if tf.config.list_logical_devices("GPU") else \
+        util.PlatformDevice.INTERNAL_CPU
+    original, util.detect_platform = util.detect_platform, lambda: kind
+    try:
+        return tf.distribute.experimental.PreemptionCheckpointHandler(cluster_resolver, checkpoint_manager,
+                                                                      termination_config=termination_config)
+    finally:
+        util.detect_platform = original
+
+
+def save_if_preempted(handler):
+    """`handler.save_checkpoint_if_preempted()`, without the deprecation warning TensorFlow's own code in
+    it prints (its save reads the deprecated `total_run_calls`)."""
+    from tensorflow.python.util import deprecation
+
+    with deprecation.silence():
+        handler.save_checkpoint_if_preempted()
+
+
+def stop_preemption_watchers(handler):
+    """End the handler's two watcher threads, as it does itself before a preemption's exit. Its `__del__`
+    would too, but the running threads keep it alive: without this each run leaves them behind."""
+    handler._stop_poll_termination_signal_thread()
+    handler._stop_cluster_wise_termination_watcher_thread()

@@ -294,6 +294,22 @@ def multi_worker_strategy(plan, cluster):
     return strategy
 
 
+def preemption_handler(strategy, watch, save, stop):
+    """TensorFlow's PreemptionCheckpointHandler for a multi-worker strategy: once `watch()` is true on any
+    worker, every worker calls `save()` after the same step (agreed through TensorFlow's coordination
+    service), then `stop()`. The handler's own CheckpointManager holds an empty checkpoint it never
+    writes: the run saves through its own code (the chief alone writes, finite weights only)."""
+    import uuid
+
+    import tensorflow as tf
+
+    config = tf.distribute.experimental.TerminationConfig(termination_watcher_fn=watch, exit_fn=stop,
+                                                          grace_period=0, save_fn=save)
+    unused = tf.train.CheckpointManager(tf.train.Checkpoint(), f"ram://bert_mgpu_preemption/{uuid.uuid4().hex}",
+                                        max_to_keep=1)
+    return _compat.preemption_handler(strategy.cluster_resolver, unused, config)
+
+
 def communication(plan):
     """How gradients cross between workers' towers: "NCCL" when every tower has a GPU of its own, "RING"
     (gRPC) otherwise; TensorFlow's NCCL collectives cannot serve several towers on one GPU or CPUs."""

@@ -1,18 +1,22 @@
 """What ends a training run early, and how it ends cleanly: a signal, repeated non-finite steps, no memory.
 
 - SIGTERM (a scheduler, `kill`) or Ctrl-C: the step under way finishes, the loop saves a checkpoint and
-  returns; the script exits 0 and the same command resumes. A second Ctrl-C interrupts at once.
+  returns; the script exits 0 and the same command resumes. A second Ctrl-C interrupts at once. With
+  several workers, a signal to any one stops all after the same step (`Preemption`).
 - Non-finite gradients skip the step (the LossScaleOptimizer's doing); after `limit` skips in a row the
   run is hopeless (diverged, or a weight went NaN), so it stops naming the step and the last checkpoint.
 - Out of memory: TensorFlow's ResourceExhaustedError becomes one line naming the tower, the per-tower
   batch and the sequence length, with a batch to try.
 """
 
+import logging
 import re
 import signal
 import threading
 
 from bert_mgpu.errors import RunError
+
+log = logging.getLogger("bert_mgpu")
 
 
 class StopSignal:
@@ -20,14 +24,16 @@ class StopSignal:
     instead of killing the process. Handlers can only be installed from the main thread; elsewhere
     (a worker thread) signals keep their usual effect."""
 
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
-        self.signals, self.requested, self._old = signals, None, {}
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT), on_signal=None):
+        self.signals, self.requested, self._old, self.on_signal = signals, None, {}, on_signal
 
     def _handle(self, signum, frame):
         if self.requested:  # asked twice: stop now
             self._restore()
             raise KeyboardInterrupt
         self.requested = signal.Signals(signum).name
+        if self.on_signal is not None:
+            self.on_signal(self.requested)
 
     def _restore(self):
         for sig, old in self._old.items():
@@ -42,6 +48,82 @@ class StopSignal:
     def __exit__(self, *exc):
         self._restore()
         return False
+
+
+class Preemption:
+    """Where a signal stops the loop: after the step under way on one machine; with several workers,
+    after the same step on every worker, each having saved through `save`, by TensorFlow's
+    PreemptionCheckpointHandler (distribute.preemption_handler), so that none waits forever in a
+    collective the others left. Feed it signals with `StopSignal(on_signal=preemption.signalled)`.
+
+    Example:
+        preemption = Preemption(strategy, save, workers=2)
+        with StopSignal(on_signal=preemption.signalled), preemption:
+            while training:
+                step()
+                if preemption.after_step():
+                    break
+    """
+
+    def __init__(self, strategy, save, workers):
+        self.strategy, self.save, self.workers = strategy, save, workers
+        self.requested, self._handler, self._wake = None, None, threading.Event()
+
+    def signalled(self, name):
+        """This worker received signal `name`."""
+        self.requested = name
+        self._wake.set()
+
+    def _watch(self):  # the handler's watcher thread: wakes at once on a signal, instead of polling each second
+        self._wake.wait(60)
+        return self.requested is not None
+
+    def _save(self):  # the handler's save_fn, called on every worker after the agreed step
+        log.info("%s: every worker saves after this step and stops (TensorFlow's PreemptionCheckpointHandler)",
+                 self.requested or "a signal to another worker")
+        self.save()
+
+    def _stopped(self):  # the handler's exit_fn, called after every worker saved
+        raise _Stopped
+
+    def __enter__(self):
+        if self.workers > 1:
+            from bert_mgpu import distribute
+
+            self._handler = distribute.preemption_handler(self.strategy, self._watch, self._save, self._stopped)
+        return self
+
+    def after_step(self):
+        """Why the loop must stop now (the signal's name, or "a signal to another worker"), else None."""
+        if self._handler is None:
+            return self.requested
+        import tensorflow as tf
+
+        from bert_mgpu import _compat
+
+        try:
+            _compat.save_if_preempted(self._handler)
+        except _Stopped:
+            self._handler = None  # it stopped its watchers itself
+            return self.requested or "a signal to another worker"
+        except tf.errors.AlreadyExistsError:  # a signal in the last step, after another worker ended: no stop
+            pass
+        return None
+
+    def __exit__(self, exc_type, *exc):
+        # After a worker is lost its watcher may wait on the coordination service forever: left to
+        # die with the process (a daemon thread).
+        if self._handler is not None and exc_type is None:
+            from bert_mgpu import _compat
+
+            self._wake.set()
+            _compat.stop_preemption_watchers(self._handler)
+        self._handler = None
+        return False
+
+
+class _Stopped(Exception):
+    """Raised by the handler's exit_fn: every worker saved, the loop stops."""
 
 
 class SkipGuard:

@@ -104,7 +104,7 @@ class Loop:
             adds what it counted to `elapsed_before` (a resumed run's time). With several workers, every
             reading is the chief's (`distribute.ChiefDecides`), and so is everything decided from it (the
             time-based learning rate, validation, stops); a signal on any worker stops them all after the
-            same step.
+            same step (guards.Preemption).
 
     Example:
         loop = Loop(trainer, global_batch=32, hooks=[Evaluation(lambda: trainer.evaluate(dev), every=100)],
@@ -134,13 +134,11 @@ class Loop:
         """Seconds trained, this run's and those before a resume, as of the last clock reading."""
         return self._seconds
 
-    def _read_clock(self, signalled=False):
-        """Read the clock (the chief's, on every worker) -> (this worker's reading, whether a signal
-        reached any worker)."""
+    def _read_clock(self):
+        """Read the clock (the chief's, on every worker) -> this worker's reading."""
         now = self.clock()
-        self._seconds, signals = self._decide([self.elapsed_before + now - self._start, float(bool(signalled))],
-                                              any_of=(1,))
-        return now, signals > 0
+        self._seconds, = self._decide([self.elapsed_before + now - self._start])
+        return now
 
     def log(self, record: dict, writer=None) -> None:
         """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console;
@@ -209,7 +207,8 @@ class Loop:
 
     def _steps(self, batches, until_step, skips):
         trainer, tic, since, outputs = self.trainer, self._start, 0, None
-        with guards.StopSignal() as signals:
+        preemption = guards.Preemption(trainer.strategy, self.save, self._decide.workers)
+        with guards.StopSignal(on_signal=preemption.signalled), preemption:
             while True:
                 self._read_clock()
                 if until_step is not None and self.step >= until_step:
@@ -224,20 +223,21 @@ class Loop:
                 self.step, since, record = self.step + 1, since + 1, None
                 if self.step % self.log_every == 0 or self.step == until_step:
                     loss, _, longest_skips = trainer.read(outputs)
-                    now, signalled = self._read_clock(signals.requested)  # after the wait: steps done, not queued
+                    now = self._read_clock()  # after the wait: steps done, not queued
                     skips.check(longest_skips, self.step, self.last_checkpoint())
                     record = self._train_record = self._record(loss, since, now - tic)
                     tic, since = now, 0
                     self.log(record)
                     self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
                 else:
-                    signalled = self._read_clock(signals.requested)[1]
+                    self._read_clock()
                 for hook in self.hooks:
                     hook.after_step(self, record)
                 if record is not None and not self.epochs_at_evaluation:
                     self.end_epoch({})
+                signalled = preemption.after_step()  # with several workers, it may save here
                 if signalled:
-                    self.interrupted = signals.requested or "a signal to another worker"
+                    self.interrupted = signalled
                     self.stop = f"interrupted by {self.interrupted}; rerun to resume"
                 elif self.step % self.save_every == 0:
                     self.save()

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_onednn_decision_is_readable_and_follows_the_environment():
     code = "from bert_mgpu import _compat; print(_compat.onednn_enabled())"
@@ -140,3 +142,52 @@ def test_multi_worker_strategy_takes_the_plans_towers_and_reduces_on_the_host():
     assert "devices ['/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1']" \
         in lines
     assert "sum [1.5, 2.0]" in lines  # one worker: its own values
+
+
+def test_preemption_handler_is_told_its_platform_saves_once_at_the_agreed_step_and_stops_its_threads():
+    """TensorFlow's PreemptionCheckpointHandler as distribute.preemption_handler builds it, in local mode
+    (no cluster): a watcher that turns true makes the call after the next one save, then call exit_fn."""
+    import threading
+
+    import tensorflow as tf
+
+    from bert_mgpu import _compat, distribute
+
+    signal_seen, saves = threading.Event(), []
+
+    class Stopped(Exception):
+        pass
+
+    def stop():
+        raise Stopped
+
+    calls = 0
+    try:
+        from tensorflow.python.distribute.failure_handling import failure_handling_util as util
+
+        assert callable(util.detect_platform) and util.PlatformDevice.INTERNAL_CPU
+        handler = distribute.preemption_handler(tf.distribute.MirroredStrategy(["/cpu:0"]),
+                                                lambda: signal_seen.wait(30), lambda: saves.append(calls), stop)
+        assert handler._platform_device == util.PlatformDevice.INTERNAL_CPU  # not asked of GCE's metadata server
+        for calls in range(3):  # no signal: no save
+            _compat.save_if_preempted(handler)
+        signal_seen.set()
+        for _ in range(100):  # its watcher thread sees the flag at once
+            if handler._received_own_sigterm.is_set():
+                break
+            threading.Event().wait(0.05)
+        with pytest.raises(Stopped):
+            for calls in range(3, 10):
+                _compat.save_if_preempted(handler)
+        assert saves == [4] and calls == 4  # the step after the one that saw the signal
+        assert handler._poll_termination_signal_thread is None  # it stopped its watcher before the exit
+
+        quiet = distribute.preemption_handler(tf.distribute.MirroredStrategy(["/cpu:0"]), lambda: False,
+                                              saves.append, stop)
+        watcher = quiet._poll_termination_signal_thread
+        assert watcher.is_alive()
+        _compat.stop_preemption_watchers(quiet)
+        assert not watcher.is_alive() and quiet._poll_termination_signal_thread is None
+    except AttributeError as e:
+        raise AssertionError(_moved("PreemptionCheckpointHandler's platform detection or watcher threads", e)) \
+            from None

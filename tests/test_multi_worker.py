@@ -240,12 +240,16 @@ def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(
     single, multi = tmp_path / "single", tmp_path / "multi"
     assert_ok(*job.wait(one_process(job, "single", "run_pretraining_mgpu.py", [*args, f"--output_dir={single}"])))
 
-    # SIGTERM to worker 1 alone: both stop after the same step, with a checkpoint, and exit 0.
+    # SIGTERM to worker 1 alone: TensorFlow's PreemptionCheckpointHandler has both save after the same
+    # step, and both exit 0.
     w0, w1 = workers(job, "first", "run_pretraining_mgpu.py", [*args, f"--output_dir={multi}"])
     wait_for_checkpoint(multi, 0, w0)
     w1.send_signal(signal.SIGTERM)
-    (rc0, out0, _), (rc1, out1, _) = job.wait(w0, w1)
+    (rc0, out0, err0), (rc1, out1, err1) = job.wait(w0, w1)
     assert rc0 == rc1 == 0
+    handler = "every worker saves after this step and stops (TensorFlow's PreemptionCheckpointHandler)"
+    assert f"a signal to another worker: {handler}" in err0 and f"SIGTERM: {handler}" in err1
+    assert "deprecated" not in err0 + err1
     stopped = tf.train.latest_checkpoint(str(multi))
     step = int(stopped.rsplit("-", 1)[1])
     assert 10 <= step < 60
