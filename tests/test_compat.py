@@ -161,25 +161,30 @@ def test_preemption_handler_is_told_its_platform_saves_once_at_the_agreed_step_a
     def stop():
         raise Stopped
 
-    calls = 0
+    calls = [0]
+
+    def step():
+        _compat.save_if_preempted(handler)
+        calls[0] += 1
+
     try:
         from tensorflow.python.distribute.failure_handling import failure_handling_util as util
 
         assert callable(util.detect_platform) and util.PlatformDevice.INTERNAL_CPU
         handler = distribute.preemption_handler(tf.distribute.MirroredStrategy(["/cpu:0"]),
-                                                lambda: signal_seen.wait(30), lambda: saves.append(calls), stop)
+                                                lambda: signal_seen.wait(30), lambda: saves.append(calls[0]), stop)
         assert handler._platform_device == util.PlatformDevice.INTERNAL_CPU  # not asked of GCE's metadata server
-        for calls in range(3):  # no signal: no save
-            _compat.save_if_preempted(handler)
+        for _ in range(3):  # no signal: no save
+            step()
         signal_seen.set()
         for _ in range(100):  # its watcher thread sees the flag at once
             if handler._received_own_sigterm.is_set():
                 break
             threading.Event().wait(0.05)
         with pytest.raises(Stopped):
-            for calls in range(3, 10):
-                _compat.save_if_preempted(handler)
-        assert saves == [4] and calls == 4  # the step after the one that saw the signal
+            for _ in range(7):
+                step()
+        assert saves == [4] and calls == [4]  # the call after the one that saw the signal
         assert handler._poll_termination_signal_thread is None  # it stopped its watcher before the exit
 
         quiet = distribute.preemption_handler(tf.distribute.MirroredStrategy(["/cpu:0"]), lambda: False,
