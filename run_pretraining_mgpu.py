@@ -43,6 +43,9 @@ flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false."
 # input and model
 flags.DEFINE_enum("input_format", "records", ["records", "text"], "records: create_pretraining_data "
                   "TFRecords (MLM + NSP); text: raw text, packed and dynamically masked (MLM only).")
+flags.DEFINE_enum("input_sharding", "auto", ["auto", "files", "examples"],
+                  "Several workers: each reads its own files (files; auto when there is a file per worker) "
+                  "or its rows of one stream (examples).")
 flags.DEFINE_string("vocab_file", None, "vocab.txt (from scratch; default: beside --init_checkpoint).")
 flags.DEFINE_bool("do_lower_case", None, "text input: lower-case (default: the checkpoint's, else true).")
 flags.DEFINE_float("masked_lm_prob", 0.15, "text input: share of tokens masked.")
@@ -88,7 +91,7 @@ def _data(files, tokenizer):
 
     return PretrainingData(FLAGS.input_format, files, tokenizer, max_seq_length=FLAGS.max_seq_length,
                            max_predictions_per_seq=FLAGS.max_predictions_per_seq,
-                           masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed)
+                           masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed, sharding=FLAGS.input_sharding)
 
 
 def _pretrainer(towers):

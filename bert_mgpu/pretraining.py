@@ -30,7 +30,7 @@ from bert_mgpu.errors import UserError
 from bert_mgpu.loop import Evaluation, Hook, Loop
 from bert_mgpu.outputs import write_eval_results
 from bert_mgpu.precision import resolve_precision
-from bert_mgpu.pretraining_input import PretrainingData
+from bert_mgpu.pretraining_input import PretrainingData, worker_files
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
 
@@ -315,12 +315,21 @@ class BertPretrainer:
 
         loop = Loop(trainer, global_batch, hooks, callbacks, run.writer, log_every, save, save_checkpoints_steps,
                     lambda: run.latest, max_consecutive_skips, clock, float(elapsed_var.numpy()), verbose)
-        workers = distribute.worker_of(strategy)[1]  # each parses and masks only its towers' rows
-        mine = (lambda ds: distribute.worker_rows(ds, global_batch, strategy)) if workers > 1 else None
+        index, workers = distribute.worker_of(strategy)
+        if data.by_files(workers):  # each reads its own files
+            part = global_batch // workers
+            dataset = data.dataset(part, True, step * part, part=(index, workers))
+            log.info("input sharded by file: this worker reads %d of %d files",
+                     len(worker_files(data.input_files, (index, workers))), len(data.input_files))
+        else:  # each reads the one stream, and parses and masks only its towers' rows
+            mine = (lambda ds: distribute.worker_rows(ds, global_batch, strategy)) if workers > 1 else None
+            dataset = data.dataset(global_batch // workers, True, step * global_batch, rows=mine)
+            if workers > 1:
+                log.info("input sharded by example: every worker reads the %d file(s), each keeps its rows",
+                         len(data.input_files))
         try:
             with data.reading(), (validation.data.reading() if validation else contextlib.nullcontext()):
-                loop.run(data.dataset(global_batch // workers, True, step * global_batch, rows=mine),
-                         worker_part=workers > 1)
+                loop.run(dataset, worker_part=workers > 1)
         finally:
             run.close()
         self.stop, self.trainer = loop.stop, trainer

@@ -46,11 +46,19 @@ def expand_files(pattern_list):
     return files
 
 
+def worker_files(files, part):
+    """Worker `index`'s share of `files` for `part` = (index, workers): every workers-th, from its index."""
+    index, workers = part
+    return list(files)[index::workers]
+
+
 def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_seq, training=True,
-                   seed=12345, start=0, shuffle_buffer=10_000, rows=None):
+                   seed=12345, start=0, shuffle_buffer=10_000, rows=None, part=None):
     """google-bert pretraining TFRecords -> batches; training repeats forever, from example `start`.
-    `rows`: a function of the unparsed records that keeps some (one worker's: distribute.worker_rows)."""
+    `rows`: a function of the unparsed records that keeps some (one worker's: distribute.worker_rows);
+    `part`: (index, workers), read only this worker's files (worker_files)."""
     files = expand_files(input_files)
+    files = worker_files(files, part) if part else files
     spec = {
         "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
         "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
@@ -110,9 +118,11 @@ def _data_loss(error):
     return f"{found[1]} at byte {found[2]}" if found else error.message.split(" [Op:")[0][-200:]
 
 
-def packed_sequences(input_files, tokenizer, max_seq_length):
-    """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP]."""
+def packed_sequences(input_files, tokenizer, max_seq_length, part=None):
+    """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP].
+    `part`: (index, workers), only this worker's files."""
     files = expand_files(input_files)
+    files = worker_files(files, part) if part else files
     sep = tokenizer.sep_id
 
     def tokenize(lines):
@@ -156,15 +166,20 @@ def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, voca
 
 
 def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predictions_per_seq,
-                 masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000, rows=None):
+                 masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000, rows=None,
+                 part=None):
     """Raw text, packed and dynamically masked -> batches; training repeats forever, from example `start`.
-    `rows`: a function of the packed, unmasked sequences that keeps some (distribute.worker_rows)."""
+    `rows`: a function of the packed, unmasked sequences that keeps some (distribute.worker_rows);
+    `part`: (index, workers), only this worker's files, masked unlike any other worker's."""
     if tokenizer.mask_id is None:
         raise UserError(f"{tokenizer.vocab_file}: vocabulary has no [MASK] token")
-    ds = packed_sequences(input_files, tokenizer, max_seq_length)
+    ds = packed_sequences(input_files, tokenizer, max_seq_length, part)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.enumerate().skip(start)
+    if part:  # a mask's randomness follows the sequence's number: no two workers' numbers meet
+        index, workers = part
+        ds = ds.map(lambda i, ids: (i * workers + index, ids))
     ds = rows(ds) if rows else ds
     special = sorted({tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id})
     ds = ds.map(lambda i, ids: _as_model_inputs(dynamic_mask(
@@ -182,9 +197,12 @@ class PretrainingData:
     """
 
     def __init__(self, kind, input_files, tokenizer=None, max_seq_length=128, max_predictions_per_seq=20,
-                 masked_lm_prob=0.15, seed=12345):
+                 masked_lm_prob=0.15, seed=12345, sharding="auto"):
         if kind not in ("records", "text"):
             raise UserError(f"input kind {kind!r}: expected records or text")
+        if sharding not in ("auto", "files", "examples"):
+            raise UserError(f"--input_sharding={sharding}: expected auto, files or examples")
+        self.sharding = sharding
         self.kind, self.tokenizer, self.seed = kind, tokenizer, seed
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
@@ -196,14 +214,27 @@ class PretrainingData:
     def has_nsp(self):
         return self.kind == "records"
 
-    def dataset(self, batch_size, training=True, start=0, rows=None):
+    def by_files(self, workers):
+        """Whether each of `workers` reads files of its own (`dataset(part=...)`) rather than its rows of
+        one stream every worker reads: sharding "files", or "auto" with at least a file per worker.
+        By files, no worker reads, tokenizes or masks what another does."""
+        if workers == 1:
+            return False
+        if self.sharding == "files" and len(self.input_files) < workers:
+            raise UserError(f"--input_sharding=files: {len(self.input_files)} input file(s) for {workers} "
+                            "workers; each needs one at least (or --input_sharding=examples)")
+        return self.sharding == "files" or (self.sharding == "auto" and len(self.input_files) >= workers)
+
+    def dataset(self, batch_size, training=True, start=0, rows=None, part=None):
         """Batches of `batch_size` from example `start`; `rows` keeps some examples before they are
-        parsed or masked (one worker's rows: distribute.worker_rows)."""
+        parsed or masked (one worker's rows: distribute.worker_rows); `part` = (index, workers) reads
+        only this worker's files."""
         if self.kind == "records":
             return record_dataset(self.input_files, batch_size, self.max_seq_length, self.max_predictions_per_seq,
-                                  training, self.seed, start, rows=rows)
+                                  training, self.seed, start, rows=rows, part=part)
         return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
-                            self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start, rows=rows)
+                            self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start, rows=rows,
+                            part=part)
 
     @contextlib.contextmanager
     def reading(self):

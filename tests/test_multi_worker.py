@@ -224,6 +224,18 @@ def test_a_time_budget_follows_the_chiefs_clock_whatever_the_others_read(job, tm
     assert evals(err0) == evals(err1) == evals(err) and len(evals(err)) >= 3
 
 
+def test_with_a_file_per_worker_each_reads_its_own(job, tmp_path, scratch):
+    """Two corpus files for two workers: each reads, tokenizes and masks one (--input_sharding=auto)."""
+    write_corpus(str(tmp_path / "more.txt"), seed=5)
+    args = [*scratch, f"--input_file={tmp_path}/corpus.txt,{tmp_path}/more.txt", "--num_train_steps=6"]
+    results = job.wait(*workers(job, "files", "run_pretraining_mgpu.py", [*args, f"--output_dir={tmp_path}/out"]))
+    assert_ok(*results)
+    for _, out, err in results:
+        assert "input sharded by file: this worker reads 1 of 2 files" in err
+        assert "pretraining stopped at step 6: reached 6 steps" in out
+    assert tf.train.latest_checkpoint(str(tmp_path / "out")).endswith("ckpt-6")
+
+
 def wait_for_checkpoint(directory, after, proc):
     """Until `directory`'s newest checkpoint is past step `after` -> its step."""
     deadline = time.monotonic() + TIMEOUT

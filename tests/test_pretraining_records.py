@@ -254,3 +254,57 @@ def test_workers_rows_put_together_are_the_global_batch(corpus, kind):
             assert len(value) == 8
             np.testing.assert_array_equal(np.concatenate([parts[0][i], parts[1][i]]), value,
                                           err_msg=f"{kind} step {step} tensor {i}")
+
+
+def unmasked_sequences(dataset):
+    """The sequences of a model-input dataset, their masked tokens put back: what was read, whatever the masks."""
+    out = []
+    for features, labels in dataset.unbatch().as_numpy_iterator():
+        ids = features["token_ids"].copy()
+        real = labels["masked_lm_weights"] > 0
+        ids[features["mask_positions"][real]] = labels["masked_lm_ids"][real]
+        out.append(tuple(ids[features["padding_mask"]]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["records", "text"])
+def test_by_files_each_worker_reads_its_own_files_every_sequence_once_a_pass(corpus, tmp_path, kind):
+    """Sharding by file: 2 workers of 5 files read 3 and 2 of them. Each worker's first pass of its
+    training stream holds each of its files' sequences once; between them, every sequence of the data,
+    none twice; resumed, a worker's stream goes on where it was."""
+    from bert_mgpu.pretraining_input import PretrainingData, worker_files
+
+    d, tok, _ = corpus
+    if kind == "records":
+        files = [str(tmp_path / f"shard-{i}.tfrecord") for i in range(5)]
+        pretraining_records.create_pretraining_data([corpus[2]], files, tok, pretraining_records.MaskingConfig(
+            max_seq_length=32, max_predictions_per_seq=5), random_seed=1, documents_per_buffer=100)
+    else:
+        files = [write_corpus(str(tmp_path / f"part-{i}.txt"), documents=3, sentences=6, seed=i) for i in range(5)]
+    settings = dict(max_seq_length=32, max_predictions_per_seq=5)
+    data = PretrainingData(kind, files, tok, **settings)
+    assert [data.by_files(n) for n in (1, 2, 5, 6)] == [False, True, True, False]
+    assert not PretrainingData(kind, files, tok, sharding="examples", **settings).by_files(2)
+    with pytest.raises(UserError, match=r"--input_sharding=files: 5 input file\(s\) for 6 workers"):
+        PretrainingData(kind, files, tok, sharding="files", **settings).by_files(6)
+
+    everything = unmasked_sequences(data.dataset(4, training=False))
+    passes = []
+    for index in range(2):
+        mine = worker_files(files, (index, 2))
+        assert mine == files[index::2]
+        own = unmasked_sequences(PretrainingData(kind, mine, tok, **settings).dataset(4, training=False))
+        first_pass = unmasked_sequences(data.dataset(1, True, part=(index, 2)).take(len(own)))
+        assert sorted(first_pass) == sorted(own) and len(own) > 10
+        passes.extend(first_pass)
+        resumed = unmasked_sequences(data.dataset(1, True, start=7, part=(index, 2)).take(len(own) - 7))
+        assert resumed == first_pass[7:]
+    if kind == "records":
+        assert sorted(passes) == sorted(everything)
+    else:  # packing runs across files: only the tokens each worker's last part-sequence holds are not read
+        from collections import Counter
+
+        body = lambda seqs: Counter(t for s in seqs for t in s[1:-1])  # noqa: E731  without [CLS] ... [SEP]
+        read, whole = body(passes), body(everything)
+        assert sum((whole - read).values()) < 2 * 30 and sum((read - whole).values()) < 2 * 30
+        assert sum(read.values()) > 0.9 * sum(whole.values())
