@@ -317,8 +317,8 @@ class BertPretrainer:
                     lambda: run.latest, max_consecutive_skips, clock, float(elapsed_var.numpy()), verbose)
         index, workers = distribute.worker_of(strategy)
         if data.by_files(workers):  # each reads its own files
-            part = global_batch // workers
-            dataset = data.dataset(part, True, step * part, part=(index, workers))
+            rows_each = global_batch // workers
+            dataset = data.dataset(rows_each, True, step * rows_each, part=(index, workers))
             log.info("input sharded by file: this worker reads %d of %d files",
                      len(worker_files(data.input_files, (index, workers))), len(data.input_files))
         else:  # each reads the one stream, and parses and masks only its towers' rows

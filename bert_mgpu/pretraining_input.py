@@ -46,9 +46,10 @@ def expand_files(pattern_list):
     return files
 
 
-def worker_files(files, part):
-    """Worker `index`'s share of `files` for `part` = (index, workers): every workers-th, from its index."""
-    index, workers = part
+def worker_files(files, part=None):
+    """Worker `index`'s share of `files` for `part` = (index, workers): every workers-th, from its index;
+    all of them without a part."""
+    index, workers = part or (0, 1)
     return list(files)[index::workers]
 
 
@@ -57,8 +58,7 @@ def record_dataset(input_files, batch_size, max_seq_length, max_predictions_per_
     """google-bert pretraining TFRecords -> batches; training repeats forever, from example `start`.
     `rows`: a function of the unparsed records that keeps some (one worker's: distribute.worker_rows);
     `part`: (index, workers), read only this worker's files (worker_files)."""
-    files = expand_files(input_files)
-    files = worker_files(files, part) if part else files
+    files = worker_files(expand_files(input_files), part)
     spec = {
         "input_ids": tf.io.FixedLenFeature([max_seq_length], tf.int64),
         "input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64),
@@ -121,8 +121,7 @@ def _data_loss(error):
 def packed_sequences(input_files, tokenizer, max_seq_length, part=None):
     """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP].
     `part`: (index, workers), only this worker's files."""
-    files = expand_files(input_files)
-    files = worker_files(files, part) if part else files
+    files = worker_files(expand_files(input_files), part)
     sep = tokenizer.sep_id
 
     def tokenize(lines):
