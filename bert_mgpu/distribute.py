@@ -350,7 +350,7 @@ class ChiefDecides:
 
     Example:
         decide = ChiefDecides(strategy)
-        elapsed, stop = decide([time.monotonic() - start, float(signal_received)])
+        elapsed, = decide([time.monotonic() - start])      # the chief's clock, on every worker
     """
 
     def __init__(self, strategy):
@@ -360,7 +360,7 @@ class ChiefDecides:
 
     def __call__(self, values, any_of=()):
         """`values` (floats) as the chief has them; positions in `any_of` are instead the sum over workers
-        (a flag any worker may raise: its SIGTERM stops every worker in the same step)."""
+        (a flag any worker may raise; `every` builds on it)."""
         if self.workers == 1:
             return [float(v) for v in values]
         import numpy as np
