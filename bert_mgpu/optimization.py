@@ -91,14 +91,30 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
         for d, weights in enumerate(list(zip(*(local(raw(v)) for _, v in pairs)))[:devices]):
             with tf.device(weights[0].device):
                 finite.append(program(
-                    list(weights), [local(raw(m))[d] for m, _ in slots], [local(raw(s))[d] for _, s in slots],
-                    [local(g)[d] for g, _ in pairs], decay, squares, **scalars, **hyper))
+                    _handles(weights), _handles(local(raw(m))[d] for m, _ in slots),
+                    _handles(local(raw(s))[d] for _, s in slots), [local(g)[d] for g, _ in pairs], decay, squares,
+                    **scalars, **hyper))
         finite = finite[0]
         inner.iterations.assign_add(tf.cast(finite, inner.iterations.dtype))
         count = tf.where(finite, self.step_counter + 1, 0)
         grow = tf.logical_and(finite, count >= self.dynamic_growth_steps)
         self.dynamic_scale.assign(self.dynamic_scale * tf.where(grow, 2.0, tf.where(finite, 1.0, 0.5)))
         self.step_counter.assign(tf.where(grow, tf.zeros_like(count), count))
+
+
+def _handles(variables):
+    """The programs take variables' resource handles, not the variables: a trace keeps what it was traced
+    with, and handles are traced as placeholders, variables as themselves (their memory then lived as long
+    as the program, the life of the process)."""
+    return [v.handle for v in variables]
+
+
+def _read(handle):
+    return tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32)
+
+
+def _write(handle, value):
+    tf.raw_ops.AssignVariableOp(resource=handle, value=value)
 
 
 def _unscale_factor(squares, inv_scale, clipnorm):
@@ -115,8 +131,8 @@ def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, 
     """One device's AdamW step over all its variables -> whether the gradients were finite.
 
     `squares`: the gradients' sum of squares (not finite: every update is multiplied by 0). `decay`,
-    `clipnorm` and the hyperparameters are trace-time constants; the variables are arguments, so one
-    trace serves every device and model of the same shapes.
+    `clipnorm` and the hyperparameters are trace-time constants; the variables' handles are arguments,
+    so one trace serves every device and model.
     """
     finite = tf.math.is_finite(squares)
     factor = _unscale_factor(squares, inv_scale, clipnorm)
@@ -125,13 +141,14 @@ def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, 
     rate_1, rate_2 = (1.0 - beta_1) * keep, (1.0 - beta_2) * keep
     alpha = lr * tf.sqrt(1.0 - tf.pow(beta_2, step)) / (1.0 - tf.pow(beta_1, step))
     shrink = 1.0 - weight_decay * lr
-    for w, m, v, g, d in zip(weights, ms, vs, grads, decay):
+    for hw, hm, hv, g, d in zip(weights, ms, vs, grads, decay):
+        w, m, v = _read(hw), _read(hm), _read(hv)
         g = tf.where(finite, tf.cast(g, tf.float32) * factor, 0.0)
         m_new = m + (g - m) * rate_1
         v_new = v + (tf.square(g) - v) * rate_2
-        w.assign((w * shrink if d else w) - alpha * m_new / (tf.sqrt(v_new) + epsilon))
-        m.assign(m_new)
-        v.assign(v_new)
+        _write(hw, (w * shrink if d else w) - alpha * m_new / (tf.sqrt(v_new) + epsilon))
+        _write(hm, m_new)
+        _write(hv, v_new)
     return finite
 
 
@@ -145,7 +162,8 @@ def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, c
     lr = lr * keep
     rate_1, rate_2 = (1.0 - beta_1) * keep, (1.0 - beta_2) * keep
     correct_1, correct_2 = 1.0 - tf.pow(beta_1, step), 1.0 - tf.pow(beta_2, step)
-    for w, m, v, g, d in zip(weights, ms, vs, grads, decay):
+    for hw, hm, hv, g, d in zip(weights, ms, vs, grads, decay):
+        w, m, v = _read(hw), _read(hm), _read(hv)
         g = tf.where(finite, tf.cast(g, tf.float32) * factor, 0.0)
         w_decayed = w - w * weight_decay * lr if d else w
         m_new = m + (g - m) * rate_1
@@ -153,9 +171,9 @@ def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, c
         update = (m_new / correct_1) / (tf.sqrt(v_new / correct_2) + epsilon)
         w_norm, u_norm = tf.norm(w_decayed), tf.norm(update)
         ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
-        w.assign(w_decayed - ratio * lr * update)
-        m.assign(m_new)
-        v.assign(v_new)
+        _write(hw, w_decayed - ratio * lr * update)
+        _write(hm, m_new)
+        _write(hv, v_new)
     return finite
 
 
