@@ -72,11 +72,21 @@ def google_release(tmp_path_factory):
 def run_script(name, *args, check=True, env=None):
     """Run a top-level script as a user does (no GPU visible); on an unexpected failure show its stderr.
     `env` adds variables; one set to None is removed."""
+    return _run([os.path.join(ROOT, name), *args], name, check, env, timeout=600)
+
+
+def run_python(code, env=None, timeout=300):
+    """Run `code` in a fresh Python process (no GPU visible) that imports bert_mgpu and conftest, for what
+    needs TensorFlow configured before it starts; its stderr shown unless it exits 0. `env` as run_script."""
+    path = {"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT])}
+    return _run(["-c", code], "python -c", True, {**path, **(env or {})}, timeout)
+
+
+def _run(argv, name, check, env, timeout):
     import subprocess
 
     env = {k: v for k, v in {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}.items() if v is not None}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, name), *args], capture_output=True, text=True,
-                          timeout=600, env=env)
+    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc

@@ -1,14 +1,10 @@
 """Gradients between towers: packs TensorFlow's NCCL path really sends (traced, never run, on CPU devices),
 the dtype each gradient crosses as, and a float16 sum over 8 towers that no longer overflows."""
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import tiny_config
+from conftest import run_python, tiny_config
 
 from bert_mgpu import devices, distribute, memory, modeling, optimization, training
 
@@ -91,9 +87,7 @@ def test_eight_towers_float16_sum_that_would_overflow_is_applied_not_skipped():
     """Each tower's gradient (10000) fits float16; their 8-way sum (80000) would not (max 65504). Divided
     by 8 before the cast, the sum is the mean, and the step is applied."""
     assert 8 * 10000 > np.finfo(np.float16).max > 10000
-    proc = subprocess.run([sys.executable, "-c", EIGHT_TOWERS], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_python(EIGHT_TOWERS, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     words = proc.stdout.split()
     assert words[words.index("applied") + 1] == "1" and words[words.index("skipped") + 1] == "0", proc.stdout
     assert float(words[words.index("kernel") + 1]) < 1.0  # the update moved the weight
@@ -170,9 +164,7 @@ def test_several_towers_on_several_gpus_sum_on_each_gpu_then_nccl_between_gpus()
     """4 logical CPU towers as 2 GPUs x 2: values right for SUM and MEAN, mixed dtypes and packs (the
     sum between groups on CPU); traced with NCCL, only each group's first device joins an NCCL all-reduce,
     two devices each, and no device adds up more than its own group's two towers."""
-    proc = subprocess.run([sys.executable, "-c", GROUPS], capture_output=True, text=True,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = run_python(GROUPS, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
     lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
     assert lines["values"] == "ok"
     devices_, count, sizes = lines["nccl"].rsplit(" ", 2)

@@ -2,7 +2,7 @@
 
 import keras
 import pytest
-from conftest import tiny_config
+from conftest import run_python, tiny_config
 
 from bert_mgpu import devices, distribute, memory, modeling, optimization, training
 from bert_mgpu.errors import UserError
@@ -176,15 +176,8 @@ def fresh_process():
     """FRESH_PROCESS's readings, from the BFC allocator's statistics (any CPU): an auto-batch search and a
     run, with the search's optimizer the process's first, then two more fits, each after the last is gone."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.path.dirname(here)]),
-           "TF_CPU_ALLOCATOR_USE_BFC": "true"}
-    proc = subprocess.run([sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = run_python(FRESH_PROCESS, env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
