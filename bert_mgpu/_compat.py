@@ -4,6 +4,7 @@ Each function says what it needs and why; tests/test_compat.py fails with a clea
 upgrade moves one of them.
 """
 
+import itertools
 from typing import NamedTuple
 
 
@@ -161,3 +162,51 @@ def stop_preemption_watchers(handler):
     would too, but the running threads keep it alive: without this each run leaves them behind."""
     handler._stop_poll_termination_signal_thread()
     handler._stop_cluster_wise_termination_watcher_thread()
+
+
+def mirrored_with_collectives(devices, implementation, timeout_seconds=None):
+    """MirroredStrategy over `devices` reducing with TensorFlow's CollectiveAllReduce (its default on GPUs),
+    with `implementation` ("NCCL" or "RING") and `timeout_seconds` on every collective it launches.
+
+    TensorFlow builds that CollectiveAllReduce itself, with collective keys no other strategy in the process
+    shares, and picks NCCL for physical GPUs, RING for logical ones or CPUs; its public constructor takes no
+    options. Setting them on the strategy's own instance (and its per-device launchers) lets a run choose
+    its timeout, and lets a test build a GPU run's exact objects on CPU devices (there NCCL-hinted
+    collectives run as RING, through the same packing and concatenation).
+
+    Every strategy made here gets collective keys of its own (`_collective_key_base`, as TensorFlow's own
+    tests do): two strategies over the same devices would otherwise reuse group and instance keys, and
+    the second's collectives fail on the first's cached shapes (a notebook, gpu_check, the tests)."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import cross_device_ops
+
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
+        timeout_seconds=timeout_seconds)
+    cls = tf.distribute.MirroredStrategy
+    base, cls._collective_key_base = cls._collective_key_base, next(_KEY_BASES)
+    try:
+        strategy = cls(devices=list(devices))
+    finally:
+        cls._collective_key_base = base
+    extended = strategy.extended
+    collective = extended._collective_ops
+    if not isinstance(collective, cross_device_ops.CollectiveAllReduce) or extended._cross_device_ops is not collective:
+        raise RuntimeError(f"MirroredStrategy over {devices} no longer reduces with CollectiveAllReduce by default "
+                           f"({type(extended._cross_device_ops).__name__}); update bert_mgpu/_compat.py")
+    collective._options = options
+    for launcher in collective._launchers:
+        launcher._options = options
+    extended._communication_options = options
+    return strategy
+
+
+_KEY_BASES = itertools.count(10_000, 10_000)  # group keys per strategy: one per device set it reduces over
+
+
+def collective_options(strategy):
+    """The CommunicationOptions a strategy's CollectiveAllReduce launches with (None for other reductions)."""
+    from tensorflow.python.distribute import cross_device_ops
+
+    ops = getattr(strategy.extended, "_cross_device_ops", None)
+    return ops._options if isinstance(ops, cross_device_ops.CollectiveAllReduce) else None

@@ -147,6 +147,8 @@ def define_tower_flags():
     flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
                       "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else "
                       "float32.")
+    flags.DEFINE_float("collective_timeout_seconds", 1800, "A collective between towers or workers that waits "
+                       "longer than this ends the run with an error instead of hanging it (0: no limit).")
     flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
     flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
                       "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
@@ -200,4 +202,4 @@ def towers_from_flags(plan):
     from bert_mgpu.devices import Towers
 
     f = FLAGS
-    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster_from_flags())
+    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster_from_flags(), f.collective_timeout_seconds or None)

@@ -55,21 +55,12 @@ class DevicePlan:
 
     @property
     def all_reduce(self):
-        """'nccl' between distinct physical GPUs; 'hierarchical' for several towers on each of several GPUs
-        (each GPU's towers summed on it, then NCCL between GPUs); 'one_device' where all towers share one."""
+        """How gradients cross between this machine's towers (distribute.make_strategy), by TensorFlow's
+        collectives: 'nccl' between distinct GPUs; 'ring' where towers share a device (NCCL takes one rank per
+        GPU; several CPU towers), as TensorFlow's MirroredStrategy itself chooses; 'none' for one tower."""
         if self.towers == 1:
             return "none"
-        if self.device_type == "GPU" and self.towers_per_device == 1:
-            return "nccl"
-        if self.device_type == "GPU" and len(self.physical_ids) > 1:
-            return "hierarchical"
-        return "one_device"
-
-    @property
-    def tower_groups(self):
-        """Tower indices per physical device (TensorFlow numbers a device's logical devices consecutively)."""
-        k = self.towers_per_device
-        return [list(range(i, i + k)) for i in range(0, self.towers, k)]
+        return "nccl" if self.device_type == "GPU" and self.towers_per_device == 1 else "ring"
 
     def describe(self):
         lines = [
@@ -280,6 +271,8 @@ class Towers:
         gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
         multi_worker: several machines, the cluster from TF_CONFIG or SLURM (`cluster.find_cluster`).
         worker_hosts, task_index: several machines, named here ("h1:2222,h2:2222") and this one's place.
+        collective_timeout_seconds: a collective (gradients, a step's scalars) that waits longer for a tower
+            or worker raises DeadlineExceededError instead of waiting forever; None: no limit.
 
     Example:
         towers = Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)   # 2 CPU towers, batch 32
@@ -289,28 +282,29 @@ class Towers:
 
     def __init__(self, n_gpus: int = -1, towers_per_gpu: int = 1, train_batch_size: int = 32,
                  gpu_memory_per_tower_mb: int | None = None, multi_worker: bool = False,
-                 worker_hosts: str | None = None, task_index: int | None = None, per_tower_batch: int | None = None):
+                 worker_hosts: str | None = None, task_index: int | None = None, per_tower_batch: int | None = None,
+                 collective_timeout_seconds: float | None = None):
         job = find_cluster(worker_hosts, task_index, multi_worker)
         visible = discover_visible_gpus() if n_gpus else ()
         per_tower = per_tower_batch if per_tower_batch is not None else train_batch_size
         plan = plan_devices(n_gpus, towers_per_gpu, per_tower, visible, job.workers if job else 1)
-        self._apply(plan, gpu_memory_per_tower_mb, job)
+        self._apply(plan, gpu_memory_per_tower_mb, job, collective_timeout_seconds)
 
     @classmethod
     def from_plan(cls, plan: DevicePlan, gpu_memory_per_tower_mb: int | None = None,
-                  cluster: Cluster | None = None) -> "Towers":
+                  cluster: Cluster | None = None, collective_timeout_seconds: float | None = None) -> "Towers":
         """Towers for a plan already made (`plan_devices`): the script's plan, computed once."""
         self = cls.__new__(cls)
-        self._apply(plan, gpu_memory_per_tower_mb, cluster)
+        self._apply(plan, gpu_memory_per_tower_mb, cluster, collective_timeout_seconds)
         return self
 
-    def _apply(self, plan, gpu_memory_per_tower_mb, cluster):
+    def _apply(self, plan, gpu_memory_per_tower_mb, cluster, timeout=None):
         if cluster is not None and cluster.workers != plan.workers:
             raise ValueError(f"the plan is for {plan.workers} worker(s), the cluster has {cluster.workers}")
         self.plan, self.cluster = plan, cluster
         configure_devices(plan, gpu_memory_per_tower_mb)
-        self.strategy = (distribute.multi_worker_strategy(plan, cluster) if cluster
-                         else distribute.make_strategy(plan))
+        self.strategy = (distribute.multi_worker_strategy(plan, cluster, timeout) if cluster
+                         else distribute.make_strategy(plan, timeout_seconds=timeout))
 
     @property
     def count(self):

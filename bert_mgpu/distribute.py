@@ -8,37 +8,24 @@ Example:
         strategy.run(step, args=(batch,))
 """
 
-import itertools
 import weakref
 
 from bert_mgpu import _compat
 
 
-def make_strategy(plan):
-    """MirroredStrategy over the plan's towers with the all-reduce that suits them."""
+def make_strategy(plan, devices=None, timeout_seconds=None):
+    """MirroredStrategy over the plan's towers (or `devices`: a GPU plan's objects on CPU devices, as the
+    tests and gpu_check build them), reducing with TensorFlow's CollectiveAllReduce: NCCL between distinct
+    GPUs, RING where towers share a device (`DevicePlan.all_reduce`). A collective whose peer failed is
+    aborted, so an error on one tower (out of memory first of all) ends the step on every tower instead of
+    hanging it; `timeout_seconds` bounds how long a collective waits for a tower that never comes.
+    """
     import tensorflow as tf
 
-    cross = {
-        "nccl": lambda: tf.distribute.NcclAllReduce(),
-        "one_device": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
-        "hierarchical": lambda: tf.distribute.ReductionToOneDevice(reduce_to_device=plan.devices[0]),
-        "none": lambda: None,
-    }[plan.all_reduce]()
-    strategy = tf.distribute.MirroredStrategy(devices=list(plan.devices), cross_device_ops=cross)
-    if plan.all_reduce == "hierarchical":  # gradients; the few scalars of a step still go to tower 0
-        reduce_in_groups(strategy, plan.tower_groups)
-    return strategy
-
-
-_GROUPS = weakref.WeakKeyDictionary()
-
-
-def reduce_in_groups(strategy, groups, nccl=True):
-    """Make `all_reduce` under `strategy` sum each group's towers on the group's first device, then sum those
-    across groups with NCCL (nccl=False: on the first group's device, so it runs on CPUs for tests), and give
-    every tower the result: for several towers on each GPU, instead of funnelling all through one GPU."""
-    _GROUPS[strategy] = ([list(g) for g in groups], nccl)
-    return strategy
+    devices = list(devices or plan.devices)
+    if plan.all_reduce == "none":
+        return tf.distribute.MirroredStrategy(devices=devices)
+    return _compat.mirrored_with_collectives(devices, plan.all_reduce.upper(), timeout_seconds)
 
 
 def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
@@ -50,19 +37,17 @@ def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
     same reduction (what the custom-gradient wrapper runs inside) with nothing left behind.
 
     bytes_per_pack: the values go in packs of about this many bytes, last value first, one reduction per
-    pack. TensorFlow's NCCL reduction on one machine ignores CommunicationOptions and concatenates all it
-    is given into one buffer, which waits for the last gradient; a pack here depends only on its own
-    values, so for gradients listed in layer order, the last layers' pack can cross while backprop
-    still computes the first layers.
+    pack, so the last layers' pack can cross while backprop still computes the first layers. Each pack
+    is reduced one dtype at a time: NCCL and collectives concatenate what they are given into one buffer
+    (TensorFlow's `batch_all_reduce`), which cannot mix float16 and float32.
     """
     import tensorflow as tf
 
     flat = tf.nest.flatten(values)
-    packs = gradient_packs([_nbytes(v) for v in flat], bytes_per_pack)
+    packs = [part for pack in gradient_packs([_nbytes(v) for v in flat], bytes_per_pack)
+             for part in by_dtype(pack, [v.dtype for v in flat])]
 
     def reduce(strategy, *flat):
-        if strategy in _GROUPS:
-            return _reduce_in_groups(strategy, reduce_op, flat, packs, *_GROUPS[strategy])
         # Per-tower values go back to their towers; a plain tensor (one tower) stays on its device.
         pairs = [(v, v.device if isinstance(v, tf.Tensor) else v) for v in flat]
         out = [None] * len(flat)
@@ -75,45 +60,10 @@ def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
     return tf.nest.pack_sequence_as(values, list(reduced))
 
 
-_PACK_IDS = itertools.count()
-
-
-def _reduce_in_groups(strategy, reduce_op, flat, packs, groups, nccl):
-    """`all_reduce`'s merge step for towers in groups (see `reduce_in_groups`): one buffer per pack, dtype
-    and tower; summed within each group on its first device; NCCL between those; split back per tower."""
-    import tensorflow as tf
-
-    places = strategy.extended.worker_devices
-    towers = sum(len(g) for g in groups)
-    parts = [strategy.experimental_local_results(v) for v in flat]  # [value][tower]
-    out = [[None] * towers for _ in flat]
-    for pack in packs:
-        for dtype in sorted({parts[i][0].dtype for i in pack}, key=lambda d: d.name):
-            members = [i for i in pack if parts[i][0].dtype == dtype]
-            sums = []
-            for group in groups:
-                with tf.device(places[group[0]]):
-                    sums.append(tf.add_n([tf.concat([tf.reshape(parts[i][t], [-1]) for i in members], 0)
-                                          for t in group]))
-            if nccl:
-                name, totals = f"bert_mgpu_pack_{next(_PACK_IDS)}", []
-                for group, partial in zip(groups, sums):
-                    with tf.device(places[group[0]]):
-                        totals.append(tf.raw_ops.NcclAllReduce(input=partial, reduction="sum",
-                                                               num_devices=len(groups), shared_name=name))
-            else:
-                with tf.device(places[groups[0][0]]):
-                    totals = [tf.add_n(sums)] * len(groups)
-            for group, total in zip(groups, totals):
-                if reduce_op == tf.distribute.ReduceOp.MEAN:
-                    total = total / tf.cast(towers, total.dtype)
-                for t in group:
-                    with tf.device(places[t]):
-                        pieces = tf.split(tf.identity(total), [parts[i][t].shape.num_elements() for i in members])
-                        for i, piece in zip(members, pieces):
-                            out[i][t] = tf.reshape(piece, tf.shape(parts[i][t]))
-    return [strategy.experimental_distribute_values_from_function(lambda ctx, o=o: o[ctx.replica_id_in_sync_group])
-            for o in out]
+def by_dtype(pack, dtypes):
+    """A pack's indices split into runs of one dtype each, in the pack's order of first appearance."""
+    kinds = list(dict.fromkeys(dtypes[i] for i in pack))
+    return [[i for i in pack if dtypes[i] == kind] for kind in kinds]
 
 
 def gradient_packs(sizes, bytes_per_pack=None):
@@ -278,7 +228,7 @@ def _splitter(ids, total, spec):
     return _SPLITTERS[key]
 
 
-def multi_worker_strategy(plan, cluster):
+def multi_worker_strategy(plan, cluster, timeout_seconds=None):
     """Across machines: TensorFlow's MultiWorkerMirroredStrategy over `cluster` (a cluster.Cluster), each
     worker's towers the plan's devices. Gradients cross by NCCL when every tower has a GPU of its own (AUTO
     would pick gRPC's ring even between the GPUs of one machine), by the ring otherwise (CPU towers,
@@ -286,7 +236,7 @@ def multi_worker_strategy(plan, cluster):
     import tensorflow as tf
 
     kind = getattr(tf.distribute.experimental.CommunicationImplementation, communication(plan))
-    comm = tf.distribute.experimental.CommunicationOptions(implementation=kind)
+    comm = tf.distribute.experimental.CommunicationOptions(implementation=kind, timeout_seconds=timeout_seconds)
     with _compat.multi_worker_local_devices(plan.device_type, plan.towers):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver(),
                                                              communication_options=comm)

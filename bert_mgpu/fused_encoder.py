@@ -68,7 +68,8 @@ class FusedBertEncoder(keras.layers.Layer):
     def _w(self, variable, shape=None):
         """The variable's value in the compute dtype: a tensor even when no cast is needed (see `_read`)."""
         copy = self._frozen.copies.get(id(variable)) if self._frozen.active else None
-        v = tf.convert_to_tensor(copy) if copy is not None else tf.cast(_read(variable)[0], self.compute_dtype)
+        v = _unstored(copy, self.compute_dtype) if copy is not None else tf.cast(_read(variable)[0],
+                                                                                 self.compute_dtype)
         return v if shape is None else tf.reshape(v, shape)
 
     def _cast_variables(self):
@@ -181,8 +182,19 @@ class _Frozen:
         self.copies, self.active, self.refresh = {}, False, None
 
 
-def _refresher(pairs):
-    return tf.function(lambda: [copy.assign(tf.cast(v.value, copy.dtype)) for v, copy in pairs])
+# How a copy is stored: bfloat16 as float16 holding the same 16 bits, because MultiWorkerMirroredStrategy
+# broadcasts every new variable's initial value with CollectiveBcastSend, which has no bfloat16 kernel.
+_STORED = {"bfloat16": "float16"}
+
+
+def _unstored(copy, dtype):
+    value = tf.convert_to_tensor(copy)
+    return value if value.dtype == dtype else tf.bitcast(value, dtype)
+
+
+def _refresher(pairs, dtype):
+    return tf.function(lambda: [copy.assign(tf.bitcast(tf.cast(v.value, dtype), copy.dtype) if copy.dtype != dtype
+                                            else tf.cast(v.value, dtype)) for v, copy in pairs])
 
 
 @contextlib.contextmanager
@@ -201,10 +213,10 @@ def frozen_weights(model):
     for encoder in encoders:
         frozen = encoder._frozen
         if frozen.refresh is None:
-            pairs = [(v, tf.Variable(tf.zeros(v.shape, encoder.compute_dtype), trainable=False))
-                     for v in encoder._cast_variables()]
+            stored = _STORED.get(encoder.compute_dtype, encoder.compute_dtype)
+            pairs = [(v, tf.Variable(tf.zeros(v.shape, stored), trainable=False)) for v in encoder._cast_variables()]
             frozen.copies = {id(v): copy for v, copy in pairs}
-            frozen.refresh = _refresher(pairs)
+            frozen.refresh = _refresher(pairs, encoder.compute_dtype)
         frozen.refresh()
         frozen.active = True
     try:

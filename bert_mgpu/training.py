@@ -90,8 +90,6 @@ class Trainer:
             float32 layers always cross in float32 (`allreduce_dtypes`).
         bytes_per_pack: gradients go in packs of about this size, last layers first, so a pack's
             all-reduce can start while backprop computes earlier layers (docs/gpu_scaling.md).
-        collective_timeout_seconds: a collective that waits longer raises DeadlineExceededError, where
-            TensorFlow offers it (MultiWorkerMirroredStrategy); NCCL within one machine has no timeout.
 
     Example:
         with towers.strategy.scope():
@@ -102,7 +100,7 @@ class Trainer:
     """
 
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
-                 accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20, collective_timeout_seconds=None):
+                 accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20):
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
         distribute.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
@@ -113,7 +111,6 @@ class Trainer:
             allreduce_dtype = "float16" if computes == "float16" else "float32"
         self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
         self._allreduce_dtypes = allreduce_dtypes(model, self.allreduce_dtype)
-        self._comm = tf.distribute.experimental.CommunicationOptions(timeout_seconds=collective_timeout_seconds)
         self.bytes_per_pack = bytes_per_pack
         self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
         self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
@@ -174,7 +171,7 @@ class Trainer:
                 if g is not None]
         grads = distribute.all_reduce(tf.distribute.ReduceOp.SUM, [_share(g, d, self.strategy.num_replicas_in_sync)
                                                                 for g, _, d in used],
-                                   self._comm, self.bytes_per_pack)
+                                   bytes_per_pack=self.bytes_per_pack)
         used = [(g, v) for g, (_, v, _) in zip(grads, used)]
         grads = [tf.cast(g, v.dtype) for g, v in used]
         self.optimizer.apply(grads, [v for _, v in used])

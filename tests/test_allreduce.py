@@ -1,47 +1,81 @@
-"""Gradients between towers: packs TensorFlow's NCCL path really sends (traced, never run, on CPU devices),
-the dtype each gradient crosses as, and a float16 sum over 8 towers that no longer overflows."""
+"""Gradients between towers on the GPU path, built with the exact objects a GPU run builds (devices.DevicePlan
+of GPUs, distribute.make_strategy, CollectiveAllReduce with NCCL) on CPU devices, where NCCL-hinted
+collectives run as RING through the same packing and concatenation: executed, not only traced. Also the
+dtype each gradient crosses as, and a float16 sum over 8 towers that no longer overflows."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import run_python, tiny_config
 
-from bert_mgpu import devices, distribute, memory, modeling, optimization, training
+from bert_mgpu import _compat, devices, distribute, memory, modeling, optimization, training
+
+CPU_TOWERS = ["/cpu:0", "/cpu:1"]
 
 
-def nccl_packs(graph):
-    """Element counts of the NCCL all-reduces in a traced graph, one per pack (tower 0's op of each)."""
-    ops = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
-    return sorted(int(op.inputs[0].shape.num_elements()) for op in ops if op.get_attr("num_devices") and
-                  op.device.endswith("CPU:0"))
+def gpu_strategy(towers_per_gpu=1):
+    """What `--n_gpus=2` (or one GPU split in 2 towers) builds, on the two CPU devices."""
+    gpus = ("0", "1") if towers_per_gpu == 1 else ("0",)
+    plan = devices.plan_devices(len(gpus), towers_per_gpu, 4, gpus)
+    return plan, distribute.make_strategy(plan, devices=CPU_TOWERS, timeout_seconds=120)
 
 
-@pytest.mark.parametrize("bytes_per_pack", [None, 2**16, 2**20])
-def test_the_step_sends_its_gradients_in_packs_of_the_size_asked_last_layers_first(bytes_per_pack):
-    """MirroredStrategy with NcclAllReduce on two CPU towers, traced: TensorFlow would concatenate every
-    gradient into one buffer; the step's own packs give one NCCL op per pack and tower, each about
-    bytes_per_pack, holding together all gradient elements exactly once."""
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.NcclAllReduce())
+def collectives(graph):
+    """(communication hint, dtype, elements) of each tower-0 all-reduce in a traced step."""
+    return [(op.get_attr("communication_hint").decode(), op.get_attr("T"), op.inputs[0].shape.num_elements())
+            for op in graph.get_operations() if op.type == "CollectiveReduceV2" and op.device.endswith("CPU:0")]
+
+
+def test_a_gpu_plan_builds_tensorflows_nccl_collectives_and_ring_where_towers_share_a_gpu():
+    plan, strategy = gpu_strategy()
+    assert plan.all_reduce == "nccl"
+    options = _compat.collective_options(strategy)
+    assert options.implementation.name == "NCCL" and options.timeout_seconds == 120
+    plan, strategy = gpu_strategy(towers_per_gpu=2)
+    assert plan.all_reduce == "ring" and _compat.collective_options(strategy).implementation.name == "RING"
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16", "float32"])
+def test_the_gpu_step_runs_with_every_precision_in_packs_of_one_dtype_last_layers_first(policy):
+    """A mixed_float16 step sends float16 (dense layers) and float32 (LayerNorms, embeddings, head)
+    gradients; TensorFlow concatenates each pack into one buffer, so a pack mixing them crashed every
+    mixed_float16 multi-GPU run. Executed here on the GPU run's objects: every pack has one dtype, the
+    packs hold every gradient element once, the first pack holds the head's last variable, and two
+    steps leave both towers' weights bit-equal."""
+    _, strategy = gpu_strategy()
     with strategy.scope():
-        model = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 2)
-        opt = optimization.create_optimizer(1e-3, 10, 0)
-    trainer = training.Trainer(strategy, model, opt, bytes_per_pack=bytes_per_pack)
-    batch = memory.classifier_batch(4, 16)
-    spec = distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch)).element_spec
-    graph = trainer.step_graph(spec)
-    packs = nccl_packs(graph)
-    total = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
-    assert sum(packs) == total
-    all_ops = [op for op in graph.get_operations() if op.type == "NcclAllReduce"]
-    assert len(all_ops) == 2 * len(packs)  # one op a tower for each pack
-    if bytes_per_pack is None:
-        assert packs == [total]
-        return
-    largest = max(int(np.prod(v.shape)) for v in model.trainable_variables) * 4
-    assert len(packs) >= total * 4 // max(bytes_per_pack, largest)
-    assert all(p * 4 <= max(bytes_per_pack, largest) for p in packs)
-    order = distribute.gradient_packs([int(np.prod(v.shape)) * 4 for v in model.trainable_variables], bytes_per_pack)
-    assert order[0][0] == len(model.trainable_variables) - 1  # the head's last variable leads the first pack
+        model = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 2, policy)
+        opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16")
+    trainer = training.Trainer(strategy, model, opt, bytes_per_pack=2**14)
+    batch = memory.classifier_batch(8, 16)
+    batch = (batch[0], np.arange(8, dtype=np.int32) % 2)
+    batches = trainer.training_batches(tf.data.Dataset.from_tensors(batch).repeat(2))
+    sent = collectives(trainer.step_graph(trainer.input_spec))
+    assert {hint for hint, _, _ in sent} == {"nccl"}, sent
+    losses = [trainer.train_step(next(batches))[0] for _ in range(2)]
+    assert all(np.isfinite(losses)) and trainer.applied_steps == 2, losses
+    grads = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    packs = [n for _, _, n in sent if n > 1]  # the step's scalars (loss, statistics) cross alone
+    assert sum(packs) == grads and len(packs) >= 4, sent
+    dtypes = {d for _, d, n in sent if n > 1}
+    expect = {tf.float16, tf.float32} if policy == "mixed_float16" else {tf.float32}
+    assert dtypes == expect, sent
+    for v in model.trainable_variables:
+        a, b = strategy.experimental_local_results(v.value)
+        assert np.array_equal(a.numpy(), b.numpy()), v.path
+
+
+def test_the_gpu_step_on_several_towers_per_gpu_runs_on_ring_collectives():
+    _, strategy = gpu_strategy(towers_per_gpu=2)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(500), 2, "mixed_float16")
+        opt = optimization.create_optimizer(1e-3, 10, 0, float16=True)
+    trainer = training.Trainer(strategy, model, opt)
+    batch = memory.classifier_batch(8, 16)
+    batch = (batch[0], np.arange(8, dtype=np.int32) % 2)
+    loss, seen = trainer.train_step(next(trainer.training_batches(tf.data.Dataset.from_tensors(batch))))
+    assert np.isfinite(loss) and list(seen) == [4, 4] and trainer.applied_steps == 1
+    assert {c[0] for c in collectives(trainer.step_graph(trainer.input_spec))} == {"ring"}
 
 
 def test_float16_gradients_cross_as_float16_but_layer_norms_embeddings_and_the_head_in_float32():
@@ -93,84 +127,3 @@ def test_eight_towers_float16_sum_that_would_overflow_is_applied_not_skipped():
     assert float(words[words.index("kernel") + 1]) < 1.0  # the update moved the weight
 
 
-def test_a_collective_timeout_reaches_the_all_reduce_options():
-    strategy = distribute.make_strategy(devices.plan_devices(0, 2, 1, ()))
-    with strategy.scope():
-        model = modeling.build_classifier(tiny_config(38), 2)
-    assert training.Trainer(strategy, model)._comm.timeout_seconds is None
-    assert training.Trainer(strategy, model, collective_timeout_seconds=600)._comm.timeout_seconds == 600
-
-
-GROUPS = """
-import numpy as np, tensorflow as tf
-cpu = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
-from bert_mgpu import devices, distribute
-plan = devices.DevicePlan("GPU", (0, 1), ("0", "1"), 2, 8)  # 2 GPUs x 2 towers, as the plan numbers them
-assert plan.all_reduce == "hierarchical" and plan.tower_groups == [[0, 1], [2, 3]]
-places = [f"/cpu:{i}" for i in range(4)]
-
-def replica():
-    t = tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32) + 1.0  # 1..4
-    values = [tf.fill([3, 2], t), tf.cast(tf.fill([5], t * 10.0), tf.float16), tf.fill([1000], t)]
-    return (distribute.all_reduce(tf.distribute.ReduceOp.SUM, values, bytes_per_pack=64),
-            distribute.all_reduce(tf.distribute.ReduceOp.MEAN, values))
-
-for nccl in (False, True):
-    strategy = tf.distribute.MirroredStrategy(places, cross_device_ops=tf.distribute.ReductionToOneDevice(places[0]))
-    distribute.reduce_in_groups(strategy, plan.tower_groups, nccl=nccl)
-    step = tf.function(lambda: strategy.run(replica))
-    if not nccl:
-        sums, means = step()
-        for k, expect in enumerate((10.0, 100.0, 10.0)):
-            for tower in strategy.experimental_local_results(sums[k]):
-                assert np.all(tower.numpy() == expect), (k, tower)
-            for tower in strategy.experimental_local_results(means[k]):
-                assert np.allclose(tower.numpy().astype(np.float32), expect / 4), (k, tower)
-        print("values ok")
-    else:
-        ops = step.get_concrete_function().graph.get_operations()
-        nccl_ops = [op for op in ops if op.type == "NcclAllReduce"]
-        print("nccl", sorted({op.device for op in nccl_ops}), len(nccl_ops),
-              {op.get_attr("num_devices") for op in nccl_ops})
-        print("widest add", max(len(op.inputs) for op in ops if op.type == "AddN"))
-
-import keras
-from bert_mgpu import memory, modeling, optimization, training
-from bert_mgpu.config import BertConfig
-weights = []
-for grouped in (False, True):  # two training steps, plain reduction to tower 0 against the grouped one
-    strategy = tf.distribute.MirroredStrategy(places, cross_device_ops=tf.distribute.ReductionToOneDevice(places[0]))
-    if grouped:
-        distribute.reduce_in_groups(strategy, plan.tower_groups, nccl=False)
-    keras.utils.set_random_seed(0)
-    with strategy.scope():
-        model = modeling.build_classifier(BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=1,
-            num_attention_heads=2, intermediate_size=64, max_position_embeddings=16, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0), 2)
-        opt = optimization.create_optimizer(1e-2, 10, 0)
-    trainer = training.Trainer(strategy, model, opt, bytes_per_pack=4096)
-    batch = memory.classifier_batch(8, 16)
-    batch = (batch[0], np.arange(8) % 2)
-    dist = next(iter(distribute.distribute_dataset(strategy, tf.data.Dataset.from_tensors(batch))))
-    for _ in range(2):
-        trainer.train_step(dist)
-    weights.append([w.numpy() for w in model.weights])
-print("train", max(float(np.abs(a - b).max()) for a, b in zip(*weights)))
-"""
-
-
-def test_several_towers_on_several_gpus_sum_on_each_gpu_then_nccl_between_gpus():
-    """4 logical CPU towers as 2 GPUs x 2: values right for SUM and MEAN, mixed dtypes and packs (the
-    sum between groups on CPU); traced with NCCL, only each group's first device joins an NCCL all-reduce,
-    two devices each, and no device adds up more than its own group's two towers."""
-    proc = run_python(GROUPS, env={"TF_CPP_MIN_LOG_LEVEL": "2"})
-    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines())
-    assert lines["values"] == "ok"
-    devices_, count, sizes = lines["nccl"].rsplit(" ", 2)
-    assert [d.rsplit("/", 1)[-1] for d in eval(devices_)] == ["device:CPU:0", "device:CPU:2"] and sizes == "{2}"
-    # SUM: packs of 64 bytes -> the [1000] value alone, then [5] float16 and [3, 2] float32 (2 dtypes): 3
-    # buffers; MEAN: one pack, 2 dtypes: 2 buffers; each on the 2 group leaders
-    assert int(count) == 2 * (3 + 2)
-    assert lines["widest"] == "add 2"
-    assert float(lines["train"]) < 1e-6  # training through the groups: the same weights as through tower 0

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu import devices, distribute
+from bert_mgpu import _compat, devices, distribute
 from bert_mgpu.errors import UserError
 
 
@@ -19,9 +19,8 @@ def test_plan_follows_cuda_visible_devices_order():
 
 def test_towers_per_gpu_multiplies_towers_and_batch():
     plan = devices.plan_devices(2, 3, 8, ("5", "7"))
-    assert (plan.towers, plan.global_batch, plan.all_reduce) == (6, 48, "hierarchical")
-    assert plan.tower_groups == [[0, 1, 2], [3, 4, 5]]  # each GPU's towers summed on it, then NCCL
-    assert devices.plan_devices(1, 3, 8, ("5",)).all_reduce == "one_device"
+    assert (plan.towers, plan.global_batch, plan.all_reduce) == (6, 48, "ring")  # NCCL: one rank per GPU
+    assert devices.plan_devices(1, 3, 8, ("5",)).all_reduce == "ring"
     assert plan.devices == tuple(f"/gpu:{i}" for i in range(6))
     assert "tower 4: /gpu:4 (CUDA device 7)" in plan.describe()
 
@@ -30,7 +29,7 @@ def test_cpu_plan_makes_logical_towers():
     plan = devices.plan_devices(0, 4, 16, ())
     assert (plan.device_type, plan.towers, plan.global_batch) == ("CPU", 4, 64)
     assert plan.devices == ("/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3")
-    assert devices.plan_devices(0, 1, 16, ()).all_reduce == "none"
+    assert plan.all_reduce == "ring" and devices.plan_devices(0, 1, 16, ()).all_reduce == "none"
 
 
 @pytest.mark.parametrize("n_gpus, visible, message", [
@@ -68,7 +67,7 @@ def test_strategy_on_two_logical_cpus():
     strategy = distribute.make_strategy(plan)
     assert strategy.num_replicas_in_sync == 2
     assert [d.split("/")[-1] for d in strategy.extended.worker_devices] == ["device:CPU:0", "device:CPU:1"]
-    assert isinstance(strategy.extended._cross_device_ops, tf.distribute.ReductionToOneDevice)
+    assert _compat.collective_options(strategy).implementation.name == "RING"  # TensorFlow's choice on CPUs
 
 
 def test_configure_refuses_more_towers_than_started_devices():
