@@ -15,8 +15,9 @@ SCRATCH ?= output/pretrain_scratch
 MINUTES ?= 6
 ROUNDS ?= 2
 
-# The GPU build's CUDA libraries (setup.py's gpu extra) where nvidia-smi lists a GPU; the CPU build elsewhere.
-EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu)
+# The GPU build's CUDA libraries (setup.py's gpu extra) where nvidia-smi lists a GPU; elsewhere the CPU build and
+# the parity tests' reference (PyTorch, transformers), whose CUDA 13 libraries would overwrite TensorFlow's.
+EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu || echo ,reference)
 
 .PHONY: demo test lint venv assets clean pretrain-demo scratch-demo zh-demo bench gpu-check glue
 

@@ -27,11 +27,14 @@ setup(
     extras_require={
         # GPUs: TensorFlow finds CUDA, cuDNN, NCCL and XLA's ptxas/libdevice only through these wheels.
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
-        # transformers (PyTorch) is the reference the parity tests compare against; never imported by the library.
         # pandas: evaluate/predict take a DataFrame (read by duck typing; the library never imports pandas).
         # scikit-learn: the reference the metrics (written in NumPy) are tested against.
-        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "torch==2.13.0", "transformers>=5,<6",
-                 "pandas>=2", "matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4"],
+        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "pandas>=2", "matplotlib>=3.8",
+                 "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4"],
+        # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
+        # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
+        # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.
+        "reference": ["torch==2.13.0", "transformers>=5,<6"],
         # learning_curves.png and confusion_matrix.png (bert_mgpu.plot); training never needs it.
         "plot": ["matplotlib>=3.8"],
     },

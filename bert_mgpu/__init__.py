@@ -7,6 +7,12 @@
 """
 
 import importlib
+import os
+
+# Number GPUs as nvidia-smi does (PCI bus order; CUDA's default puts the fastest first) before anything can
+# start CUDA, so CUDA_VISIBLE_DEVICES=1, `nvidia-smi -i 1` and bert_mgpu's GPU 1 are one card. A user's own
+# CUDA_DEVICE_ORDER stays.
+os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 # Loaded on first use, so that `import bert_mgpu.cli` (every script's first import) does not load TensorFlow
 # before the script has quieted its start-up lines.

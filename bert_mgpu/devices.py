@@ -154,7 +154,8 @@ def nvidia_smi_gpus():
 
 def number_gpus_as_nvidia_smi(environ=None):
     """Before CUDA starts: number GPUs in PCI bus order, as nvidia-smi does (CUDA's default puts the fastest
-    first), so CUDA_VISIBLE_DEVICES=1 and `nvidia-smi -i 1` are the same GPU. A user's own order stays."""
+    first), so CUDA_VISIBLE_DEVICES=1 and `nvidia-smi -i 1` are the same GPU. A user's own order stays.
+    Importing bert_mgpu does it; this is for an environment handed to another process."""
     env = os.environ if environ is None else environ
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
@@ -171,14 +172,48 @@ def gpu_memory_mb(cuda_name, field="memory.total"):
             ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", cuda_name],
             capture_output=True, text=True, timeout=20, check=True,
         ).stdout
-        return int(out.split()[0])
+        return float(out.split()[0])
     except (subprocess.SubprocessError, ValueError, IndexError):
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuMemory:
+    """One GPU's memory as `Towers` found it before TensorFlow took any (nvidia-smi, MiB)."""
+
+    name: str  # as CUDA_VISIBLE_DEVICES names it
+    free_mb: float
+    total_mb: float
+    cc_major: int
+
+    @property
+    def tensorflow_cap_mb(self):
+        """What TensorFlow's allocator may take of the whole GPU: the memory free when it starts less the
+        reserve gpu_device.cc's MinSystemMemory keeps (TF_DEVICE_MIN_SYS_MEMORY_IN_MB overrides it)."""
+        if os.environ.get("TF_DEVICE_MIN_SYS_MEMORY_IN_MB"):
+            reserve = float(os.environ["TF_DEVICE_MIN_SYS_MEMORY_IN_MB"])
+        elif self.free_mb < 2048:
+            reserve = 225
+        else:
+            c = self.cc_major
+            reserve = 500 if c <= 6 else 1050 if c <= 7 else 1536 if c <= 8 else 1800
+        return max(0.0, self.free_mb - reserve)
+
+
+def gpu_memory(plan):
+    """[GpuMemory] of the plan's GPUs, read now: call it before TensorFlow allocates on them (Towers does),
+    so that the memory a run's model takes is not counted as gone. A GPU nvidia-smi cannot describe is left
+    out (a MIG instance, CUDA numbering GPUs otherwise than nvidia-smi)."""
+    found = []
+    for name in plan.visible_names if plan.device_type == "GPU" else ():
+        free, total, cap = (gpu_memory_mb(name, field) for field in ("memory.free", "memory.total", "compute_cap"))
+        if None not in (free, total, cap):
+            found.append(GpuMemory(name, free, total, int(cap)))
+    return found
+
+
 def discover_visible_gpus():
     """GPU names as CUDA_VISIBLE_DEVICES gives them, for the GPUs TensorFlow can use."""
-    number_gpus_as_nvidia_smi()
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -201,7 +236,7 @@ def keep_cpu_memory_statistics(environ=None):
     env.setdefault("TF_CPU_BFC_MEM_LIMIT_IN_MB", str(physical_mb))
 
 
-def configure_devices(plan, memory_per_tower_mb=None):
+def configure_devices(plan, memory_per_tower_mb=None, gpus=None):
     """Make TensorFlow expose exactly the plan's towers as logical devices (before any op runs).
 
     Several towers per device are logical devices split from one physical device, as bert-ad's
@@ -212,7 +247,7 @@ def configure_devices(plan, memory_per_tower_mb=None):
 
     keep_cpu_memory_statistics()
     try:
-        _apply_plan(tf, plan, memory_per_tower_mb)
+        _apply_plan(tf, plan, memory_per_tower_mb, gpus)
     except RuntimeError:  # the runtime is already initialized: check what it has
         have = len(tf.config.list_logical_devices(plan.device_type))
         if have < plan.towers:
@@ -223,7 +258,7 @@ def configure_devices(plan, memory_per_tower_mb=None):
             ) from None
 
 
-def _apply_plan(tf, plan, memory_per_tower_mb):
+def _apply_plan(tf, plan, memory_per_tower_mb, gpus=None):
     physical = tf.config.list_physical_devices(plan.device_type)
     if plan.device_type == "CPU":
         tf.config.set_visible_devices([], "GPU")  # else TensorFlow maps every GPU and puts unscoped ops there
@@ -235,25 +270,33 @@ def _apply_plan(tf, plan, memory_per_tower_mb):
         return
     used = [physical[i] for i in plan.physical_ids]
     tf.config.set_visible_devices(used, "GPU")
-    for dev, name in zip(used, plan.visible_names):
-        if plan.towers_per_device == 1:
+    per_tower = tower_memory_limit_mb(plan, memory_per_tower_mb, gpus) if plan.towers_per_device > 1 else None
+    for dev in used:
+        if per_tower is None:
             tf.config.experimental.set_memory_growth(dev, True)
-            continue
-        per_tower = tower_memory_limit_mb(plan, name, memory_per_tower_mb)
-        tf.config.set_logical_device_configuration(
-            dev, [tf.config.LogicalDeviceConfiguration(memory_limit=per_tower)] * plan.towers_per_device
-        )
+        else:
+            tf.config.set_logical_device_configuration(
+                dev, [tf.config.LogicalDeviceConfiguration(memory_limit=per_tower)] * plan.towers_per_device)
 
 
-def tower_memory_limit_mb(plan, cuda_name, memory_per_tower_mb=None):
-    """The memory_limit of each logical device when towers share a GPU: the flag, or 92% of the GPU split."""
+def smallest_gpu(plan, gpus=None):
+    """The plan's GPU TensorFlow may take least of (`gpu_memory`), or UserError when one cannot be read:
+    every tower must fit the batch the smallest one fits."""
+    gpus = gpu_memory(plan) if gpus is None else gpus
+    missing = sorted(set(plan.visible_names) - {g.name for g in gpus})
+    if missing:
+        raise UserError(f"cannot read the memory of CUDA device(s) {', '.join(missing)} with nvidia-smi; pass "
+                        "--gpu_memory_per_tower_mb (towers sharing a GPU) or --memory_limit_mb (--auto_batch_size)")
+    return min(gpus, key=lambda g: g.tensorflow_cap_mb)
+
+
+def tower_memory_limit_mb(plan, memory_per_tower_mb=None, gpus=None):
+    """The memory_limit of each logical device when towers share GPUs: the flag, or what TensorFlow would
+    take of the GPU with the least free memory (`GpuMemory.tensorflow_cap_mb`), split among its towers.
+    The same on every GPU: every tower runs the same batch."""
     if memory_per_tower_mb:
         return int(memory_per_tower_mb)
-    total = gpu_memory_mb(cuda_name)
-    if total is None:
-        raise UserError(f"cannot read the memory of CUDA device {cuda_name}; pass --gpu_memory_per_tower_mb "
-                        "to split it into towers")
-    return int(total * 0.92 / plan.towers_per_device)
+    return int(smallest_gpu(plan, gpus).tensorflow_cap_mb / plan.towers_per_device)
 
 
 class Towers:
@@ -302,7 +345,8 @@ class Towers:
         if cluster is not None and cluster.workers != plan.workers:
             raise ValueError(f"the plan is for {plan.workers} worker(s), the cluster has {cluster.workers}")
         self.plan, self.cluster = plan, cluster
-        configure_devices(plan, gpu_memory_per_tower_mb)
+        self.gpus = gpu_memory(plan)  # before TensorFlow allocates on them
+        configure_devices(plan, gpu_memory_per_tower_mb, self.gpus)
         self.strategy = (distribute.multi_worker_strategy(plan, cluster, timeout) if cluster
                          else distribute.make_strategy(plan, timeout_seconds=timeout))
 

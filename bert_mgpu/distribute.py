@@ -114,7 +114,7 @@ def per_tower_seeds(model):
     return model
 
 
-def distribute_dataset(strategy, dataset, worker_part=False):
+def distribute_dataset(strategy, dataset, worker_part=False, ahead=2):
     """Global batches of `dataset` split across the towers: an iterable of per-tower values.
 
     Used instead of `strategy.experimental_distribute_dataset`, whose iterator stalls when it is dropped.
@@ -128,6 +128,10 @@ def distribute_dataset(strategy, dataset, worker_part=False):
     keeps its own towers' slices, as tf.distribute's data sharding does; with `worker_part`, `dataset`
     already holds only this worker's rows of each global batch (`worker_rows`), cut among its towers.
 
+    A thread reads, cuts and places up to `ahead` batches while the caller's step runs: a step's call
+    returns only when every tower has finished it (NCCL and collective kernels complete with the GPU), so
+    work done between calls would leave the devices idle. `ahead=0` does it all in the caller's thread.
+
     Example:
         for batch in distribute_dataset(strategy, dataset):   # batch: PerReplica values
             strategy.run(step, args=(batch,))
@@ -136,7 +140,7 @@ def distribute_dataset(strategy, dataset, worker_part=False):
 
     options = tf.data.Options()
     options.autotune.enabled = False
-    return TowerBatches(strategy, dataset.with_options(options), worker_part)
+    return TowerBatches(strategy, dataset.with_options(options), worker_part, ahead)
 
 
 def worker_rows(dataset, global_batch, strategy):
@@ -154,10 +158,10 @@ def worker_rows(dataset, global_batch, strategy):
 class TowerBatches:
     """What `distribute_dataset` returns: iterable, with the `element_spec` to trace a step once."""
 
-    def __init__(self, strategy, dataset, worker_part=False):
+    def __init__(self, strategy, dataset, worker_part=False, ahead=2):
         import tensorflow as tf
 
-        self.strategy, self.dataset = strategy, dataset
+        self.strategy, self.dataset, self.ahead = strategy, dataset, ahead
         # Global ids of this worker's towers (0..n-1 on one machine), in the order of their devices.
         self._ids = tuple(strategy.experimental_local_results(
             strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)))
@@ -177,6 +181,9 @@ class TowerBatches:
         self._split = _splitter(cut, total, dataset.element_spec)
 
     def __iter__(self):
+        return Ahead(self._batches(), self.ahead) if self.ahead else self._batches()
+
+    def _batches(self):
         import tensorflow as tf
 
         def place(part, device):  # a function's outputs come back on the host; move each to its tower
@@ -189,6 +196,73 @@ class TowerBatches:
             parts = {i: place(p, d) for i, p, d in zip(self._ids, self._split(batch), self._places)}
             yield self.strategy.experimental_distribute_values_from_function(
                 lambda ctx, parts=parts: parts[ctx.replica_id_in_sync_group])
+
+
+class Ahead:
+    """An iterator over `source` that a daemon thread keeps up to `depth` items ahead of; the source's
+    errors (StopIteration included) come out of `next` in order. `close()` (or the end of the source, or
+    the iterator being dropped) ends the thread."""
+
+    _END = object()
+
+    def __init__(self, source, depth=2):
+        import queue
+        import threading
+
+        self._queue, self._stop = queue.Queue(maxsize=max(1, depth)), threading.Event()
+        self._done = False
+        self._thread = threading.Thread(target=self._fill, args=(iter(source),), daemon=True,
+                                        name="bert_mgpu-batches-ahead")
+        self._thread.start()
+
+    def _put(self, item):
+        import queue
+
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self, source):
+        try:
+            for item in source:
+                if not self._put((item, None)):
+                    return
+            self._put((self._END, None))
+        except BaseException as error:  # handed to the consumer, which raises it where it asked
+            self._put((None, error))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        item, error = self._queue.get()
+        if error is not None or item is self._END:
+            self._done = True
+            self.close()
+            if error is not None:
+                raise error
+            raise StopIteration
+        return item
+
+    def close(self):
+        """Stop the thread and drop what it prepared."""
+        import queue
+
+        self._stop.set()
+        try:
+            while True:
+                self._queue.get_nowait()
+        except queue.Empty:
+            pass
+
+    def __del__(self):
+        self.close()
 
 
 def first_tower_only(strategy, batch):

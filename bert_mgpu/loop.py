@@ -23,6 +23,10 @@ from bert_mgpu import distribute, guards
 log = logging.getLogger("bert_mgpu")
 
 
+def _power_of_two(n):
+    return n > 0 and n & (n - 1) == 0
+
+
 class Hook:
     """Something the loop does at a point of every step; override what you need.
 
@@ -102,9 +106,11 @@ class Loop:
             that sees them.
         clock: seconds (default time.monotonic), read twice a step (before and after it); `elapsed()`
             adds what it counted to `elapsed_before` (a resumed run's time). With several workers, every
-            reading is the chief's (`distribute.ChiefDecides`), and so is everything decided from it (the
-            time-based learning rate, validation, stops); a signal on any worker stops them all after the
-            same step (guards.Preemption).
+            worker uses the chief's time (`distribute.ChiefDecides`), and so everything decided from it
+            (the time-based learning rate, validation, stops) is decided alike: the workers agree on it
+            at the start and on logging steps, where the host waits anyway; in between each counts on from
+            the last agreed time at the agreed pace, so no step waits for a collective between hosts. A
+            signal on any worker stops them all after the same step (guards.Preemption).
 
     Example:
         loop = Loop(trainer, global_batch=32, hooks=[Evaluation(lambda: trainer.evaluate(dev), every=100)],
@@ -129,15 +135,28 @@ class Loop:
         self.step = self.first_step = int(trainer.step.numpy())
         self._epoch, self._train_record, self._start, self._seconds = 0, {}, None, elapsed_before
         self._decide = distribute.ChiefDecides(trainer.strategy)
+        self._agreed = None  # (step, chief's seconds, seconds a step) at the last agreement
 
     def elapsed(self) -> float:
         """Seconds trained, this run's and those before a resume, as of the last clock reading."""
         return self._seconds
 
-    def _read_clock(self):
-        """Read the clock (the chief's, on every worker) -> this worker's reading."""
+    def _read_clock(self, agree=False):
+        """Read the clock -> this worker's reading; `elapsed()` is then the chief's time, agreed with the
+        other workers when `agree` (and the first time), else counted on from the last agreement."""
         now = self.clock()
-        self._seconds, = self._decide([self.elapsed_before + now - self._start])
+        mine = self.elapsed_before + now - self._start
+        if self._decide.workers == 1:
+            self._seconds = mine
+        elif self._agreed is None or self._agreed[0] != self.step and (
+                agree or _power_of_two(self.step - self.first_step)):  # early steps: to learn the pace
+            self._seconds, = self._decide([mine])
+            last = self._agreed
+            pace = (self._seconds - last[1]) / (self.step - last[0]) if last and self.step > last[0] else 0.0
+            self._agreed = (self.step, self._seconds, pace)
+        else:
+            step, seconds, pace = self._agreed
+            self._seconds = seconds + (self.step - step) * pace
         return now
 
     def log(self, record: dict, writer=None) -> None:
@@ -186,6 +205,7 @@ class Loop:
         trainer = self.trainer
         batches = trainer.training_batches(dataset, worker_part)
         skips = guards.SkipGuard(self.max_consecutive_skips)
+        self._agreed = None
         self.stop, self.interrupted, self._saved = None, None, self.step
         self._start = self.clock()
         trainer.model.stop_training = False
@@ -197,6 +217,8 @@ class Loop:
             if self._decide.workers == 1:
                 raise
             raise guards.worker_lost(e, self.last_checkpoint()) from None
+        finally:
+            getattr(batches, "close", lambda: None)()  # the batches read ahead are not trained on
         self.save()
         self.callbacks.on_train_end(self._train_record)
         for hook in self.hooks:
@@ -223,7 +245,7 @@ class Loop:
                 self.step, since, record = self.step + 1, since + 1, None
                 if self.step % self.log_every == 0 or self.step == until_step:
                     loss, _, longest_skips = trainer.read(outputs)
-                    now = self._read_clock()  # after the wait: steps done, not queued
+                    now = self._read_clock(agree=True)  # after the wait: steps done, not queued
                     skips.check(longest_skips, self.step, self.last_checkpoint())
                     record = self._train_record = self._record(loss, since, now - tic)
                     tic, since = now, 0

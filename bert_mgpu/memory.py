@@ -18,7 +18,8 @@ oneDNN off its default allocator keeps none: `devices.keep_cpu_memory_statistics
 before TensorFlow starts) chooses TensorFlow's BFC allocator there, which does. XLA-compiled CPU kernels
 take their buffers from the same allocator.
 - GPU: the limit defaults to 95% of what TensorFlow's allocator may take on a tower (its logical-device
-  split, or what the GPU has free less TensorFlow's reserve), so 5% stays free for cuDNN and fragmentation.
+  split, or what the GPU had free before the run took any, less TensorFlow's reserve), on the GPU with
+  the least, so 5% stays free for cuDNN and fragmentation.
 - CPU: nothing fails before the machine swaps, so the user gives the limit (`memory_limit_mb`, for the
   memory of all towers together).
 
@@ -90,38 +91,18 @@ def peak_meter(plan):
     return meter
 
 
-def tensorflow_gpu_cap_mb(free_mb, cc_major, env=None):
-    """What TensorFlow's GPU allocator may take of one whole GPU: the memory free when it starts less the
-    reserve gpu_device.cc's MinSystemMemory keeps for the system (TF_DEVICE_MIN_SYS_MEMORY_IN_MB overrides)."""
-    import os
-
-    env = os.environ if env is None else env
-    if env.get("TF_DEVICE_MIN_SYS_MEMORY_IN_MB"):
-        reserve = float(env["TF_DEVICE_MIN_SYS_MEMORY_IN_MB"])
-    elif free_mb < 2048:
-        reserve = 225
-    else:
-        reserve = 500 if cc_major <= 6 else 1050 if cc_major <= 7 else 1536 if cc_major <= 8 else 1800
-    return max(0.0, free_mb - reserve)
-
-
-def default_limit_mb(plan, memory_per_tower_mb=None, free_mb=None, cc_major=None):
-    """95% of TensorFlow's allocator cap on one tower (module docstring); on CPU there is no default."""
+def default_limit_mb(plan, memory_per_tower_mb=None, gpus=None):
+    """95% of TensorFlow's allocator cap on one tower (module docstring), on the GPU with the least free
+    memory as `Towers` found it before the model took any (`towers.gpus`); on CPU there is no default."""
     if plan.device_type != "GPU":
         raise UserError("--auto_batch_size on CPU needs --memory_limit_mb (memory the training step of all "
                         "towers may take)")
-    name = plan.visible_names[0]
+    smallest = devices.smallest_gpu(plan, gpus) if not memory_per_tower_mb else None
     if plan.towers_per_device > 1 or memory_per_tower_mb:  # logical devices: their memory_limit is the cap
-        cap = devices.tower_memory_limit_mb(plan, name, memory_per_tower_mb)
+        cap = devices.tower_memory_limit_mb(plan, memory_per_tower_mb, gpus)
     else:
-        free_mb = devices.gpu_memory_mb(name, "memory.free") if free_mb is None else free_mb
-        if free_mb is None:
-            raise UserError(f"cannot read the free memory of CUDA device {name}; pass --memory_limit_mb")
-        if cc_major is None:
-            from bert_mgpu.precision import gpu_capabilities
-
-            cc_major = gpu_capabilities(plan)[0][0]
-        cap = tensorflow_gpu_cap_mb(free_mb, cc_major)
+        cap = smallest.tensorflow_cap_mb
+    name = smallest.name if smallest else plan.visible_names[0]
     log.info("auto batch size: TensorFlow's allocator may take %.0f MiB on a tower of CUDA device %s; the "
              "limit keeps 5%% of it free: %.0f MiB", cap, name, 0.95 * cap)
     return 0.95 * cap
@@ -151,7 +132,9 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
     slots take memory during training too). Returns the largest per-tower batch that fits."""
     from bert_mgpu import optimization, training
 
-    limit = memory_limit_mb if memory_limit_mb is not None else default_limit_mb(towers.plan, memory_per_tower_mb)
+    limit = memory_limit_mb
+    if limit is None:
+        limit = default_limit_mb(towers.plan, memory_per_tower_mb, getattr(towers, "gpus", None))
     with towers.strategy.scope():  # learning rate 0: trials run real steps and change no weight
         optimizer = optimization.create_optimizer(0.0, 10, 0, float16=policy == "mixed_float16")
     probe = training.Trainer(towers.strategy, model, optimizer, use_xla=use_xla,

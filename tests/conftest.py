@@ -30,6 +30,15 @@ def minilm_dir():
     return MINILM
 
 
+@pytest.fixture(scope="session")
+def reference():
+    """transformers (PyTorch), the reference a parity test compares with: setup.py's `reference` extra, which
+    `make` installs on machines without a GPU. GPU machines leave it out (its PyTorch wheel brings CUDA 13
+    libraries over the CUDA 12 ones TensorFlow loads): there these tests are skipped, saying so."""
+    return pytest.importorskip("transformers", reason="the reference extra (PyTorch, transformers) is not "
+                               "installed; GPU machines leave it out: run the parity tests on a CPU machine")
+
+
 def write_vocab(path, words=WORDS):
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "'", "?"] + list(words)
     with open(path, "w", encoding="utf-8") as f:
@@ -75,11 +84,11 @@ def run_script(name, *args, check=True, env=None):
     return _run([os.path.join(ROOT, name), *args], name, check, env, timeout=600)
 
 
-def run_python(code, env=None, timeout=300):
+def run_python(code, env=None, timeout=300, check=True):
     """Run `code` in a fresh Python process (no GPU visible) that imports bert_mgpu and conftest, for what
     needs TensorFlow configured before it starts; its stderr shown unless it exits 0. `env` as run_script."""
     path = {"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT])}
-    return _run(["-c", code], "python -c", True, {**path, **(env or {})}, timeout)
+    return _run(["-c", code], "python -c", check, {**path, **(env or {})}, timeout)
 
 
 def _run(argv, name, check, env, timeout):

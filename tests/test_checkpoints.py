@@ -25,7 +25,7 @@ def minilm(minilm_dir):
     return sequence_output(minilm_dir)
 
 
-def test_huggingface_safetensors_match_transformers(minilm, minilm_dir):
+def test_huggingface_safetensors_match_transformers(reference, minilm, minilm_dir):
     import torch
     import transformers
 

@@ -230,3 +230,17 @@ def test_towers_name_their_batch_per_tower_and_global():
     towers = devices.Towers(n_gpus=0, towers_per_gpu=2, per_tower_batch=16)
     assert (towers.per_tower_batch, towers.global_batch, towers.batch(4)) == (16, 32, 8)
     assert devices.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=8).global_batch == 16
+
+
+def test_cuda_numbers_gpus_as_nvidia_smi_from_the_first_import_whatever_the_log_level(tmp_path):
+    """bert_mgpu sets CUDA_DEVICE_ORDER when it is imported, before any script or notebook can start CUDA
+    (scripts start TensorFlow at once when TF_CPP_MIN_LOG_LEVEL is unset, later when it is set)."""
+    from conftest import run_python
+
+    code = ("import os; import bert_mgpu.cli; print('order', os.environ.get('CUDA_DEVICE_ORDER')); "
+            "import sys; print('tensorflow loaded', 'tensorflow' in sys.modules)")
+    for level in (None, "2"):
+        out = run_python(code, env={"CUDA_DEVICE_ORDER": None, "TF_CPP_MIN_LOG_LEVEL": level}).stdout
+        assert "order PCI_BUS_ID" in out and "tensorflow loaded False" in out, out
+    own = run_python(code, env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}).stdout
+    assert "order FASTEST_FIRST" in own

@@ -106,7 +106,7 @@ def test_saved_model_token_id_signature_and_saved_model_cli(trained):
     assert np.abs(got["probabilities"].numpy() - clf.predict(ASCII)).max() <= 1e-5
 
 
-def test_hf_export_gives_transformers_the_same_outputs(trained):
+def test_hf_export_gives_transformers_the_same_outputs(reference, trained):
     import torch
     import transformers
 
@@ -122,7 +122,7 @@ def test_hf_export_gives_transformers_the_same_outputs(trained):
     assert np.abs(theirs - clf.predict(ASCII)).max() <= 1e-5
 
 
-def test_hf_export_of_real_minilm_weights_matches_transformers_logits(minilm_dir, tmp_path):
+def test_hf_export_of_real_minilm_weights_matches_transformers_logits(reference, minilm_dir, tmp_path):
     """Real weights (all-MiniLM-L6-v2, exact GELU) under a random head: logits to 1e-4."""
     import torch
     import transformers
@@ -212,7 +212,7 @@ def test_keras_hub_export_of_an_exact_gelu_model_is_refused_unless_allowed(minil
     assert "keras-hub export: outputs differ from this model's by up to" in caplog.text
 
 
-def test_pretrainer_exports_hf_pretraining_heads_and_google_names(tmp_path):
+def test_pretrainer_exports_hf_pretraining_heads_and_google_names(reference, tmp_path):
     """BertForPreTraining from a pretrainer: the masked-LM and next-sentence logits equal ours to 1e-4."""
     import tensorflow as tf
     import torch
@@ -295,7 +295,7 @@ def test_a_saved_model_in_bfloat16_serves_close_to_float32(trained, tmp_path):
     assert 0 < difference <= 0.05, difference  # bfloat16 has 8 bits of mantissa: close, not equal
 
 
-def test_a_pretrainer_without_nsp_exports_masked_lm_and_a_keras_hub_backbone(tmp_path):
+def test_a_pretrainer_without_nsp_exports_masked_lm_and_a_keras_hub_backbone(reference, tmp_path):
     import keras_hub
     import torch
     import transformers

@@ -29,8 +29,28 @@ def make_plan(tmp_path, nvidia_smi_output=None):
 def test_make_installs_the_gpu_extra_only_where_nvidia_smi_lists_a_gpu(tmp_path):
     gpus = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d3c0a9e-0000-0000-0000-000000000000)"
     assert "-e '.[test,gpu]'" in make_plan(tmp_path, gpus)
-    assert "-e '.[test]'" in make_plan(tmp_path, "No devices were found")
-    assert "-e '.[test]'" in make_plan(tmp_path, None)
+    assert "-e '.[test,reference]'" in make_plan(tmp_path, "No devices were found")
+    assert "-e '.[test,reference]'" in make_plan(tmp_path, None)
+
+
+def test_a_gpu_install_plans_no_cuda_13_library_and_no_pytorch(tmp_path):
+    """PyTorch's CUDA wheels (torch 2.13 needs nvidia-nccl-cu13, nvidia-cudnn-cu13) write the same
+    nvidia/nccl and nvidia/cudnn files TensorFlow's cu12 wheels own: the GPU plan's extras must not hold
+    it, and nothing they pull or pin may be a CUDA 13 wheel."""
+    gpus = "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d3c0a9e-0000-0000-0000-000000000000)"
+    extras = make_plan(tmp_path, gpus).split("-e '.[", 1)[1].split("]'", 1)[0].split(",")
+    assert extras == ["test", "gpu"]
+    ours = [Requirement(r) for r in metadata.requires("bert_mgpu")]
+    planned = [r for r in ours if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras)]
+    names = {r.name for r in planned}
+    assert not names & {"torch", "transformers"}, names
+    cuda = [Requirement(r).name for r in metadata.requires("tensorflow") if 'extra == "and-cuda"' in r]
+    assert cuda and all(name.endswith("-cu12") for name in cuda if name.startswith("nvidia-")), cuda
+    pinned = re.findall(r"^(nvidia-[A-Za-z0-9_.-]+)==", open(os.path.join(ROOT, "constraints.txt")).read(), re.M)
+    assert pinned and not [p for p in pinned if p.endswith("-cu13")], pinned
+    reference = [r for r in ours if r.marker is not None and r.marker.evaluate({"extra": "reference"})
+                 and not r.marker.evaluate({"extra": "gpu"})]
+    assert {r.name for r in reference} == {"torch", "transformers"}
 
 
 def test_the_gpu_extra_is_tensorflow_and_cuda_and_every_cuda_wheel_is_pinned_in_its_range():

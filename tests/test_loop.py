@@ -105,3 +105,39 @@ def test_reading_every_fifth_step_trains_bit_identically_with_one_host_read_per_
     assert reads == {1: 10, 5: 2}
     for a, b in zip(weights[1], weights[5]):
         np.testing.assert_array_equal(a, b)
+
+
+class CountingChief:
+    """Stands in for distribute.ChiefDecides on worker 1 of 2: counts agreements; the chief's clock runs
+    3 s behind this worker's."""
+
+    workers = 2
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, values, any_of=()):
+        self.calls += 1
+        return [v - 3.0 for v in values]
+
+
+def test_workers_agree_on_the_clock_only_on_logging_steps_and_early_steps_and_count_on_in_between():
+    """Two host collectives a step (the chief's clock before and after it) kept the GPUs waiting for the
+    hosts; now one agreement per logging step, plus steps 1, 2, 4, 8, ... to learn the pace, and each
+    step's elapsed time is the last agreed one plus the agreed pace: the same on every worker."""
+    trainer, data = tiny_trainer(40)
+    ticks = iter(np.arange(0.0, 1000.0, 0.5))  # this worker's clock: 0.5 s a reading
+    loop = Loop(trainer, 8, log_every=10, verbose=False, clock=lambda: next(ticks))
+    loop._decide = chief = CountingChief()
+    seen = []
+
+    class Watch(Hook):
+        def before_step(self, loop):
+            seen.append(loop.elapsed())
+
+    loop.hooks.append(Watch())
+    loop.run(data, until_step=40)
+    agreed_at = {0, 1, 2, 4, 8, 16, 32} | {10, 20, 30, 40}
+    assert chief.calls == len(agreed_at) and trainer.host_reads == 4, (chief.calls, trainer.host_reads)
+    assert seen[0] == 0.5 - 3.0  # the chief's time (3 s behind), not this worker's first reading (0.5 s)
+    assert all(b >= a for a, b in zip(seen, seen[1:])) and seen[-1] > seen[1]  # it goes on between agreements

@@ -1,5 +1,7 @@
 """--auto_batch_size: the search, and real peak-memory trials of a training step on 2 CPU towers."""
 
+import os
+
 import keras
 import pytest
 from conftest import run_python, tiny_config
@@ -115,13 +117,39 @@ def test_gpu_limit_is_95_percent_of_what_tensorflow_lets_a_tower_take(free, cc, 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     plan = devices.plan_devices(1, 1, 8, ("0",))
+    gpus = [devices.GpuMemory("0", free, 2 * free, cc[0])]
     with caplog.at_level(logging.INFO, "bert_mgpu"):
-        assert memory.default_limit_mb(plan, free_mb=free, cc_major=cc[0]) == pytest.approx(0.95 * cap)
+        assert memory.default_limit_mb(plan, gpus=gpus) == pytest.approx(0.95 * cap)
     assert f"may take {cap:.0f} MiB on a tower of CUDA device 0; the limit keeps 5% of it free" in caplog.text
     split = devices.plan_devices(1, 2, 8, ("0",))
-    monkeypatch.setattr(devices, "gpu_memory_mb", lambda name, field="memory.total": 16000)
-    assert memory.default_limit_mb(split) == pytest.approx(0.95 * int(16000 * 0.92 / 2))
+    assert memory.default_limit_mb(split, gpus=gpus) == pytest.approx(0.95 * int(cap / 2))
     assert memory.default_limit_mb(split, memory_per_tower_mb=5000) == pytest.approx(0.95 * 5000)
+
+
+def test_gpu_limits_come_from_the_gpu_with_least_free_memory_as_it_was_before_the_run(tmp_path, monkeypatch):
+    """A fake nvidia-smi describing two different cards, the second busy with another process: every tower
+    gets what TensorFlow would take of the busy one; a card nvidia-smi cannot describe asks for the flag."""
+    cards = {"0": ("80000", "81920", "8.0"), "1": ("10000", "24576", "8.6")}  # free, total, compute capability
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n" + "".join(
+        f'case "$*" in *{field}*"-i {i}") echo {value}; exit 0;; esac\n' for i, card in cards.items()
+        for field, value in zip(("memory.free", "memory.total", "compute_cap"), card)) + "exit 9\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    plan = devices.plan_devices(2, 2, 8, ("0", "1"))
+    gpus = devices.gpu_memory(plan)
+    assert [(g.name, g.free_mb, g.total_mb, g.cc_major) for g in gpus] == [("0", 80000, 81920, 8),
+                                                                           ("1", 10000, 24576, 8)]
+    assert devices.smallest_gpu(plan, gpus).name == "1"
+    assert devices.tower_memory_limit_mb(plan, gpus=gpus) == int((10000 - 1536) / 2)  # not 92% of 81920 / 2
+    assert memory.default_limit_mb(plan, gpus=gpus) == pytest.approx(0.95 * int((10000 - 1536) / 2))
+    one_each = devices.plan_devices(2, 1, 8, ("0", "1"))
+    assert memory.default_limit_mb(one_each, gpus=gpus) == pytest.approx(0.95 * (10000 - 1536))
+    with pytest.raises(UserError, match="cannot read the memory of CUDA device.s. 2 with nvidia-smi"):
+        devices.tower_memory_limit_mb(devices.plan_devices(2, 2, 8, ("0", "2")))
 
 
 FRESH_PROCESS = """

@@ -204,7 +204,7 @@ def test_budget_stops_at_steps_time_or_early_exit_marker():
         Budget(num_train_steps=5, lr_schedule="time").check()
 
 
-def test_hugging_face_pretraining_heads_give_its_logits(tmp_path):
+def test_hugging_face_pretraining_heads_give_its_logits(reference, tmp_path):
     """A transformers BertForPreTraining (safetensors) continues here with the same MLM and NSP outputs."""
     import torch
     import transformers

@@ -104,7 +104,7 @@ def test_labels_that_do_not_fit_the_task_type_are_one_line(stsb, tmp_path, case,
     assert not os.path.exists(tmp_path / "o" / "bert_mgpu.json")
 
 
-def test_a_regression_exports_scores_of_sentence_pairs(stsb, tmp_path):
+def test_a_regression_exports_scores_of_sentence_pairs(reference, stsb, tmp_path):
     """The SavedModel takes text_a and text_b and returns scores; Hugging Face's config says regression."""
     import tensorflow as tf
     import torch

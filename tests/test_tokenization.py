@@ -19,7 +19,7 @@ TEXTS = [
 
 
 @pytest.mark.parametrize("lower", [True, False])
-def test_same_tokens_as_transformers(minilm_dir, lower):
+def test_same_tokens_as_transformers(reference, minilm_dir, lower):
     from transformers import BertTokenizer
 
     vocab = os.path.join(minilm_dir, "vocab.txt")
