@@ -135,7 +135,8 @@ class Loop:
         self.step = self.first_step = int(trainer.step.numpy())
         self._epoch, self._train_record, self._start, self._seconds = 0, {}, None, elapsed_before
         self._decide = distribute.ChiefDecides(trainer.strategy)
-        self._agreed = None  # (step, chief's seconds, seconds a step) at the last agreement
+        self._agreed = None  # (step, clock readings, chief's seconds, seconds a reading) at the last agreement
+        self._readings = 0
 
     def elapsed(self) -> float:
         """Seconds trained, this run's and those before a resume, as of the last clock reading."""
@@ -143,20 +144,22 @@ class Loop:
 
     def _read_clock(self, agree=False):
         """Read the clock -> this worker's reading; `elapsed()` is then the chief's time, agreed with the
-        other workers when `agree` (and the first time), else counted on from the last agreement."""
+        other workers when `agree` (and on steps 1, 2, 4, ... to learn the pace), else counted on from the
+        last agreement at the agreed seconds per reading (every worker reads the clock at the same points)."""
         now = self.clock()
         mine = self.elapsed_before + now - self._start
+        self._readings += 1
         if self._decide.workers == 1:
             self._seconds = mine
-        elif self._agreed is None or self._agreed[0] != self.step and (
-                agree or _power_of_two(self.step - self.first_step)):  # early steps: to learn the pace
+            return now
+        last = self._agreed
+        if last is None or last[0] != self.step and (agree or _power_of_two(self.step - self.first_step)):
             self._seconds, = self._decide([mine])
-            last = self._agreed
-            pace = (self._seconds - last[1]) / (self.step - last[0]) if last and self.step > last[0] else 0.0
-            self._agreed = (self.step, self._seconds, pace)
+            pace = (self._seconds - last[2]) / (self._readings - last[1]) if last else 0.0
+            self._agreed = (self.step, self._readings, self._seconds, pace)
         else:
-            step, seconds, pace = self._agreed
-            self._seconds = seconds + (self.step - step) * pace
+            _, readings, seconds, pace = last
+            self._seconds = seconds + (self._readings - readings) * pace
         return now
 
     def log(self, record: dict, writer=None) -> None:
