@@ -127,3 +127,32 @@ def test_eight_towers_float16_sum_that_would_overflow_is_applied_not_skipped():
     assert float(words[words.index("kernel") + 1]) < 1.0  # the update moved the weight
 
 
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16", "float32"])
+def test_every_variable_a_run_makes_can_be_broadcast_between_workers(policy):
+    """MultiWorkerMirroredStrategy broadcasts each new variable's initial value with CollectiveBcastSend,
+    whose kernels take fewer dtypes than training uses (no bfloat16): the model, the optimizer, the step
+    counters and evaluation's frozen weight copies (bfloat16 ones stored as float16 bits) must all be of
+    a dtype it takes. The allowed list is read from TensorFlow's op definition."""
+    from tensorflow.python.framework import op_def_registry
+
+    from bert_mgpu import fused_encoder
+
+    allowed = {tf.as_dtype(t) for a in op_def_registry.get("CollectiveBcastSendV2").attr if a.name == "T"
+               for t in a.allowed_values.list.type}
+    assert tf.bfloat16 not in allowed and tf.float16 in allowed
+    _, strategy = gpu_strategy()
+    made = []
+    with tf.variable_creator_scope(lambda next_creator, **kw: made.append(next_creator(**kw)) or made[-1]):
+        with strategy.scope():
+            model = modeling.build_classifier(tiny_config(500), 2, policy)
+            opt = optimization.create_optimizer(1e-3, 10, 0, float16=policy == "mixed_float16")
+        trainer = training.Trainer(strategy, model, opt)
+        with strategy.scope(), fused_encoder.frozen_weights(model):
+            pass
+    assert len(made) > len(model.weights)  # the optimizer's slots and the frozen copies were seen too
+    assert not [v.name for v in made if v.dtype not in allowed], {v.name: v.dtype for v in made}
+    batch = memory.classifier_batch(4, 16)
+    evaluated = trainer.evaluate(tf.data.Dataset.from_tensors((batch[0], np.arange(4, dtype=np.int32) % 2)))
+    assert np.isfinite(evaluated["loss"])  # the frozen copies read back right

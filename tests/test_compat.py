@@ -196,3 +196,25 @@ def test_preemption_handler_is_told_its_platform_saves_once_at_the_agreed_step_a
     except AttributeError as e:
         raise AssertionError(_moved("PreemptionCheckpointHandler's platform detection or watcher threads", e)) \
             from None
+
+
+def test_mirrored_strategy_collectives_take_the_options_compat_sets_and_keys_of_their_own():
+    """MirroredStrategy's own CollectiveAllReduce (private), its options and launchers, and the key base that
+    keeps two strategies over the same devices apart: both strategies run an all-reduce, in turn."""
+    import tensorflow as tf
+
+    from bert_mgpu import _compat
+
+    results = []
+    for implementation in ("NCCL", "RING"):
+        try:
+            strategy = _compat.mirrored_with_collectives(["/cpu:0", "/cpu:1"], implementation, timeout_seconds=30)
+            options = _compat.collective_options(strategy)
+        except (AttributeError, RuntimeError) as e:
+            raise AssertionError(_moved("MirroredStrategy's CollectiveAllReduce and its options", e)) from None
+        assert options.implementation.name == implementation and options.timeout_seconds == 30
+        assert all(launcher._options is options for launcher in strategy.extended._collective_ops._launchers)
+        step = tf.function(lambda s=strategy: s.run(lambda: tf.distribute.get_replica_context().all_reduce(
+            "sum", tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group, tf.float32) + 1.0)))
+        results.append([float(t) for t in strategy.experimental_local_results(step())])
+    assert results == [[3.0, 3.0], [3.0, 3.0]]
