@@ -19,7 +19,7 @@ def main():
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_mgpu import _compat, checks_gpu, training
+    from bert_mgpu import _compat, checks_gpu
 
     devices = ["/cpu:0", "/cpu:1"]
     kinds = {
