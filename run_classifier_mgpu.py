@@ -130,6 +130,7 @@ def run():
         logging.info("%s", towers.cluster.describe())
     if towers.is_chief:
         run_dir.check_output_dir(FLAGS.output_dir)
+        run_dir.lock_output_dir(FLAGS.output_dir)  # for all this command writes there
     task = bert_mgpu.get_task(
         FLAGS.task_name, text_column=FLAGS.text_column, label_column=FLAGS.label_column,
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,

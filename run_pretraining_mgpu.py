@@ -126,7 +126,7 @@ def run():
     from bert_mgpu.errors import UserError
     from bert_mgpu.pretraining import Budget, Validation
     from bert_mgpu.pretraining_input import expand_files
-    from bert_mgpu.run_dir import check_output_dir
+    from bert_mgpu.run_dir import check_output_dir, lock_output_dir
 
     started = time.monotonic()
     if FLAGS.use_tpu:
@@ -173,6 +173,7 @@ def run():
         logging.info("%s", towers.cluster.describe())
     if towers.is_chief:
         check_output_dir(FLAGS.output_dir)
+        lock_output_dir(FLAGS.output_dir)  # for all this command writes there
     pre = _pretrainer(towers)
     pre.config.check_seq_length(FLAGS.max_seq_length)
     if FLAGS.auto_batch_size and FLAGS.do_train:

@@ -261,6 +261,7 @@ class BertClassifier:
             hooks.append(watch)
         if start >= num_steps:
             self.global_step = start
+            run.close()
             return self._finish(hooks, load_best_model_at_end, [])
         dataset = self._data(examples, global_batch, training=True, seed=seed, source="train").skip(start)
         loop = Loop(trainer, global_batch, hooks, callbacks=callbacks, writer=run.writer, log_every=log_every,

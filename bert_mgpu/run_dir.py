@@ -10,7 +10,8 @@ On top of that, `Checkpoints` adds what a long run on a shared machine needs:
 - the random-generator states (dropout) are saved too, so a resumed run draws what it would have drawn.
 
 Rerunning a command resumes; rerunning with other settings is refused (`check_same_run`) unless the
-user says `overwrite=True`, which removes the old checkpoints but no other file.
+user says `overwrite=True`, which removes the old checkpoints but no other file. A directory another
+run is writing is refused (`lock_output_dir`).
 """
 
 import hashlib
@@ -44,6 +45,51 @@ def check_output_dir(path):
     except tf.errors.OpError as e:
         raise UserError(f"--output_dir={path} is not writable ({e.message})") from None
     return path
+
+
+LOCK_FILE = ".bert_mgpu.lock"
+_HELD = {}  # realpath of a directory -> the open lock file this process holds on it
+
+
+def lock_output_dir(directory):
+    """Hold an advisory lock on `directory` until `unlock_output_dir` (a run's `close`) or the end of this
+    process, or UserError naming the process that holds it: two training runs on one directory would
+    interleave their checkpoints and results.
+
+    The kernel drops the lock when its process ends, however it ends (kill -9 too), so it is never stale.
+    A process that holds it may lock it again. Storage other than local paths (gs://) cannot be locked
+    so; there the user keeps runs apart. Returns whether this call took the lock (not already held)."""
+    import fcntl
+    import socket
+    import time
+
+    if storage.is_remote(directory):
+        return False
+    key = os.path.realpath(directory)
+    if key in _HELD:
+        return False
+    path = os.path.join(directory, LOCK_FILE)
+    f = open(path, "a+", encoding="utf-8")  # noqa: SIM115  (held open for the life of the process)
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UserError(f"--output_dir={directory} is in use by another run ({holder}); wait for it to end or "
+                        "choose another directory") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    f.flush()
+    _HELD[key] = f
+    return True
+
+
+def unlock_output_dir(directory):
+    f = _HELD.pop(os.path.realpath(directory), None)
+    if f is not None:
+        f.close()  # closing the file releases the lock
 
 
 def read_run(directory):
@@ -242,8 +288,10 @@ class Run:
                  write_files: Callable[[str, int], object] = lambda directory, step: None, overwrite: bool = False,
                  chief: bool = True):
         self.directory, self.settings, self.write_files, self.chief = directory, settings, write_files, chief
+        self._locked = False
         if chief:
             check_output_dir(directory)
+            self._locked = lock_output_dir(directory)  # a script may hold it already, for all it writes
             check_event_dir(os.path.join(directory, "train"))
         self.fresh = storage.isdir(directory) and check_same_run(directory, settings, overwrite, remove=chief)
         self.checkpoints, self._writer, self._scratch = None, None, None
@@ -291,6 +339,9 @@ class Run:
         return path
 
     def close(self):
+        if self._locked:
+            unlock_output_dir(self.directory)
+            self._locked = False
         if self._writer is not None:
             self._writer.close()
             self._writer = None

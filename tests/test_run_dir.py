@@ -113,3 +113,40 @@ def test_run_restores_saves_with_run_files_and_refuses_other_settings(tmp_path):
     assert int(again_step.numpy()) == 3 and again_w.numpy().tolist() == [5.0, 6.0]
     with pytest.raises(UserError, match=r"other settings \(--lr=1 -> 2\)"):
         Run(str(tmp_path), {"lr": 2})
+
+
+HOLD_THE_DIRECTORY = """
+import sys, time
+from bert_mgpu import run_dir
+run = run_dir.Run(sys.argv[1], {"seed": 1})
+print("holding", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_second_run_on_a_directory_in_use_is_refused_at_once_and_a_killed_holder_leaves_no_lock(tmp_path):
+    """Two training runs on one --output_dir would interleave checkpoints and results: the second is
+    refused in one line naming the holder. The lock is the kernel's: a kill -9 of the holder frees it."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_DIRECTORY, str(out)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": ROOT, "CUDA_VISIBLE_DEVICES": ""})
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        with pytest.raises(UserError, match=rf"--output_dir={out} is in use by another run \(pid {holder.pid} on "):
+            run_dir.Run(str(out), {"seed": 1})
+        assert not [n for n in os.listdir(out) if n.startswith("ckpt")]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    run = run_dir.Run(str(out), {"seed": 1})  # the holder's lock went with it
+    again = run_dir.Run(str(out), {"seed": 1})  # the process that holds it may open the run again
+    again.close()
+    run.close()
+    assert run_dir.lock_output_dir(str(out)) is True  # released by close
+    run_dir.unlock_output_dir(str(out))
