@@ -20,7 +20,7 @@ import tensorflow as tf
 from bert_mgpu import checkpoints
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
-from bert_mgpu.input_pipeline import make_dataset, traced_encode
+from bert_mgpu.input_pipeline import make_dataset, pair_kind, traced_encode
 from bert_mgpu.modeling import build_backbone
 from bert_mgpu.tasks import as_examples
 from bert_mgpu.tokenization import FullTokenizer
@@ -120,9 +120,9 @@ class Encoder:
         for start in range(0, len(examples), 1024):  # [N, layers, width, hidden] floats: a bounded chunk at a time
             chunk = examples[start:start + 1024]
             values = self._run(model, chunk, batch_size)
-            pairs = any(e.text_b is not None for e in chunk)  # as make_dataset packs them
-            ids, _ = traced_encode(self.tokenizer, self.max_seq_length, pairs)(
-                np.array([e.text_a for e in chunk], object), np.array([e.text_b or "" for e in chunk], object))
+            has_b = np.array([e.text_b is not None for e in chunk])  # as make_dataset encodes them
+            ids, _ = traced_encode(self.tokenizer, self.max_seq_length, pair_kind(has_b))(
+                np.array([e.text_a for e in chunk], object), np.array([e.text_b or "" for e in chunk], object), has_b)
             for row, v in zip(ids.to_list(), values):
                 out.append(([self.tokenizer.vocab[i] for i in row], v[:, :len(row)]))
         return out

@@ -60,14 +60,30 @@ def examples_to_arrays(examples, label_list, source="data", regression=False, mu
     return {
         "text_a": np.array([e.text_a for e in examples], dtype=object),
         "text_b": np.array([e.text_b or "" for e in examples], dtype=object),
+        "has_b": np.array([e.text_b is not None for e in examples], dtype=bool),
         "label": np.array(labels, np.float32 if regression or multi_label else np.int32).reshape(
             (len(examples), len(label_ids)) if multi_label else (len(examples),)),
         "index": np.arange(len(examples), dtype=np.int32),
     }
 
 
-def encode(tokenizer, text_a, text_b, max_seq_length, pairs):
-    """String tensors [batch] -> (token_ids, segment_ids) ragged [batch, (len)]: [CLS] a [SEP] (b [SEP])."""
+def pair_kind(has_b):
+    """How a set's rows are encoded (`encode`'s `pairs`): False (single texts), True (pairs) or "mixed"."""
+    has_b = np.asarray(has_b, bool)
+    return "mixed" if has_b.any() and not has_b.all() else bool(has_b.any())
+
+
+def encode(tokenizer, text_a, text_b, max_seq_length, pairs, has_b=None):
+    """String tensors [batch] -> (token_ids, segment_ids) ragged [batch, (len)]: [CLS] a [SEP] (b [SEP]).
+
+    pairs="mixed": each row by its own kind (`has_b`, bool [batch]): a single text among pairs keeps its
+    one [SEP], as it would alone."""
+    if pairs == "mixed":
+        single = encode(tokenizer, text_a, text_b, max_seq_length, False)
+        both = encode(tokenizer, text_a, text_b, max_seq_length, True)
+        n = tf.shape(text_a)[0]
+        pick = tf.where(has_b, tf.range(n) + n, tf.range(n))
+        return tuple(tf.gather(tf.concat([s, p], 0), pick) for s, p in zip(single, both))
     segments = [tokenizer(text_a)]
     if pairs:
         segments.append(tokenizer(text_b))
@@ -88,14 +104,14 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     XLA-compiled kernels compile for few shapes.
     """
     arrays = examples_to_arrays(examples, label_list, source, regression, multi_label)
-    pairs = any(e.text_b is not None for e in examples)
+    pairs = pair_kind(arrays["has_b"])
     if not training:
         return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple)
     ds = tf.data.Dataset.from_tensor_slices(arrays)
     ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
 
     def tokenize(batch):
-        ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs)
+        ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs, batch["has_b"])
         return {"token_ids": ids.to_tensor(), "segment_ids": segs.to_tensor(), "length": ids.row_lengths(),
                 "label": batch["label"], "index": batch["index"]}
 
@@ -145,8 +161,8 @@ def traced_encode(tokenizer, max_seq_length, pairs):
     key = (max_seq_length, pairs)
     if key not in fns:
         ref = weakref.ref(tokenizer)
-        fns[key] = tf.function(lambda a, b: encode(ref(), a, b, max_seq_length, pairs),
-                               input_signature=[tf.TensorSpec([None], tf.string)] * 2)
+        fns[key] = tf.function(lambda a, b, has_b: encode(ref(), a, b, max_seq_length, pairs, has_b),
+                               input_signature=[tf.TensorSpec([None], tf.string)] * 2 + [tf.TensorSpec([None], tf.bool)])
     return fns[key]
 
 
@@ -159,7 +175,8 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
     encode_fn = traced_encode(tokenizer, max_seq_length, pairs)
     ids, segs, lengths = [], [], []
     for i in range(0, len(arrays["index"]), _CHUNK):
-        a, b = encode_fn(arrays["text_a"][i:i + _CHUNK], arrays["text_b"][i:i + _CHUNK])
+        rows = slice(i, i + _CHUNK)
+        a, b = encode_fn(arrays["text_a"][rows], arrays["text_b"][rows], arrays["has_b"][rows])
         ids.append(a.flat_values.numpy())
         segs.append(b.flat_values.numpy())
         lengths.append(a.row_lengths().numpy())

@@ -132,3 +132,23 @@ def test_padded_rows_keep_the_shapes_of_a_pass_to_short_lists_and_every_example_
         assert (label.numpy()[filler] == -1).all()
         assert (features["padding_mask"].numpy()[filler].sum(1) == 1).all()
         assert (features["token_ids"].numpy()[filler, 0] == tok.cls_id).all()
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_single_texts_among_pairs_are_encoded_as_they_are_alone(tok, training):
+    """One pair in a set made every single text a pair with an empty second text (an extra [SEP]):
+    each row is now encoded by its own kind, in evaluation and prediction as in training."""
+    mixed = [Example("s0", words(3), label="a"), Example("p1", words(4, 5), words(2, 9), label="b"),
+             Example("s2", words(5, 3), label="a"), Example("p3", words(2), "", label="b")]
+
+    def rows(examples, batches):
+        """{example index: its token ids} over the first `batches` batches (of one example each)."""
+        ds = make_dataset(examples, tok, ["a", "b"], 32, 1, training=training, seed=0)
+        return {int(i[0]): [int(t) for t in f["token_ids"].numpy()[0] if t != tok.pad_id]
+                for f, _, i in ds.take(batches)}
+
+    together = rows(mixed, 20)
+    alone = {i: rows([e], 1)[0] for i, e in enumerate(mixed)}
+    assert together == alone
+    sep = tok.sep_id
+    assert [row.count(sep) for _, row in sorted(together.items())] == [1, 2, 1, 2]
