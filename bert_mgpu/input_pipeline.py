@@ -161,8 +161,9 @@ def traced_encode(tokenizer, max_seq_length, pairs):
     key = (max_seq_length, pairs)
     if key not in fns:
         ref = weakref.ref(tokenizer)
+        strings, flags = tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool)
         fns[key] = tf.function(lambda a, b, has_b: encode(ref(), a, b, max_seq_length, pairs, has_b),
-                               input_signature=[tf.TensorSpec([None], tf.string)] * 2 + [tf.TensorSpec([None], tf.bool)])
+                               input_signature=[strings, strings, flags])
     return fns[key]
 
 

@@ -335,6 +335,7 @@ def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, da
     for name in ("eval_results.txt", "test_results.tsv"):
         assert open(os.path.join(out, name)).read() == (reference / name).read_text(), name
     assert float(re.search(r"eval_accuracy = (\S+)", (reference / "eval_results.txt").read_text())[1]) >= 0.9
+    assert "global_step = 150\n" in (reference / "eval_results.txt").read_text()  # the step it read, not 160
 
 
 def test_a_checkpoint_file_naming_another_directory_is_refused(trained, data, tmp_path):
