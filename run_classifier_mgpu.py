@@ -97,8 +97,8 @@ def run():
     cli.check_numbers(
         at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
                   "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
-                  "eval_every_steps": 1, "early_stopping_patience": 1},
-        positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion",))
+                  "eval_every_steps": 1, "early_stopping_patience": 1, "max_consecutive_skips": 0, "seed": 0},
+        positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion", "threshold"))
     plan = cli.plan_from_flags(FLAGS.train_batch_size)
     if FLAGS.dry_run:
         policy, why = precision.resolve_precision(FLAGS.precision, plan)

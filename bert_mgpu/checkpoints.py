@@ -214,7 +214,26 @@ def _read_newest(prefixes, only):
 
 
 def load_pretrained(path, bert_config_file=None, vocab_file=None):
-    """Detect the checkpoint format from what is on disk and read it. UserError when nothing fits."""
+    """Detect the checkpoint format from what is on disk and read it. UserError when nothing fits, when a
+    tensor holds NaN or infinity (a damaged file, a diverged run: found before training, not after), or
+    when a bert_mgpu run directory is given a --bert_config_file or --vocab_file other than its own."""
+    pre = _load_pretrained(path, bert_config_file, vocab_file)
+    bad = sorted(name for name, value in pre.weights.items()
+                 if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all())
+    if bad:
+        raise UserError(f"{path}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}"
+                        f"{', ...' if len(bad) > 3 else ''}): a damaged checkpoint or a diverged run")
+    if pre.kind == "bert_mgpu":
+        if bert_config_file and BertConfig.from_json_file(bert_config_file) != pre.config:
+            raise UserError(f"--bert_config_file={bert_config_file} differs from the config of the bert_mgpu run "
+                            f"{path}, which carries its own: leave the flag out")
+        if vocab_file and storage.read_bytes(vocab_file) != storage.read_bytes(pre.vocab_file):
+            raise UserError(f"--vocab_file={vocab_file} differs from {pre.vocab_file} of the bert_mgpu run {path}, "
+                            "which carries its own: leave the flag out")
+    return pre
+
+
+def _load_pretrained(path, bert_config_file=None, vocab_file=None):
     if not path:
         raise UserError("--init_checkpoint is required (a Google release, a Hugging Face or keras-hub "
                         "directory, or a bert_mgpu output directory)")

@@ -228,8 +228,20 @@ class BertClassifier:
         if (load_best_model_at_end or early_stopping_patience) and not every:
             raise UserError("--load_best_model_at_end and --early_stopping_patience need evaluation during "
                             "training: --evaluation_strategy=epoch|steps or --eval_every_steps")
+        if not (math.isfinite(learning_rate) and learning_rate > 0):
+            raise UserError(f"--learning_rate={learning_rate}: must be a finite number above 0")
+        if int(max_consecutive_skips) < 0:
+            raise UserError(f"--max_consecutive_skips={max_consecutive_skips}: must be 0 (no limit) or more")
+        if num_steps >= 2**31:
+            raise UserError(f"--num_train_epochs={epochs} makes {num_steps} steps: more than a run can count")
         choice = BestModel(metric_for_best_model or self.main_metric, greater_is_better, early_stopping_patience,
                            early_stopping_threshold)
+        if every and metric_for_best_model:  # before any step: an evaluation of a few examples names its keys
+            names = self.evaluate(dev[:eval_batch_size * self.towers.count], eval_batch_size, verbose=False)
+            if choice.metric not in names:
+                known = ", ".join(k[len("eval_"):] for k in sorted(names) if k.startswith("eval_")
+                                  and not k.startswith("eval_report_") and k != "eval_examples")
+                raise UserError(f"--metric_for_best_model={metric_for_best_model}: the evaluation gives {known}")
         run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
