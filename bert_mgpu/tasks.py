@@ -105,6 +105,19 @@ def _is_number(text):
         return False
 
 
+def check_widths(path, rows, delimiter):
+    """UserError at the first row with more cells than the file's first row (its header, or its first
+    example): a tab inside a TSV text (a comma outside quotes in a CSV) that would cut the text there."""
+    if not rows:
+        return
+    width = len(rows[0][1])
+    for line, row in rows[1:]:
+        if len(row) > width:
+            inside = "a tab inside a text" if delimiter == "\t" else "a comma outside quotes"
+            raise UserError(f"{path}:{line}: {len(row)} cells but the first row has {width}; {inside}? (the text "
+                            "would be cut there)")
+
+
 class ColumnTask:
     """Reads `{split}.tsv` files by column position, the shape of every google-bert processor."""
 
@@ -141,6 +154,7 @@ class ColumnTask:
                             f"({', '.join(self.files.values())})")
         path = os.path.join(data_dir, self.files[split])
         rows = read_rows(path, self.delimiter, self.quotechar, self.invalid_utf8)
+        check_widths(path, rows, self.delimiter)
         if self.skip_header is True or (split == "test" and self.skip_header == "test"):
             rows = rows[1:]
         if split == "test":
@@ -220,11 +234,7 @@ class NamedColumnTask(ColumnTask):
                 index[role] = header.index(name)
             else:
                 raise UserError(f"{path}:{rows[0][0]}: no column {name!r} in header {header}")
-        for line, row in rows[1:]:
-            if len(row) > len(header):
-                inside = "a tab inside a text" if self.delimiter == "\t" else "a comma outside quotes"
-                raise UserError(f"{path}:{line}: {len(row)} cells but the header has {len(header)}; "
-                                f"{inside}? (the text would be cut there)")
+        check_widths(path, rows, self.delimiter)
         return self._examples(path, rows[1:], split, index["text"], index["text_b"], index["label"])
 
 

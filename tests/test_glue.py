@@ -197,3 +197,15 @@ def test_an_unknown_glue_task_is_one_line(tmp_path):
                       f"--output_dir={tmp_path / 'o'}", "--tasks=mrpc,squad", check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("run_glue_mgpu.py: error: --tasks: unknown squad")
+
+
+@pytest.mark.parametrize("name", ["cola", "mrpc"])
+def test_a_tab_inside_a_glue_text_is_refused_naming_the_line(tmp_path, name):
+    """GLUE's readers take columns by position: a tab inside a text would cut it there, without a word."""
+    d = write_task(str(tmp_path), name, n_train=20, n_dev=6, n_test=5)
+    path = os.path.join(d, "train.tsv")
+    lines = open(path, encoding="utf-8").read().splitlines(keepends=True)
+    lines[4] = lines[4].rstrip("\n") + "\tcut here\n"
+    open(path, "w", encoding="utf-8").writelines(lines)
+    with pytest.raises(UserError, match=rf"train.tsv:5: \d+ cells but the first row has \d+; a tab inside a text"):
+        get_task(name).get_examples(d, "train")

@@ -186,7 +186,7 @@ NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_ep
     ("seq_length_one", r"--max_seq_length=1: must be at least 3"),
     ("train_is_a_file", r"out/train is a file; bert_mgpu writes its TensorBoard events into a directory"),
     ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
-    ("tab_inside_text", r"train.tsv:3: 3 cells but the header has 2; a tab inside a text\?"),
+    ("tab_inside_text", r"train.tsv:3: 3 cells but the first row has 2; a tab inside a text\?"),
     ("config_cut_short", r"rel/config.json:3: not valid JSON \(.*\)"),
     ("run_file_cut_short", r"rel/bert_mgpu.json:4: not valid JSON \(Unterminated string starting at, column \d+\)"),
 ])
