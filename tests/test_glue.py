@@ -207,5 +207,5 @@ def test_a_tab_inside_a_glue_text_is_refused_naming_the_line(tmp_path, name):
     lines = open(path, encoding="utf-8").read().splitlines(keepends=True)
     lines[4] = lines[4].rstrip("\n") + "\tcut here\n"
     open(path, "w", encoding="utf-8").writelines(lines)
-    with pytest.raises(UserError, match=rf"train.tsv:5: \d+ cells but the first row has \d+; a tab inside a text"):
+    with pytest.raises(UserError, match=r"train.tsv:5: \d+ cells but the first row has \d+; a tab inside a text"):
         get_task(name).get_examples(d, "train")
