@@ -201,6 +201,10 @@ class BertClassifier:
         `loss`, `learning_rate`, ...) and the evaluations' (`eval_step`, `eval_loss`, `eval_accuracy`, ...).
         """
         examples, dev = as_examples(examples), (None if dev is None else as_examples(dev))
+        unlabelled = next((e for e in examples if e.label is None), None)
+        if unlabelled is not None:
+            raise UserError(f"training example {unlabelled.guid} has no label: fit takes Examples, (text, label) "
+                            "rows of a DataFrame, or labelled files")
         self.pairs = any(e.text_b is not None for e in examples)
         accum = int(gradient_accumulation_steps)
         if accum < 1:

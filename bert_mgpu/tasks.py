@@ -77,8 +77,21 @@ def _from_frame(frame, text_column, text_b_column, label_column):
     text_b = text_b_column or ("text_b" if "text_b" in columns else None)
     label = label_column if label_column in columns else None
     rows = frame.to_dict("records")
-    return [Example(str(guid), str(row[text]), None if text_b is None else str(row[text_b]),
-                    None if label is None else str(row[label])) for guid, row in zip(frame.index, rows)]
+
+    def cell(guid, row, column, what):  # None and NaN (pandas' missing values) would become "None", "nan"
+        value = row[column]
+        if _missing(value):
+            raise UserError(f"DataFrame row {guid}: no {what} in column {column!r} (None or NaN)")
+        return str(value)
+
+    return [Example(str(guid), cell(guid, row, text, "text"),
+                    None if text_b is None else cell(guid, row, text_b, "second text"),
+                    None if label is None or _missing(row[label]) else cell(guid, row, label, "label"))
+            for guid, row in zip(frame.index, rows)]
+
+
+def _missing(value):
+    return value is None or (isinstance(value, float) and value != value)
 
 
 def _cell(path, line, row, index):

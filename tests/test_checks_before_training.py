@@ -75,3 +75,18 @@ def test_a_run_directorys_own_config_and_vocabulary_are_the_only_ones_it_takes(d
     assert f"--vocab_file={vocab} differs from {first}/vocab.txt of the bert_mgpu run {first}" in last
     missing = refused(data, first, tmp_path / "fourth", f"--bert_config_file={tmp_path}/nope.json")
     assert "nope.json" in missing
+
+
+def test_notebook_fit_refuses_unlabelled_examples_and_a_learning_rate_that_is_not_a_number(google_release, tmp_path):
+    import bert_mgpu
+    from bert_mgpu.errors import UserError
+
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=4)
+    clf = bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], towers, "float32",
+                                                   max_seq_length=16)
+    with pytest.raises(UserError, match="^training example 0 has no label"):
+        clf.fit(["a good film", "a dull plot"] * 8, str(tmp_path / "a"))
+    labelled = [bert_mgpu.Example(str(i), "a good film", label="pos") for i in range(16)]
+    with pytest.raises(UserError, match=r"^--learning_rate=nan: must be a finite number above 0"):
+        clf.fit(labelled, str(tmp_path / "b"), learning_rate=float("nan"))
+    assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")

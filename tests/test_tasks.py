@@ -152,6 +152,13 @@ def test_notebook_inputs_become_examples():
     with pytest.raises(UserError, match=r"^the DataFrame has no text column text, text_a or sentence \(its "
                                         r"columns: q, p\)$"):
         as_examples(pairs)
+    # pandas' missing values: a text is refused naming its row (it would be predicted as "nan"); a label
+    # left out means an unlabelled row
+    holes = pd.DataFrame({"text": ["fine", None, float("nan")], "label": ["pos", float("nan"), None]}, index=[7, 8, 9])
+    with pytest.raises(UserError, match=r"^DataFrame row 8: no text in column 'text' \(None or NaN\)$"):
+        as_examples(holes)
+    assert as_examples(holes.iloc[:1]) == [Example("7", "fine", label="pos")]
+    assert as_examples(pd.DataFrame({"text": ["a"], "label": [float("nan")]}))[0].label is None
 
 
 def test_headerless_tsv_by_column_number(tmp_path):
