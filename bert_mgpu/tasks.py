@@ -6,6 +6,7 @@ TFDS data_dir (nothing is downloaded; `glue/*` with GLUE's columns). Bad rows ra
 file and line.
 """
 
+import collections
 import dataclasses
 import logging
 import math
@@ -182,9 +183,11 @@ class ColumnTask:
                 continue
             text_a = _text(path, line, row, ia)
             text_b = _text(path, line, row, ib) if ib is not None else None
-            label = _cell(path, line, row, il) if il is not None else None
+            label = _cell(path, line, row, il).strip() if il is not None else None  # "fresh " is "fresh"
             if split == "test" and not label:
                 label = None  # an empty label cell in a test file: nothing to check
+            elif label == "":
+                raise UserError(f"{path}:{line}: empty label in column {il + 1 if il >= 0 else len(row) + il + 1}")
             if label is not None:
                 self._check_label(path, line, label)
             out.append(Example(f"{split}-{len(out)}", text_a, text_b, label))
@@ -222,6 +225,8 @@ class NamedColumnTask(ColumnTask):
         if kind == "csv":
             self.delimiter, self.quotechar = ",", '"'
         given = [c for c in self.columns if c is not None]
+        if label_column is not None and label_column in (text_column, text_b_column):
+            raise UserError(f"--label_column={label_column} is also a text column: the model would read its label")
         numbers = [str(c).isdigit() for c in given]
         if any(numbers) and not all(numbers):
             raise UserError(f"--text_column, --text_b_column, --label_column: all names (a header row) or all "
@@ -235,6 +240,8 @@ class NamedColumnTask(ColumnTask):
             text, text_b, label = (None if c is None else int(c) for c in self.columns)
             if split == "test" and label is not None and rows and label >= len(rows[0][1]):
                 label = None  # a test file without the label column
+            if split != "test" and label is not None:
+                self._refuse_a_header(path, rows, label)
             return self._examples(path, rows, split, text, text_b, label)
         if not rows:
             raise UserError(f"{path}: empty file (a header row is expected)")
@@ -249,6 +256,22 @@ class NamedColumnTask(ColumnTask):
                 raise UserError(f"{path}:{rows[0][0]}: no column {name!r} in header {header}")
         check_widths(path, rows, self.delimiter)
         return self._examples(path, rows[1:], split, index["text"], index["text_b"], index["label"])
+
+
+    def _refuse_a_header(self, path, rows, label):
+        """Columns by number mean no header row: a first row whose label no other row has (a name among
+        repeated classes, or a word among scores) is a header that would become a class or a bad score."""
+        cells = [row[label].strip() for _, row in rows if label < len(row)]
+        if len(cells) < 3 or cells[0] in cells[1:]:
+            return
+        if self.task_type == "regression":
+            header = not _is_number(cells[0]) and all(_is_number(c) for c in cells[1:])
+        else:  # every other class is in two rows or more
+            counts = collections.Counter(cells[1:])
+            header = len(cells) > 10 and min(counts.values()) >= 2 and not isinstance(self._labels, (list, tuple))
+        if header:
+            raise UserError(f"{path}:{rows[0][0]}: looks like a header row (label {cells[0]!r} is in no other row), "
+                            "but columns given by number read files without one: name the columns instead")
 
 
 class JsonLinesTask(ColumnTask):
@@ -338,6 +361,13 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
     """
     if invalid_utf8 not in ("error", "replace"):
         raise UserError(f"--invalid_utf8={invalid_utf8!r}: expected error or replace")
+    if labels:
+        stripped = [str(x).strip() for x in labels]
+        twice = next((x for i, x in enumerate(stripped) if x in stripped[:i]), None)
+        if "" in stripped or twice is not None:
+            raise UserError(f"--labels={','.join(map(str, labels))}: "
+                            + ("an empty label" if "" in stripped else f"{twice!r} is listed twice"))
+        labels = stripped
     if task_type not in (None, *TASK_TYPES):
         raise UserError(f"--task_type={task_type}: expected {', '.join(TASK_TYPES)}")
     task = _task(name.lower(), text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir,

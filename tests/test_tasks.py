@@ -216,3 +216,30 @@ def test_predict_txt_holds_labels_or_their_index(tmp_path):
     assert (tmp_path / "predict.txt").read_text() == "pos\nneg\n"
     outputs.write_predictions(str(tmp_path), p, ["neg", "pos"], ["a", "b"], predict_format="index")
     assert (tmp_path / "predict.txt").read_text() == "1\n0\n"
+
+
+def test_labels_are_taken_as_meant_not_verbatim(tmp_path):
+    """Issue 33, item 8: `fresh ` is `fresh`; an empty label cell, a label listed twice in --labels, a text
+    column that is the label column, and a header row under numbered columns are refused in one line."""
+    rows = [("fresh ", "a fine film"), ("rotten", "a dull plot"), ("fresh", "great fun")]
+    (tmp_path / "train.tsv").write_text("label\ttext\n" + "".join(f"{y}\t{t}\n" for y, t in rows))
+    task = get_task("tsv")
+    assert [e.label for e in task.get_examples(str(tmp_path), "train")] == ["fresh", "rotten", "fresh"]
+    assert task.get_labels(str(tmp_path)) == ["fresh", "rotten"]
+    (tmp_path / "dev.tsv").write_text("label\ttext\nfresh\tok\n\tno label here\n")
+    with pytest.raises(UserError, match=r"dev.tsv:3: empty label in column 1$"):
+        get_task("tsv").get_examples(str(tmp_path), "dev")
+    with pytest.raises(UserError, match=r"^--labels=fresh,fresh ,rotten: 'fresh' is listed twice$"):
+        get_task("tsv", labels=["fresh", "fresh ", "rotten"])
+    assert get_task("tsv", labels=[" fresh", "rotten"]).get_labels() == ["fresh", "rotten"]
+    with pytest.raises(UserError, match=r"^--label_column=label is also a text column"):
+        get_task("tsv", text_column="label", label_column="label")
+    # columns by number mean no header: a first row whose label no other row has is one
+    numbered = tmp_path / "numbered"
+    numbered.mkdir()
+    (numbered / "train.tsv").write_text("label\ttext\n" + "".join(f"{'pos' if i % 2 else 'neg'}\ttext {i}\n"
+                                                                   for i in range(12)))
+    with pytest.raises(UserError, match=r"train.tsv:1: looks like a header row \(label 'label' is in no other row\)"):
+        get_task("tsv", text_column="1", label_column="0").get_examples(str(numbered), "train")
+    (numbered / "train.tsv").write_text("".join(f"{'pos' if i % 2 else 'neg'}\ttext {i}\n" for i in range(12)))
+    assert len(get_task("tsv", text_column="1", label_column="0").get_examples(str(numbered), "train")) == 12
