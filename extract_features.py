@@ -70,6 +70,8 @@ def run():
     towers = cli.towers_from_flags(cli.plan_from_flags(FLAGS.batch_size))
     encoder = Encoder.from_pretrained(FLAGS.init_checkpoint, towers, FLAGS.precision, FLAGS.max_seq_length,
                                       FLAGS.do_lower_case, FLAGS.bert_config_file, FLAGS.vocab_file)
+    if not FLAGS["layers"].present:  # google-bert's default, the last 4, on a model that may have fewer
+        layers = [n for n in layers if -encoder.backbone.num_layers <= n]
     if FLAGS.output_npy:
         vectors = encoder.embed(examples, FLAGS.pooling, FLAGS.batch_size)
         buffer = io.BytesIO()

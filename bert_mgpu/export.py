@@ -217,7 +217,9 @@ def write_hf(trained, directory):
               **_labels_config(trained)}
     config.pop("encoder_ln_mode")
     storage.write_atomic(os.path.join(directory, "config.json"), json.dumps(config, indent=2) + "\n")
-    save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    weights_file = os.path.join(directory, "model.safetensors")
+    save_file(tensors, weights_file, metadata={"format": "pt"})
+    storage.follow_umask(weights_file)  # safetensors writes it 0600
     _copy_vocab(trained, directory)
     tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": trained.do_lower_case,
                  "strip_accents": None, "tokenize_chinese_chars": True, "model_max_length": c.max_position_embeddings,

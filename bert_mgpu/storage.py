@@ -111,6 +111,12 @@ def write_atomic(path, data):
     return path
 
 
+def follow_umask(path):
+    """Give a local file the mode a file written by open() gets (0666 less the umask)."""
+    if not is_remote(path):
+        os.chmod(path, 0o666 & ~_umask())
+
+
 def _umask():
     mask = os.umask(0o022)
     os.umask(mask)

@@ -50,6 +50,10 @@ def build_vocab(input_files, vocab_size, output_file, do_lower_case=True, invali
         vocab = []
     if len(vocab) <= len(SPECIAL_TOKENS):
         raise UserError(f"{', '.join(files)}: no words to learn a vocabulary from")
+    if len(vocab) < vocab_size:
+        logging.getLogger("bert_mgpu").warning(
+            "the vocabulary has %d tokens, fewer than the %d asked: the text holds no more words and pieces frequent "
+            "enough to keep; a bert_config.json for it takes vocab_size=%d", len(vocab), vocab_size, len(vocab))
     storage.write_atomic(output_file, "".join(t + "\n" for t in vocab))
     return vocab
 

@@ -81,3 +81,6 @@ def test_extract_features_writes_googles_json_lines_and_npy(reference, minilm_di
                      f"--init_checkpoint={google_release}", "--layers=-3", "--max_seq_length=32", check=False)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (
         "extract_features.py: error: --layers=-3: the model has 2 layers (-2 to 1)")
+    two = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'y'}",
+                     f"--init_checkpoint={google_release}", "--max_seq_length=32")  # google-bert's default: -1..-4
+    assert "layers -1,-2 ->" in two.stdout  # the 2 a 2-layer model has

@@ -113,6 +113,9 @@ def test_hf_export_gives_transformers_the_same_outputs(reference, trained):
     out, clf, _ = trained
     path = out / "export" / "hf"
     assert not [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pkl"))]  # nothing pickled
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path / "model.safetensors").st_mode & 0o777 == 0o666 & ~umask  # as open() would make it
     model = transformers.BertForSequenceClassification.from_pretrained(str(path)).eval()
     assert model.config.id2label == {0: "neg", 1: "pos"}
     tok = transformers.BertTokenizer.from_pretrained(str(path))

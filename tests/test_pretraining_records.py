@@ -186,6 +186,20 @@ def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
         build_vocab([str(tmp_path / "missing.txt")], 80, str(tmp_path / "v2.txt"))
 
 
+
+def test_a_vocabulary_smaller_than_asked_says_so(tmp_path, caplog):
+    import logging
+
+    from bert_mgpu.vocab import build_vocab
+
+    text = tmp_path / "small.txt"
+    text.write_text("the cat sat on the mat\n" * 20, encoding="utf-8")
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        vocab = build_vocab([str(text)], 2000, str(tmp_path / "vocab.txt"))
+    assert len(vocab) < 2000
+    assert f"the vocabulary has {len(vocab)} tokens, fewer than the 2000 asked" in caplog.text
+
+
 def test_utf8_check_names_the_line_across_blocks_and_counts_with_replace(tmp_path, caplog):
     from bert_mgpu.vocab import check_utf8
 
