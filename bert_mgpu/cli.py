@@ -102,9 +102,29 @@ def define_export_flags():
                       "computes other outputs (tanh-GELU, NFKC lower-casing); the difference is logged.")
 
 
+EXPORT_STAMP = "bert_mgpu_export.json"  # in each export: which run, format, precision and step made it
+
+
+def _stamp(fmt, step):
+    import os
+
+    return {"output_dir": os.path.realpath(FLAGS.output_dir) if FLAGS.output_dir else None, "format": fmt,
+            "precision": FLAGS.export_precision, "step": step}
+
+
+def _stamp_of(directory):
+    import os
+
+    from bert_mgpu import storage
+
+    path = os.path.join(directory, EXPORT_STAMP)
+    return storage.read_json(path) if storage.exists(path) else None
+
+
 def export_targets(output_dir):
     """[(format, directory)] the export flags ask for; checked before any training, so a long run cannot
-    end in an export that was never possible."""
+    end in an export that was never possible. A directory holding this run's own export of the format
+    (a rerun of the same command) is kept for `run_exports` to judge."""
     import os
 
     from bert_mgpu.errors import UserError
@@ -119,16 +139,36 @@ def export_targets(output_dir):
     for fmt in FLAGS.export_format:
         if fmt not in FORMATS:
             raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
-        targets.append((fmt, check_new_dir(os.path.join(base, fmt))))
+        target = os.path.join(base, fmt)
+        mine = {k: v for k, v in (_stamp_of(target) or {}).items() if k != "step"} == \
+            {k: v for k, v in _stamp(fmt, None).items() if k != "step"}
+        targets.append((fmt, target if mine else check_new_dir(target)))
     return targets
 
 
 def run_exports(source, targets, texts=None):
-    """Export `source` (a model in memory or a directory) to each target; prints where each went."""
+    """Export `source` (a model in memory or a directory) to each target; prints where each went. A target
+    already holding this run's export of the same step is done (a rerun of a finished command)."""
+    import json
+    import os
+
+    from bert_mgpu import run_dir, storage
+    from bert_mgpu.errors import UserError
     from bert_mgpu.export import export_model
 
+    step = getattr(source, "global_step", None)
+    if step is None and isinstance(source, str):
+        step = (run_dir.read_run(source) or {}).get("global_step") if storage.isdir(source) else None
     for fmt, target in targets:
+        stamp = _stamp_of(target)
+        if stamp is not None and stamp == _stamp(fmt, step):
+            print(f"export: {fmt} -> {target} (already there, from step {step})")
+            continue
+        if stamp is not None:
+            raise UserError(f"{target}: holds this run's export of step {stamp.get('step')}, the model is at step "
+                            f"{step}; remove it to export again")
         export_model(source, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts)
+        storage.write_atomic(os.path.join(target, EXPORT_STAMP), json.dumps(_stamp(fmt, step)) + "\n")
         print(f"export: {fmt} -> {target}")
 
 

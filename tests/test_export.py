@@ -323,3 +323,20 @@ def test_a_pretrainer_without_nsp_exports_masked_lm_and_a_keras_hub_backbone(ref
     pre.export(str(tmp_path / "kh"), format="keras_hub", max_seq_length=16)  # tanh-GELU: exact, not refused
     backbone = keras_hub.models.BertBackbone.from_preset(str(tmp_path / "kh"))
     assert backbone.num_layers == 2 and keras_hub.models.BertTokenizer.from_preset(str(tmp_path / "kh"))
+
+
+def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(trained):
+    """Issue 33: the same command again (after it finished, or after a kill between two formats) found its own
+    exports and refused them as "exists and is not empty"; each stamped export of the same run and step is
+    now done."""
+    out, _, _ = trained
+    base = out.parent
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={base / 'data'}",
+                      f"--init_checkpoint={base / 'release'}", f"--output_dir={out}", "--do_train", "--do_export",
+                      f"--export_format={','.join(FORMATS)}", "--n_gpus=0", "--towers_per_gpu=2",
+                      "--train_batch_size=8", "--max_seq_length=32", "--precision=float32", "--learning_rate=2e-3",
+                      "--num_train_epochs=4")
+    step = json.load(open(out / "export" / "hf" / "bert_mgpu_export.json"))["step"]
+    assert step == json.load(open(out / "bert_mgpu.json"))["global_step"] and step > 0
+    for fmt in FORMATS:
+        assert f"export: {fmt} -> {out / 'export' / fmt} (already there, from step {step})" in proc.stdout
