@@ -133,23 +133,31 @@ def two_towers_per_gpu(setup, steps=3):
                        f"{', '.join(f'{x:.3f}' for x in losses)}; {len(differ)} variable(s) differ"}
 
 
-def failing_tower(setup, timeout_seconds=120):
-    """Tower 1 asks for 4 TiB in its second step, before it joins the step's collectives: every tower must
-    stop at once with the one-line out-of-memory message, well inside the collective timeout."""
+def run_out_of_memory(tower, from_step):
+    """Make `tower` of every Trainer made after this ask for 4 TiB from step `from_step` on, before it joins
+    the step's collectives: a real ResourceExhaustedError from TensorFlow's allocator (a reduction of zeros
+    that size is folded away by Grappler; random numbers are not)."""
     import tensorflow as tf
 
     from bert_mgpu import training
-    from bert_mgpu.errors import RunError
 
     original = training.Trainer._loss_and_grads
 
     def loss_and_grads(self, features, labels):
-        tower = tf.distribute.get_replica_context().replica_id_in_sync_group
-        size = tf.where(tf.logical_and(self.step >= 1, tower == 1), tf.constant(2**40, tf.int64), 1)
+        here = tf.distribute.get_replica_context().replica_id_in_sync_group
+        size = tf.where(tf.logical_and(self.step >= from_step, here == tower), tf.constant(2**40, tf.int64), 1)
         with tf.control_dependencies([tf.reduce_max(tf.random.uniform(tf.reshape(size, [1])))]):
             return original(self, tf.nest.map_structure(tf.identity, features), labels)
 
     training.Trainer._loss_and_grads = loss_and_grads
+
+
+def failing_tower(setup, timeout_seconds=120):
+    """Tower 1 asks for 4 TiB in its second step, before it joins the step's collectives: every tower must
+    stop at once with the one-line out-of-memory message, well inside the collective timeout."""
+    from bert_mgpu.errors import RunError
+
+    run_out_of_memory(tower=1, from_step=1)
     trainer = _trainer(setup.strategy(timeout_seconds=timeout_seconds), "tiny", "float32")
     batches = trainer.training_batches(_data(4 * setup.plan.towers, 32, 3))
     trainer.train_step(next(batches))

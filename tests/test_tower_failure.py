@@ -12,17 +12,11 @@ from conftest import run_python, sentiment_rows, write_tsv
 # The classifier script, with tower 1 asking for 4 TiB from step 7 on: a real ResourceExhaustedError
 # from TensorFlow's allocator, raised before that tower joins the step's collectives.
 FAILING_TOWER = """
-import sys, tensorflow as tf
+import sys
 import run_classifier_mgpu
-from bert_mgpu import training
+from bert_mgpu import checks_gpu
 
-original = training.Trainer._loss_and_grads
-def loss_and_grads(self, features, labels):
-    tower = tf.distribute.get_replica_context().replica_id_in_sync_group
-    size = tf.where(tf.logical_and(self.step >= 7, tower == 1), tf.constant(2**40, tf.int64), 1)
-    with tf.control_dependencies([tf.reduce_max(tf.random.uniform(tf.reshape(size, [1])))]):
-        return original(self, tf.nest.map_structure(tf.identity, features), labels)
-training.Trainer._loss_and_grads = loss_and_grads
+checks_gpu.run_out_of_memory(tower=1, from_step=7)
 sys.argv = ["run_classifier_mgpu.py", *sys.argv[1:]]
 run_classifier_mgpu._console()
 """
