@@ -102,7 +102,7 @@ def define_export_flags():
                       "computes other outputs (tanh-GELU, NFKC lower-casing); the difference is logged.")
 
 
-EXPORT_STAMP = "bert_mgpu_export.json"  # in each export: which run, format, precision and step made it
+EXPORT_STAMP = ".bert_mgpu_stamp.json"  # in each export: which run, format, precision and step made it
 
 
 def _stamp(fmt, step):

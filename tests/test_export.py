@@ -275,8 +275,10 @@ def test_export_alone_and_its_bad_input(trained, tmp_path):
     assert "--export_format=onnx: expected one of saved_model, hf, google, keras_hub" in fails(
         f"--output_dir={out}", "--do_export", "--export_format=onnx", f"--export_dir={tmp_path / 'x'}")
     before = (again / "hf" / "config.json").read_text()
-    assert f"{again / 'hf'}: exists and is not empty" in fails(f"--output_dir={out}", "--do_export",
-                                                                f"--export_dir={again}", "--export_format=hf")
+    # The same export again (this run, this step) is done; another run's export there is refused.
+    proc = run_script("run_classifier_mgpu.py", f"--output_dir={out}", "--do_export", f"--export_dir={again}",
+                      "--export_format=hf")
+    assert f"export: hf -> {again / 'hf'} (already there, from step" in proc.stdout
     assert (again / "hf" / "config.json").read_text() == before
     # Checked before training: a run that could not export never starts.
     fresh = tmp_path / "fresh"
@@ -336,7 +338,7 @@ def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(traine
                       f"--export_format={','.join(FORMATS)}", "--n_gpus=0", "--towers_per_gpu=2",
                       "--train_batch_size=8", "--max_seq_length=32", "--precision=float32", "--learning_rate=2e-3",
                       "--num_train_epochs=4")
-    step = json.load(open(out / "export" / "hf" / "bert_mgpu_export.json"))["step"]
+    step = json.load(open(out / "export" / "hf" / ".bert_mgpu_stamp.json"))["step"]
     assert step == json.load(open(out / "bert_mgpu.json"))["global_step"] and step > 0
     for fmt in FORMATS:
         assert f"export: {fmt} -> {out / 'export' / fmt} (already there, from step {step})" in proc.stdout
