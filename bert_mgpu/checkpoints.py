@@ -224,9 +224,13 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         raise UserError(f"{path}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}"
                         f"{', ...' if len(bad) > 3 else ''}): a damaged checkpoint or a diverged run")
     if pre.kind == "bert_mgpu":
-        if bert_config_file and BertConfig.from_json_file(bert_config_file) != pre.config:
-            raise UserError(f"--bert_config_file={bert_config_file} differs from the config of the bert_mgpu run "
-                            f"{path}, which carries its own: leave the flag out")
+        if bert_config_file:  # what the file says must be what the run has (flags may have set the rest)
+            BertConfig.from_json_file(bert_config_file)  # a missing or bad file is refused as such
+            given, own = storage.read_json(bert_config_file), pre.config.to_dict()
+            differ = sorted(k for k in given if k in own and given[k] != own[k])
+            if differ:
+                raise UserError(f"--bert_config_file={bert_config_file} differs from the config of the bert_mgpu run "
+                                f"{path} ({', '.join(differ)}), which carries its own: leave the flag out")
         if vocab_file and storage.read_bytes(vocab_file) != storage.read_bytes(pre.vocab_file):
             raise UserError(f"--vocab_file={vocab_file} differs from {pre.vocab_file} of the bert_mgpu run {path}, "
                             "which carries its own: leave the flag out")

@@ -47,49 +47,57 @@ def check_output_dir(path):
     return path
 
 
-LOCK_FILE = ".bert_mgpu.lock"
-_HELD = {}  # realpath of a directory -> the open lock file this process holds on it
+_HELD = {}  # realpath of a directory -> the open descriptor through which this process locks it
 
 
 def lock_output_dir(directory):
-    """Hold an advisory lock on `directory` until `unlock_output_dir` (a run's `close`) or the end of this
-    process, or UserError naming the process that holds it: two training runs on one directory would
-    interleave their checkpoints and results.
+    """Hold an advisory lock on `directory` itself until `unlock_output_dir` (a run's `close`) or the end of
+    this process, or UserError naming the process that holds it: two training runs on one directory would
+    interleave their checkpoints and results. Nothing is written for it.
 
     The kernel drops the lock when its process ends, however it ends (kill -9 too), so it is never stale.
     A process that holds it may lock it again. Storage other than local paths (gs://) cannot be locked
     so; there the user keeps runs apart. Returns whether this call took the lock (not already held)."""
     import fcntl
-    import socket
-    import time
 
     if storage.is_remote(directory):
         return False
     key = os.path.realpath(directory)
     if key in _HELD:
         return False
-    path = os.path.join(directory, LOCK_FILE)
-    f = open(path, "a+", encoding="utf-8")  # noqa: SIM115  (held open for the life of the process)
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
+        os.close(fd)
+        holder = _lock_holder(directory)
         raise UserError(f"--output_dir={directory} is in use by another run ({holder}); wait for it to end or "
                         "choose another directory") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
-    f.flush()
-    _HELD[key] = f
+    _HELD[key] = fd
     return True
 
 
+def _lock_holder(directory):
+    """The process holding a flock on `directory`, from /proc/locks (MAJOR:MINOR:INODE, hexadecimal devices)."""
+    st = os.stat(directory)
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK":
+                    major, minor, inode = fields[5].split(":")
+                    if (int(major, 16), int(minor, 16), int(inode)) == (os.major(st.st_dev), os.minor(st.st_dev),
+                                                                         st.st_ino):
+                        return f"pid {fields[4]}"
+    except (OSError, ValueError):
+        pass
+    return "another process"
+
+
 def unlock_output_dir(directory):
-    f = _HELD.pop(os.path.realpath(directory), None)
-    if f is not None:
-        f.close()  # closing the file releases the lock
+    fd = _HELD.pop(os.path.realpath(directory), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def read_run(directory):

@@ -138,9 +138,10 @@ def test_a_second_run_on_a_directory_in_use_is_refused_at_once_and_a_killed_hold
                               text=True, env={**os.environ, "PYTHONPATH": ROOT, "CUDA_VISIBLE_DEVICES": ""})
     try:
         assert holder.stdout.readline().strip() == "holding"
-        with pytest.raises(UserError, match=rf"--output_dir={out} is in use by another run \(pid {holder.pid} on "):
+        with pytest.raises(UserError, match=rf"--output_dir={out} is in use by another run \(pid {holder.pid}\)"):
             run_dir.Run(str(out), {"seed": 1})
         assert not [n for n in os.listdir(out) if n.startswith("ckpt")]
+        assert not [n for n in os.listdir(out) if "lock" in n]  # the directory itself is locked
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
