@@ -224,10 +224,10 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
         raise UserError(f"{path}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}"
                         f"{', ...' if len(bad) > 3 else ''}): a damaged checkpoint or a diverged run")
     if pre.kind == "bert_mgpu":
-        if bert_config_file:  # what the file says must be what the run has (flags may have set the rest)
+        if bert_config_file:  # the shape the file gives must be the run's (flags may set the rest, as pre-LN)
             BertConfig.from_json_file(bert_config_file)  # a missing or bad file is refused as such
             given, own = storage.read_json(bert_config_file), pre.config.to_dict()
-            differ = sorted(k for k in given if k in own and given[k] != own[k])
+            differ = sorted(k for k in _SHAPE_KEYS if k in given and k in own and given[k] != own[k])
             if differ:
                 raise UserError(f"--bert_config_file={bert_config_file} differs from the config of the bert_mgpu run "
                                 f"{path} ({', '.join(differ)}), which carries its own: leave the flag out")
@@ -235,6 +235,10 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None):
             raise UserError(f"--vocab_file={vocab_file} differs from {pre.vocab_file} of the bert_mgpu run {path}, "
                             "which carries its own: leave the flag out")
     return pre
+
+
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "hidden_act", "max_position_embeddings", "type_vocab_size")
 
 
 def _load_pretrained(path, bert_config_file=None, vocab_file=None):
