@@ -9,7 +9,7 @@ of the limit free for what a run holds beyond one step (its input iterators, the
 functions) and for steps that peak higher than any measured one. On CPUs the trial is
 the real training step (all-reduce and update) of an optimizer whose learning rate is 0, so no weight
 changes. On GPUs it is forward and backward on the first tower alone with every gradient held in one
-buffer, as NCCL's pack holds them, then the optimizer's update on that tower's device, and no collective
+buffer, as a collective's pack holds them, then the optimizer's update on that tower's device, and no collective
 (`find_batch_size`). The input pipeline's buffers (a few batches of token ids) are not in any trial.
 
 The peak is TensorFlow's allocator statistic (`get_memory_info`, reset before each trial), so a smaller
@@ -153,7 +153,7 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     `make_batch(global_batch)` -> a (features, labels) batch of that many examples. CPU towers share one
     memory: a trial is a real training step of all of them, so the trainer's optimizer must have learning
     rate 0. On GPUs a trial runs on the first tower alone, with no collective: every tower needs the same
-    memory, and a tower out of memory inside NCCL would leave the others waiting forever.
+    memory, and an out-of-memory trial then aborts no collective of the others.
     """
     from bert_mgpu import fused_encoder
 
