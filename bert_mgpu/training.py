@@ -236,7 +236,8 @@ class Trainer:
         """Forward and backward of one distributed batch on each tower, every gradient held at once in one
         buffer in the all-reduce dtype (as a collective's pack holds them), then the optimizer's update on the
         first tower's device alone, and no collective: the memory of one GPU tower's step, measured without
-        the towers waiting on each other (see memory.py). Give it a throwaway optimizer with learning rate 0. Raises ResourceExhaustedError."""
+        the towers waiting on each other (see memory.py). Give it a throwaway optimizer with learning rate 0.
+        Raises ResourceExhaustedError."""
         def replica(features, labels):
             loss, _, grads = self._grads_fn(features, labels)
             flat = tf.concat([tf.reshape(tf.cast(g, self.allreduce_dtype), [-1]) for g in grads if g is not None], 0)
