@@ -27,6 +27,8 @@ __all__ = sorted(_HOMES)
 def __getattr__(name):
     if name not in _HOMES:
         raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
+    if _HOMES[name] not in ("errors", "devices", "config"):  # the others load TensorFlow: quietly, as scripts do
+        importlib.import_module("bert_mgpu.quiet").start_tensorflow_quietly()
     value = getattr(importlib.import_module(f"bert_mgpu.{_HOMES[name]}"), name)
     globals()[name] = value
     return value

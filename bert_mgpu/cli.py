@@ -1,14 +1,13 @@
 """What the entry scripts share: tower, precision and reliability flags, defined once; the towers made
 from them; and `main_wrapper`, which ends a user mistake or a stopped run in one line on stderr and exit 1."""
 
-import contextlib
 import logging
 import os
-import shutil
 import sys
-import tempfile
 
 from absl import flags
+
+from bert_mgpu import quiet
 
 FLAGS = flags.FLAGS
 
@@ -19,59 +18,24 @@ def main_wrapper(run):
     def main(argv):
         if len(argv) > 1:
             sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
-        from bert_mgpu.errors import RunError, UserError
+        from bert_mgpu.errors import RunError, UserError, disk_full
 
         logging.getLogger("bert_mgpu").setLevel(logging.INFO)
         logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
         try:
-            start_tensorflow_quietly()
+            quiet.start_tensorflow_quietly()
             run()
         except (UserError, RunError) as e:
             print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
             sys.exit(1)
+        except Exception as e:  # a full disk is the user's to fix: one line; anything else is a bug to show
+            line = disk_full(e)
+            if line is None:
+                raise
+            print(f"{os.path.basename(argv[0])}: error: {line}", file=sys.stderr)
+            sys.exit(1)
 
     return main
-
-
-# What TensorFlow's C++ side prints while it loads on a machine without CUDA, before any log level applies.
-START_NOISE = ("All log messages before absl::InitializeLog()", "cudart_stub.cc", "cpu_feature_guard.cc",
-               "To enable the following instructions", "Unable to register cu", "computation_placer.cc",
-               "oneDNN custom operations are on")
-
-
-def start_tensorflow_quietly(environ=None):
-    """Load TensorFlow and list its devices with its start-up lines held back (START_NOISE; cuInit's error
-    too where no NVIDIA GPU is visible); any other line it prints is passed on. TF_CPP_MIN_LOG_LEVEL
-    becomes 2 (warnings off, errors shown). Left alone when the user set TF_CPP_MIN_LOG_LEVEL."""
-    env = os.environ if environ is None else environ
-    if "TF_CPP_MIN_LOG_LEVEL" in env or "tensorflow" in sys.modules:
-        return
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    no_gpu = shutil.which("nvidia-smi") is None or env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
-    with stderr_without(START_NOISE + (("failed call to cuInit",) if no_gpu else ())):
-        import tensorflow as tf
-
-        tf.config.list_physical_devices()
-
-
-@contextlib.contextmanager
-def stderr_without(noise):
-    """Hold what is written to file descriptor 2 (C++ included) and pass on the lines holding none of `noise`."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            for line in held.read().decode("utf-8", "replace").splitlines(keepends=True):
-                if not any(n in line for n in noise):
-                    sys.stderr.write(line)
-            sys.stderr.flush()
 
 
 def define_reliability_flags(auto_batch_help):
@@ -135,6 +99,9 @@ def export_targets(output_dir):
     base = FLAGS.export_dir or (output_dir and os.path.join(output_dir, "export"))
     if not base:
         raise UserError("--do_export needs --export_dir or --output_dir")
+    from bert_mgpu.run_dir import check_output_dir
+
+    check_output_dir(base, "--export_dir" if FLAGS.export_dir else "--output_dir")  # a read-only disk, at once
     targets = []
     for fmt in FLAGS.export_format:
         if fmt not in FORMATS:
@@ -150,7 +117,6 @@ def run_exports(source, targets, texts=None):
     """Export `source` (a model in memory or a directory) to each target; prints where each went. A target
     already holding this run's export of the same step is done (a rerun of a finished command)."""
     import json
-    import os
 
     from bert_mgpu import run_dir, storage
     from bert_mgpu.errors import UserError
@@ -167,8 +133,8 @@ def run_exports(source, targets, texts=None):
         if stamp is not None:
             raise UserError(f"{target}: holds this run's export of step {stamp.get('step')}, the model is at step "
                             f"{step}; remove it to export again")
-        export_model(source, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts)
-        storage.write_atomic(os.path.join(target, EXPORT_STAMP), json.dumps(_stamp(fmt, step)) + "\n")
+        export_model(source, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts,
+                     extra_files={EXPORT_STAMP: json.dumps(_stamp(fmt, step)) + "\n"})
         print(f"export: {fmt} -> {target}")
 
 

@@ -251,15 +251,10 @@ class Ahead:
         return item
 
     def close(self):
-        """Stop the thread and drop what it prepared."""
-        import queue
-
+        """Stop the thread and drop what it prepared (no import here: `__del__` may run at interpreter exit)."""
         self._stop.set()
-        try:
-            while True:
-                self._queue.get_nowait()
-        except queue.Empty:
-            pass
+        while not self._queue.empty():
+            self._queue.get_nowait()
 
     def __del__(self):
         self.close()

@@ -101,6 +101,8 @@ def read_trained(path):
 
 def check_new_dir(path):
     """An export goes to a new (or empty) directory: one line, before anything is built, otherwise."""
+    if not storage.is_remote(path) and os.path.islink(path):
+        raise UserError(f"{path}: is a symbolic link; an export is written as a new directory: remove the link")
     if storage.exists(path) and (not storage.isdir(path) or storage.glob(os.path.join(path, "*"))):
         raise UserError(f"{path}: exists and is not empty; remove it or give another --export_dir")
     return path
@@ -122,12 +124,13 @@ def build_model(trained, precision="float32"):
 
 
 def export_model(source, output_dir, format="saved_model", precision="float32", allow_approximate=False,
-                 texts=None):
+                 texts=None, extra_files=None):
     """Write `source` (a `Trained`, a classifier, a pretrainer or a directory any reader takes) to the new
     directory `output_dir` in `format`; returns output_dir.
 
     precision: the SavedModel's compute dtype policy (float32, mixed_bfloat16, mixed_float16).
     allow_approximate / texts: see `write_keras_hub`.
+    extra_files: {name: text} written into the export before it moves into place (the scripts' stamp).
     """
     if format not in FORMATS:
         raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
@@ -145,6 +148,8 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     storage.makedirs(tmp)
     try:
         writers[format](trained, tmp)
+        for name, text in (extra_files or {}).items():
+            storage.write_atomic(os.path.join(tmp, name), text)
     except BaseException:
         storage.remove(tmp)
         raise

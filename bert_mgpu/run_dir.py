@@ -31,20 +31,36 @@ from bert_mgpu.errors import RunError, UserError
 log = logging.getLogger("bert_mgpu")
 
 
-def check_output_dir(path):
-    """Create `path` if needed; UserError if it is a file or cannot be written."""
+def check_output_dir(path, flag="--output_dir"):
+    """Create `path` if needed; UserError if it is a file, cannot be written, or holds a symbolic link
+    (`check_no_links`). `flag` names it in the message (--output_dir, --export_dir)."""
     if not path:
-        raise UserError("--output_dir is required")
+        raise UserError(f"{flag} is required")
     if storage.exists(path) and not storage.isdir(path):
-        raise UserError(f"--output_dir={path} is a file, not a directory")
+        raise UserError(f"{flag}={path} is a file, not a directory")
     try:
         storage.makedirs(path)
         storage.remove(storage.write_atomic(os.path.join(path, f".write-test-{os.getpid()}"), "ok"))
     except OSError as e:
-        raise UserError(f"--output_dir={path} is not writable ({e.strerror})") from None
+        raise UserError(f"{flag}={path} is not writable ({e.strerror})") from None
     except tf.errors.OpError as e:
-        raise UserError(f"--output_dir={path} is not writable ({e.message})") from None
+        raise UserError(f"{flag}={path} is not writable ({e.message})") from None
+    check_no_links(path)
     return path
+
+
+def check_no_links(directory):
+    """UserError if anything inside `directory` is a symbolic link. TensorFlow writes checkpoints, events and
+    SavedModels through links, so a linked `ckpt-N.index` or `export/` would be overwritten outside the run;
+    the directory itself may be a link (an output directory on another disk)."""
+    if storage.is_remote(directory):
+        return
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); bert_mgpu writes only real "
+                                "files inside its output directory and would write through it: remove the link")
 
 
 _HELD = {}  # realpath of a directory -> the open descriptor through which this process locks it
