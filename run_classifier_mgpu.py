@@ -209,7 +209,7 @@ def run():
         where = f"{towers.count} on {towers.plan.device_type}" + (
             f", {towers.cluster.workers} workers" if towers.cluster else "")
         facts = {"task": task.name, "towers": where, "precision": clf.policy,
-                 "trained": f"{clf.global_step} steps ({clf.stop})" if FLAGS.do_train and clf.stop else None,
+                 "trained": f"{clf.trained_steps} steps ({clf.stop})" if FLAGS.do_train and clf.stop else None,
                  "best model": f"step {clf.best_step}" if clf.best_step is not None else None,
                  "examples/s": rates[-1] if rates else None,
                  **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")},

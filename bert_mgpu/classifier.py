@@ -90,6 +90,7 @@ class BertClassifier:
         self.pairs = task in PAIR_TASKS  # whether it reads sentence pairs: what its training data had
         self.label_separator, self.threshold = ",", 0.5  # multi_label: labels' separator, the decision threshold
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
+        self.trained_steps = 0
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self.report = None  # the last evaluation's {label: (precision, recall, F1, support)}
@@ -279,7 +280,7 @@ class BertClassifier:
             watch.resume(start)
             hooks.append(watch)
         if start >= num_steps:
-            self.global_step = start
+            self.global_step = self.trained_steps = start
             run.close()
             return self._finish(hooks, load_best_model_at_end, [])
         dataset = self._data(examples, global_batch, training=True, seed=seed, source="train").skip(start)
@@ -294,6 +295,7 @@ class BertClassifier:
             for hook in hooks:
                 hook.writer.close()
         self.global_step, self.interrupted, self.stop = loop.step, loop.interrupted, loop.stop
+        self.trained_steps = loop.step  # global_step moves to the best step when that model is loaded
         if self.interrupted:
             log.warning("%s: stopped at step %d of %d; checkpoint %s. Rerun the same command to resume",
                         self.interrupted, self.global_step, num_steps, run.latest)

@@ -7,7 +7,7 @@ the predicted label and one probability column per class.
 
 import os
 
-from bert_mgpu.storage import write_atomic
+from bert_mgpu.storage import write_atomic, write_set
 
 
 def summary(title, facts, output_dir):
@@ -71,8 +71,7 @@ def write_predictions(output_dir, probabilities, label_list, guids, predict_form
     table = header + "".join(
         "\t".join([guid, label_list[i]] + [f"{p:.8f}" for p in row]) + "\n"
         for guid, i, row in zip(guids, predicted, probabilities))
-    return [write_atomic(os.path.join(output_dir, name), text) for name, text in
-            (("test_results.tsv", test), ("predict.txt", labels), ("predictions.tsv", table))]
+    return write_set(output_dir, {"test_results.tsv": test, "predict.txt": labels, "predictions.tsv": table})
 
 
 def write_scores(output_dir, scores, guids):
@@ -80,8 +79,7 @@ def write_scores(output_dir, scores, guids):
     predictions.tsv with its id; returns their paths."""
     lines = "".join(f"{x:.6f}\n" for x in scores)
     table = "id\tscore\n" + "".join(f"{guid}\t{x:.6f}\n" for guid, x in zip(guids, scores))
-    return [write_atomic(os.path.join(output_dir, name), text) for name, text in
-            (("test_results.tsv", lines), ("predict.txt", lines), ("predictions.tsv", table))]
+    return write_set(output_dir, {"test_results.tsv": lines, "predict.txt": lines, "predictions.tsv": table})
 
 
 def write_label_sets(output_dir, probabilities, label_list, guids, threshold=0.5, separator=","):
@@ -93,6 +91,5 @@ def write_label_sets(output_dir, probabilities, label_list, guids, threshold=0.5
     header = "\t".join(["id", "labels"] + [f"p_{name}" for name in label_list]) + "\n"
     table = header + "".join("\t".join([guid, labels] + [f"{p:.8f}" for p in row]) + "\n"
                              for guid, labels, row in zip(guids, chosen, probabilities))
-    return [write_atomic(os.path.join(output_dir, name), text) for name, text in
-            (("test_results.tsv", test), ("predict.txt", "".join(c + "\n" for c in chosen)),
-             ("predictions.tsv", table))]
+    return write_set(output_dir, {"test_results.tsv": test, "predict.txt": "".join(c + "\n" for c in chosen),
+                                  "predictions.tsv": table})

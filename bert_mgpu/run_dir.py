@@ -46,6 +46,7 @@ def check_output_dir(path, flag="--output_dir"):
     except tf.errors.OpError as e:
         raise UserError(f"{flag}={path} is not writable ({e.message})") from None
     check_no_links(path)
+    storage.finish_pending(path)
     return path
 
 

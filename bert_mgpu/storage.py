@@ -111,6 +111,48 @@ def write_atomic(path, data):
     return path
 
 
+PENDING = ".bert_mgpu_pending.json"  # a set of files written but not all moved into place yet
+
+
+def write_set(directory, files):
+    """Write {name: data} in `directory` as one set: every file is written aside first, then a note listing
+    them, then each is renamed into place and the note removed. A kill during the renames leaves the note,
+    and `finish_pending` (every script start) completes them: old and new files are never left mixed.
+    Returns the paths. Other file systems (gs://) write the files one by one."""
+    import json
+
+    if is_remote(directory):
+        return [write_atomic(os.path.join(directory, name), data) for name, data in files.items()]
+    moves = []
+    try:
+        for name, data in files.items():
+            final = os.path.join(directory, name)
+            moves.append((write_atomic(_beside(final, f".set-{os.getpid()}-"), data), final))
+    except BaseException:
+        for tmp, _ in moves:
+            remove(tmp)
+        raise
+    write_atomic(os.path.join(directory, PENDING), json.dumps([[os.path.basename(t), os.path.basename(f)]
+                                                                for t, f in moves]))
+    finish_pending(directory)
+    return [final for _, final in moves]
+
+
+def finish_pending(directory):
+    """Complete the renames of a `write_set` a kill interrupted (nothing when there is no note)."""
+    import json
+
+    note = os.path.join(directory, PENDING)
+    if is_remote(directory) or not os.path.exists(note):
+        return
+    with open(note, encoding="utf-8") as f:
+        moves = json.load(f)
+    for tmp, final in moves:
+        if os.path.exists(os.path.join(directory, tmp)):
+            os.replace(os.path.join(directory, tmp), os.path.join(directory, final))
+    os.remove(note)
+
+
 def follow_umask(path):
     """Give a local file the mode a file written by open() gets (0666 less the umask)."""
     if not is_remote(path):

@@ -230,6 +230,8 @@ def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release,
     assert "(early stopping: loss has not improved by more than 0.01 in 3 evaluation(s); best " in whole.stderr
     results = (tmp_path / "whole" / "eval_results.txt").read_text()
     assert f"global_step = {best['step']}\n" in results  # the best model was evaluated, and says its step
+    trained = int(whole.stderr.split("trained to step ")[1].split(" ")[0])
+    assert trained > best["step"] and f"{trained} steps (early stopping" in whole.stdout, whole.stdout  # summary
 
     out = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, *args(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

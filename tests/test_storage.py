@@ -11,7 +11,7 @@ from test_pretraining import new_pretrainer, text, text_data  # noqa: F401 (the 
 import bert_mgpu
 from bert_mgpu import checkpoints, storage
 from bert_mgpu.pretraining import Budget
-from bert_mgpu.run_dir import check_same_run
+from bert_mgpu.run_dir import check_output_dir, check_same_run
 
 gfile = tf.io.gfile
 
@@ -112,3 +112,24 @@ def test_json_cut_short_names_the_file_and_line(tmp_path):
     path.write_text('{\n  "kind": "classifier",\n  "labels": ["neg", "po')
     with pytest.raises(bert_mgpu.UserError, match=r"bert_mgpu.json:3: not valid JSON \(Unterminated string"):
         storage.read_json(str(path))
+
+
+def test_a_set_of_result_files_killed_between_renames_is_completed_by_the_next_start(tmp_path, monkeypatch):
+    old = {"test_results.tsv": "old 1\n", "predict.txt": "old 2\n", "predictions.tsv": "old 3\n"}
+    storage.write_set(str(tmp_path), old)
+    replace, moved = os.replace, []
+
+    def killed_after_one_result(src, dst):
+        if os.path.basename(src).startswith(".set-") and moved:
+            raise KeyboardInterrupt  # a kill -9 between two renames
+        replace(src, dst)
+        moved.append(dst) if os.path.basename(src).startswith(".set-") else None
+
+    monkeypatch.setattr(os, "replace", killed_after_one_result)
+    with pytest.raises(KeyboardInterrupt):
+        storage.write_set(str(tmp_path), {name: text.replace("old", "new") for name, text in old.items()})
+    monkeypatch.setattr(os, "replace", replace)
+    assert [(tmp_path / n).read_text()[:3] for n in old] == ["new", "old", "old"]  # mixed, with the note left
+    check_output_dir(str(tmp_path))  # what every script does first
+    assert [(tmp_path / n).read_text() for n in old] == ["new 1\n", "new 2\n", "new 3\n"]
+    assert sorted(os.listdir(tmp_path)) == sorted(old)
