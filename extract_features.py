@@ -31,6 +31,8 @@ flags.DEFINE_enum("pooling", "mean", ["mean", "cls", "pooler"], "--output_npy: m
 flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated.")
 flags.DEFINE_integer("batch_size", 32, "Per tower.")
 define_tower_flags()
+# Features are read as numbers, often compared across runs: float32 unless asked (bf16 keeps ~3 digits).
+flags.FLAGS.set_default("precision", "float32")
 
 
 def read_inputs(path):
@@ -62,6 +64,9 @@ def run():
             raise UserError(f"--{name} is required")
     if not (FLAGS.output_file or FLAGS.output_npy):
         raise UserError("give --output_file (per-token features) or --output_npy (sentence embeddings), or both")
+    for name in ("output_file", "output_npy"):
+        if getattr(FLAGS, name):
+            cli.check_output_file(getattr(FLAGS, name), f"--{name}")
     try:
         layers = [int(n) for n in FLAGS.layers]
     except ValueError:

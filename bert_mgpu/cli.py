@@ -163,6 +163,26 @@ def define_tower_flags():
                          "does the host wait for the GPUs, which otherwise always have the next step queued.")
 
 
+def check_output_file(path, flag):
+    """A file a script will write, checked before any work: not a directory, in a directory that exists
+    and can be written (one line naming `flag` otherwise)."""
+    from bert_mgpu import storage
+    from bert_mgpu.errors import UserError
+
+    if storage.is_remote(path):
+        return path
+    if os.path.isdir(path):
+        raise UserError(f"{flag}={path} is a directory; give a file name in it")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag}={path}: the directory {parent} does not exist")
+    try:
+        storage.remove(storage.write_atomic(os.path.join(parent, f".write-test-{os.getpid()}"), "ok"))
+    except OSError as e:
+        raise UserError(f"{flag}={path}: {parent} is not writable ({e.strerror})") from None
+    return path
+
+
 def check_numbers(at_least=None, positive=(), fraction=()):
     """Numeric flags out of range end in one line before anything is read or written: `at_least` maps a
     flag to its smallest value; `positive` floats must be finite and above 0; `fraction` in [0, 1]. A flag

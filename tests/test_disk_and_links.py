@@ -102,3 +102,12 @@ def test_a_symbolic_link_in_the_output_directory_is_refused_and_its_target_untou
                          "inside its output directory and would write through it: remove the link"), last
     assert (os.listdir(outside) == [] if linked == "export" else outside.read_bytes() == b"someone else's file")
     assert not [n for n in os.listdir(out) if n.startswith("ckpt") and n != linked]
+
+
+def test_extract_features_refuses_an_output_on_a_read_only_disk_before_reading_the_model(google_release, tmp_path):
+    (tmp_path / "in.txt").write_text("hello world\n")
+    with small_disk(tmp_path / "ro", "1m", read_only=True) as ro:
+        proc = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_npy={ro}/e.npy",
+                          f"--init_checkpoint={google_release}", check=False)
+        assert one_line(proc) == f"extract_features.py: error: --output_npy={ro}/e.npy: {ro} is not writable " \
+                                 "(Read-only file system)"

@@ -84,3 +84,13 @@ def test_extract_features_writes_googles_json_lines_and_npy(reference, minilm_di
     two = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'y'}",
                      f"--init_checkpoint={google_release}", "--max_seq_length=32")  # google-bert's default: -1..-4
     assert "layers -1,-2 ->" in two.stdout  # the 2 a 2-layer model has
+    same = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'z'}",
+                      f"--init_checkpoint={google_release}", "--max_seq_length=32", "--precision=float32")
+    assert "layers -1,-2 ->" in same.stdout
+    assert (tmp_path / "y").read_text() == (tmp_path / "z").read_text()  # float32 is the default here
+    for target, says in ((tmp_path, f"--output_npy={tmp_path} is a directory; give a file name in it"),
+                         (tmp_path / "no" / "e.npy", f"--output_npy={tmp_path}/no/e.npy: the directory {tmp_path}/no "
+                                                     "does not exist")):
+        bad = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_npy={target}",
+                         f"--init_checkpoint={google_release}", check=False)
+        assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == f"extract_features.py: error: {says}"
