@@ -18,7 +18,17 @@ def main_wrapper(run):
     def main(argv):
         if len(argv) > 1:
             sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
+        from bert_mgpu import supervise
         from bert_mgpu.errors import RunError, UserError, disk_full
+
+        if os.environ.pop(supervise.CHILD, None) is None:
+            limit = supervise.memory_limit()
+            if limit is not None:  # the parent only waits and, if the child dies of it, says so in one line
+                sys.exit(supervise.run_in_child(os.path.basename(argv[0]), limit))
+        else:
+            import faulthandler
+
+            faulthandler.disable()  # absl's thread dump; the parent says what happened
 
         logging.getLogger("bert_mgpu").setLevel(logging.INFO)
         logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines

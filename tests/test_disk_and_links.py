@@ -71,7 +71,7 @@ def test_disk_full_recognises_python_and_tensorflow_errors_and_nothing_else(tmp_
     assert line.startswith(f"no space left on device writing {tmp_path}/eval_results.txt (")
     (tmp_path / "ckpt-3_temp").mkdir()
     tf_error = tf.errors.ResourceExhaustedError(
-        None, None, f"{{{{function_node SaveV2}}}} {tmp_path}/ckpt-3_temp/part-00000.tempstate1; No space left on device")
+        None, None, f"{{{{node SaveV2}}}} {tmp_path}/ckpt-3_temp/part-00000.tempstate1; No space left on device")
     assert errors.disk_full(tf_error).startswith(f"no space left on device writing {tmp_path}/ckpt-3 (")
     assert not (tmp_path / "ckpt-3_temp").exists()  # TensorFlow's half-written save, removed
     assert errors.disk_full(tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")) is None
