@@ -27,8 +27,10 @@ __all__ = sorted(_HOMES)
 def __getattr__(name):
     if name not in _HOMES:
         raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
-    if _HOMES[name] not in ("errors", "devices", "config"):  # the others load TensorFlow: quietly, as scripts do
-        importlib.import_module("bert_mgpu.quiet").start_tensorflow_quietly()
+    if _HOMES[name] not in ("errors", "config"):  # the others load TensorFlow: quietly, as scripts do
+        quiet = importlib.import_module("bert_mgpu.quiet")
+        quiet.start_tensorflow_quietly()
+        quiet.console_logging()
     value = getattr(importlib.import_module(f"bert_mgpu.{_HOMES[name]}"), name)
     globals()[name] = value
     return value

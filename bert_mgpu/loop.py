@@ -12,6 +12,7 @@ steps and when the loop ends. SIGTERM or Ctrl-C end the loop after the step unde
 
 import logging
 import numbers
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -214,6 +215,8 @@ class Loop:
         trainer.model.stop_training = False
         self.callbacks.on_train_begin()
         self.callbacks.on_epoch_begin(self._epoch)
+        self._bar = _progress_bar(until_step, self.step) if self.verbose else None
+        self._bar_from = self.step
         try:
             self._steps(batches, until_step, skips)
         except guards.worker_errors() as e:
@@ -258,6 +261,9 @@ class Loop:
                     self._read_clock()
                 for hook in self.hooks:
                     hook.after_step(self, record)
+                if self._bar is not None:  # the loss as of the last logging step: no extra read
+                    loss_now = [("loss", self._train_record["loss"])] if record else None
+                    self._bar.update(self.step - self._bar_from, loss_now)
                 if record is not None and not self.epochs_at_evaluation:
                     self.end_epoch({})
                 signalled = preemption.after_step()  # with several workers, it may save here
@@ -268,3 +274,12 @@ class Loop:
                     self.save()
         if outputs is not None and record is None:  # the last steps were not read: check them before saving
             skips.check(trainer.read(outputs)[2], self.step, self.last_checkpoint())
+
+
+def _progress_bar(until_step, step):
+    """Keras' progress bar over this run's steps (a resumed run counts from where it resumed, so the time
+    left is right), where it redraws in place (a terminal, a notebook); a log file gets the logging lines."""
+    interactive = (hasattr(sys.stdout, "isatty") and sys.stdout.isatty()) or "ipykernel" in sys.modules
+    if until_step is None or until_step <= step or not interactive:
+        return None
+    return keras.utils.Progbar(until_step - step, unit_name="step", stateful_metrics=["loss"])

@@ -65,3 +65,16 @@ def hold_back_chatter():
     if not any(isinstance(f, _Chatter) for f in absl_logger.filters):
         absl_logger.addFilter(_Chatter())
 
+
+
+def console_logging():
+    """bert_mgpu's INFO lines (training records, what was loaded) on stderr where nothing configured logging:
+    a notebook or a plain script, as the scripts show them. A program that set up logging keeps its own."""
+    logger = logging.getLogger("bert_mgpu")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # a later logging.basicConfig does not print each line twice

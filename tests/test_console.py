@@ -1,0 +1,62 @@
+"""What a user sees while training: bert_mgpu's lines in a plain Python script (no logging set up), and a
+progress bar over the steps in a terminal, with TensorFlow's start-up lines held back in both."""
+
+import os
+import pty
+import subprocess
+import sys
+
+from conftest import ROOT, run_python, sentiment_rows, write_tsv
+
+FIT = """
+import bert_mgpu
+towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
+clf = bert_mgpu.BertClassifier.from_pretrained({release!r}, labels=["neg", "pos"], towers=towers, max_seq_length=16,
+                                               precision="float32")
+examples = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate({rows!r})]
+clf.fit(examples, {out!r}, epochs=1, log_every=2)
+"""
+
+
+def test_fit_in_a_plain_script_logs_its_steps_without_tensorflows_start_up_lines(google_release, tmp_path):
+    code = FIT.format(release=str(google_release), rows=sentiment_rows(32, seed=1), out=str(tmp_path / "out"))
+    proc = run_python(code, env={"TF_CPP_MIN_LOG_LEVEL": None})
+    lines = proc.stderr.splitlines()
+    steps = [line for line in lines if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 2", "step 4"], proc.stderr
+    assert "loss " in steps[0] and "trained to step 4 (reached 4 steps)" in proc.stderr
+    assert not [line for line in lines if "cpu_feature_guard" in line or "absl::InitializeLog" in line], proc.stderr
+
+
+def test_the_script_draws_a_progress_bar_over_the_steps_in_a_terminal(google_release, tmp_path):
+    write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
+    main, child = pty.openpty()
+    argv = [sys.executable, os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv", f"--data_dir={tmp_path}",
+            f"--init_checkpoint={google_release}", f"--output_dir={tmp_path / 'out'}", "--do_train", "--n_gpus=0",
+            "--train_batch_size=8", "--max_seq_length=16", "--precision=float32", "--num_train_epochs=1"]
+    proc = subprocess.Popen(argv, stdout=child, stderr=subprocess.PIPE, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    os.close(child)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    proc.wait(timeout=300)
+    os.close(main)
+    assert proc.returncode == 0, proc.stderr.read()[-2000:]
+    text = shown.decode()
+    assert "\r" in text and "8/8" in text and "loss:" in text, text  # redrawn in place, to the last step
+
+
+def test_a_log_file_gets_no_progress_bar(google_release, tmp_path):
+    write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv",
+                           f"--data_dir={tmp_path}", f"--init_checkpoint={google_release}",
+                           f"--output_dir={tmp_path / 'out'}", "--do_train", "--n_gpus=0", "--train_batch_size=8",
+                           "--max_seq_length=16", "--precision=float32", "--num_train_epochs=1"],
+                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0 and "8/8" not in proc.stdout and "\r" not in proc.stdout, proc.stdout
