@@ -145,7 +145,7 @@ def write_google_checkpoint(weights, prefix):
 class Pretrained:
     """What --init_checkpoint points to, read into one shape."""
 
-    kind: str  # "google", "huggingface", "keras_hub" or "bert_mgpu"
+    kind: str  # "google", "huggingface", "keras_hub", "bert_mgpu", or "config" (a config alone: no weights)
     path: str
     config: BertConfig
     vocab_file: str
@@ -213,11 +213,12 @@ def _read_newest(prefixes, only):
     raise AssertionError("no prefixes")
 
 
-def load_pretrained(path, bert_config_file=None, vocab_file=None):
+def load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=False):
     """Detect the checkpoint format from what is on disk and read it. UserError when nothing fits, when a
     tensor holds NaN or infinity (a damaged file, a diverged run: found before training, not after), or
-    when a bert_mgpu run directory is given a --bert_config_file or --vocab_file other than its own."""
-    pre = _load_pretrained(path, bert_config_file, vocab_file)
+    when a bert_mgpu run directory is given a --bert_config_file or --vocab_file other than its own.
+    `config_alone`: no `path` but a config and a vocabulary give a Pretrained of kind "config", no weights."""
+    pre = _load_pretrained(path, bert_config_file, vocab_file, config_alone)
     bad = sorted(name for name, value in pre.weights.items()
                  if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all())
     if bad:
@@ -241,10 +242,14 @@ _SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_
                "hidden_act", "max_position_embeddings", "type_vocab_size")
 
 
-def _load_pretrained(path, bert_config_file=None, vocab_file=None):
+def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=False):
+    if not path and config_alone and bert_config_file and vocab_file:  # no weights: the model starts from random ones
+        return Pretrained("config", bert_config_file, BertConfig.from_json_file(bert_config_file),
+                          _need(vocab_file, "vocab.txt"), {})
     if not path:
         raise UserError("--init_checkpoint is required (a Google release, a Hugging Face or keras-hub "
-                        "directory, or a bert_mgpu output directory)")
+                        "directory, or a bert_mgpu output directory)" + (", or --bert_config_file and --vocab_file "
+                        "to start from random weights" if config_alone else ""))
     directory = path if storage.isdir(path) else os.path.dirname(path)
     if not storage.exists(path) and not storage.exists(path + ".index"):
         raise UserError(f"{path}: checkpoint not found")

@@ -124,7 +124,7 @@ class BertClassifier:
         tested against, and slower; the variables and checkpoints are the same.
         """
         towers = towers or Towers()
-        pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
+        pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file, config_alone=True)
         run = pre.run or {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         if task_type not in ("classification", "regression", "multi_label"):
@@ -146,9 +146,14 @@ class BertClassifier:
         log.info("precision: %s (%s)", policy, why)
         with towers.strategy.scope():
             model = build_classifier(config, len(labels) or 1, policy, fused=fused_encoder)
-        unused = checkpoints.assign_encoder(model.backbone, pre.weights, init_checkpoint)
-        log.info("loaded %s checkpoint %s (%d encoder tensors)", pre.kind, init_checkpoint,
-                 len(model.backbone.weights))
+        if pre.kind == "config":
+            unused = []
+            log.warning("no --init_checkpoint: the encoder starts from random weights (%s). Fine-tuning needs a "
+                        "pretrained BERT to learn much; run_pretraining_mgpu.py makes one", pre.path)
+        else:
+            unused = checkpoints.assign_encoder(model.backbone, pre.weights, init_checkpoint)
+            log.info("loaded %s checkpoint %s (%d encoder tensors)", pre.kind, init_checkpoint,
+                     len(model.backbone.weights))
         if unused:
             log.info("not used by a classifier: %s", ", ".join(unused))
         if pre.kind == "bert_mgpu" and run.get("labels") == labels and \

@@ -90,3 +90,19 @@ def test_notebook_fit_refuses_unlabelled_examples_and_a_learning_rate_that_is_no
     with pytest.raises(UserError, match=r"^--learning_rate=nan: must be a finite number above 0"):
         clf.fit(labelled, str(tmp_path / "b"), learning_rate=float("nan"))
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
+
+
+def test_without_init_checkpoint_the_classifier_trains_from_its_config_with_a_warning(data, google_release, tmp_path):
+    out = tmp_path / "out"
+    common = ["run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}", f"--output_dir={out}", "--n_gpus=0",
+              "--max_seq_length=16", "--precision=float32", f"--bert_config_file={google_release}/bert_config.json",
+              f"--vocab_file={google_release}/vocab.txt"]
+    trained = run_script(*common, "--do_train", "--do_eval", "--train_batch_size=8", "--num_train_epochs=1")
+    assert f"no --init_checkpoint: the encoder starts from random weights ({google_release}/bert_config.json)" \
+        in trained.stderr
+    evaluated = run_script(*common, "--do_eval")  # the run directory's own weights, not random ones
+    loss = [line for line in trained.stdout.splitlines() if "eval_loss" in line]
+    assert loss and loss == [line for line in evaluated.stdout.splitlines() if "eval_loss" in line]
+    bare = run_script(*common[:-2], "--do_train", check=False)
+    assert bare.returncode == 1 and "or --bert_config_file and --vocab_file to start from random weights" in \
+        bare.stderr.strip().splitlines()[-1]
