@@ -17,6 +17,7 @@ import re
 
 import tensorflow as tf
 
+from bert_mgpu import storage
 from bert_mgpu.errors import UserError
 
 
@@ -87,6 +88,8 @@ def check_records(input_files, max_seq_length, max_predictions_per_seq):
         raise UserError(f"{files[0]}: not a TFRecord file ({e.message.splitlines()[0]})") from None
     if first is None:
         raise UserError(f"{files[0]}: no records")
+    for path in files:
+        check_framing(path)
     ex = tf.train.Example.FromString(first.numpy()).features.feature
     for name, want in (("input_ids", max_seq_length), ("masked_lm_positions", max_predictions_per_seq)):
         if name not in ex:
@@ -96,6 +99,31 @@ def check_records(input_files, max_seq_length, max_predictions_per_seq):
             flag = "max_seq_length" if name == "input_ids" else "max_predictions_per_seq"
             raise UserError(f"{files[0]}: records have {name} of length {have} but --{flag}={want}")
     return files
+
+
+def check_framing(path):
+    """Walk a local TFRecord file's record lengths to its end: TensorFlow reads a file cut inside its last
+    record's 12-byte header as a clean end, dropping that record without a word. UserError naming the
+    record and byte where the file ends early. (CRCs are left to TensorFlow, which checks them as it reads.)"""
+    import os
+    import struct
+
+    if storage.is_remote(path):
+        return
+    size, offset, n = os.path.getsize(path), 0, 0
+    with open(path, "rb") as f:
+        while offset < size:
+            n += 1
+            if size - offset < 12:
+                raise UserError(f"{path}: record {n} is truncated at byte {size} (inside its header, which starts "
+                                f"at byte {offset}); a file cut short while it was copied? Write or copy it again, "
+                                "or leave it out of --input_file")
+            f.seek(offset)
+            length, = struct.unpack("<Q", f.read(8))
+            offset += 12 + length + 4
+            if offset > size:
+                raise UserError(f"{path}: record {n} is truncated at byte {size}; a file cut short while it was "
+                                "copied? Write or copy it again, or leave it out of --input_file")
 
 
 def damaged_records(input_files, error):

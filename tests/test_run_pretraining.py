@@ -150,17 +150,20 @@ def test_bad_input_is_one_line(pretrained, tmp_path, extra, message):
 
 
 
-def test_a_record_file_cut_short_is_named_with_the_record(pretrained, tmp_path):
+@pytest.mark.parametrize("inside", ["data", "header"])
+def test_a_record_file_cut_short_is_named_with_the_record(pretrained, tmp_path, inside):
     """A TFRecord cut mid-record (a copy that stopped): one line naming the file and the record, not
-    TensorFlow's DataLossError, which names neither."""
+    TensorFlow's DataLossError, which names neither; a cut inside the last record's 12-byte header, which
+    TensorFlow reads as the end of the file, is found by walking the record lengths before training."""
     d, _, args, _ = pretrained
     shards = sorted(f for f in os.listdir(d) if f.startswith("pretrain.tfrecord-"))
     whole = open(os.path.join(d, shards[1]), "rb").read()
     cut = tmp_path / "cut.tfrecord"
-    start = 0  # the middle of a record's data, past the middle of the file (a cut inside a record's 12-byte
-    while start < len(whole) // 2:  # header is the end of the file to TensorFlow, not damage)
+    start = 0  # a record past the middle of the file
+    while start < len(whole) // 2:
         start += 16 + struct.unpack("<Q", whole[start:start + 8])[0]
-    cut.write_bytes(whole[: start + 12 + struct.unpack("<Q", whole[start:start + 8])[0] // 2])
+    length = struct.unpack("<Q", whole[start:start + 8])[0]
+    cut.write_bytes(whole[: start + (12 + length // 2 if inside == "data" else 5)])
     base = [a for a in args if not a.startswith(("--input_file", "--output_dir", "--do_validation", "--do_eval",
                                                  "--validation_steps"))]
     proc = run_script("run_pretraining_mgpu.py", *base, f"--input_file={cut}",
@@ -168,6 +171,8 @@ def test_a_record_file_cut_short_is_named_with_the_record(pretrained, tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     readable = sum(1 for _ in tf.data.TFRecordDataset(str(cut)).apply(tf.data.experimental.ignore_errors()))
     line = proc.stderr.strip().splitlines()[-1]
+    where = f" \\(inside its header, which starts at byte {start}\\)" if inside == "header" else ""
     assert re.fullmatch(re.escape(f"run_pretraining_mgpu.py: error: {cut}: record {readable + 1} is truncated at byte ")
-                        + r"\d+; a file cut short while it was copied\? Write or copy it again, or leave it out of "
-                        r"--input_file", line), line
+                        + r"\d+" + where + r"; a file cut short while it was copied\? Write or copy it again, or leave "
+                        r"it out of --input_file", line), line
+    assert not os.path.exists(tmp_path / "o") or not [n for n in os.listdir(tmp_path / "o") if n.startswith("ckpt")]
