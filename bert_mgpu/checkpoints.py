@@ -179,21 +179,38 @@ def _inside(prefix, directory):
 
 
 def _tf_prefixes(path):
-    """Checkpoint prefixes for `path`, newest first: `path` itself when it is one, else those its directory's
-    `checkpoint` file names (each checked to lie inside it), else a `*.ckpt` in it. Empty when none."""
-    import tensorflow as tf
-
+    """Checkpoint prefixes for `path`, newest first: `path` itself when it is one, else a run directory's
+    (`run_checkpoints`), else a `*.ckpt` in it. Empty when none."""
     if storage.exists(path + ".index"):
         return [path]
     if not storage.isdir(path):
         return []
-    state = tf.train.get_checkpoint_state(path)
+    found, _ = run_checkpoints(path)
+    return found or [p[: -len(".index")] for p in sorted(storage.glob(os.path.join(path, "*.ckpt.index")))]
+
+
+def run_checkpoints(directory):
+    """([prefix], [missing]) of a directory's checkpoints, newest first: those its `checkpoint` file names
+    (each checked to lie inside it) and any `ckpt-N` whose index is there, by step. `missing`: names the
+    file gives with no file of theirs left (a copy that left them out, a hand edit); a checkpoint with some
+    of its files is kept, for restoring to find it damaged and say so."""
+    import re
+
+    import tensorflow as tf
+
+    state = tf.train.get_checkpoint_state(directory)
+    named = []
     if state and state.model_checkpoint_path:
-        named = list(reversed(state.all_model_checkpoint_paths or [])) or [state.model_checkpoint_path]
-        if state.model_checkpoint_path not in named:
-            named.insert(0, state.model_checkpoint_path)
-        return [p for p in (_inside(p, path) for p in named) if storage.exists(p + ".index")]
-    return [p[: -len(".index")] for p in sorted(storage.glob(os.path.join(path, "*.ckpt.index")))]
+        named = [_inside(p, directory) for p in [*state.all_model_checkpoint_paths, state.model_checkpoint_path]]
+    on_disk = [p[: -len(".index")] for p in storage.glob(os.path.join(directory, "ckpt-*.index"))]
+    present = {p for p in named if storage.glob(p + ".*")} | set(on_disk)  # files left: damaged at worst
+    missing = sorted({p for p in named if p not in present})
+
+    def step(prefix):
+        found = re.search(r"-(\d+)$", prefix)
+        return (int(found.group(1)) if found else -1, prefix)
+
+    return sorted(present, key=step, reverse=True), missing
 
 
 def _read_newest(prefixes, only):

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu import storage
-from bert_mgpu.checkpoints import RUN_FILE
+from bert_mgpu.checkpoints import RUN_FILE, run_checkpoints
 from bert_mgpu.errors import RunError, UserError
 
 log = logging.getLogger("bert_mgpu")
@@ -188,6 +188,26 @@ def remove_partial_saves(directory):
         log.info("removed %s, left by a save that was interrupted", path)
 
 
+def repair_checkpoint_state(directory):
+    """A `checkpoint` file naming checkpoints whose files are not there is written again naming those that
+    are (by step), with a warning; TensorFlow would otherwise keep reporting the missing one as newest."""
+    if not storage.isdir(directory):
+        return
+    present, missing = run_checkpoints(directory)
+    if not missing:
+        return
+    names = [os.path.basename(p) for p in reversed(present)]
+    text = "".join([f'model_checkpoint_path: "{names[-1]}"\n'] if names else []) + \
+        "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
+    path = os.path.join(directory, "checkpoint")
+    if names:
+        storage.write_atomic(path, text)
+    else:
+        storage.remove(path)
+    log.warning("%s named %s, whose files are not there; it now names %s", path,
+                ", ".join(os.path.basename(p) for p in missing), ", ".join(names) or "nothing (a new run)")
+
+
 def encoder_setting(fused_encoder):
     """The run setting for --fused_encoder: recorded only when false, so run directories written before
     the flag existed (all fused) still resume, and a fused run is never resumed unfused or back."""
@@ -249,7 +269,7 @@ class Checkpoints:
 
     def restore(self):
         """Restore the newest readable checkpoint; returns its path, or None when there is none."""
-        candidates = list(reversed(self.manager.checkpoints)) or [p for p in [self.latest] if p]
+        candidates, _ = run_checkpoints(self.directory) if storage.isdir(self.directory) else ([], [])
         for path in candidates:
             try:
                 self.ckpt.restore(path).assert_existing_objects_matched()
@@ -266,7 +286,7 @@ class Checkpoints:
             return path
         if candidates:
             raise RunError(f"{self.directory}: no readable checkpoint ({', '.join(candidates)} damaged); "
-                           "move them away to start over")
+                           "move them away, or pass --overwrite_output_dir, to start over")
         return None
 
     def non_finite(self):
@@ -313,7 +333,7 @@ class Run:
                  write_files: Callable[[str, int], object] = lambda directory, step: None, overwrite: bool = False,
                  chief: bool = True):
         self.directory, self.settings, self.write_files, self.chief = directory, settings, write_files, chief
-        self._locked = False
+        self._locked, self.overwrite = False, overwrite
         if chief:
             check_output_dir(directory)
             self._locked = lock_output_dir(directory)  # a script may hold it already, for all it writes
@@ -324,12 +344,23 @@ class Run:
     def restore(self, ckpt: tf.train.Checkpoint, weights) -> str | None:
         """Track `ckpt` (weights: the ones checked for NaN before saving); restore the newest readable
         checkpoint. Returns its path, or None for a new run."""
-        self.checkpoints = Checkpoints(ckpt, self.directory, weights)
         if self.chief:
             remove_partial_saves(self.directory)
+            repair_checkpoint_state(self.directory)
+        self.checkpoints = Checkpoints(ckpt, self.directory, weights)
         if self.fresh and not self.chief:  # the chief is removing the earlier run's checkpoints
             return None
-        path = self.checkpoints.restore()
+        try:
+            path = self.checkpoints.restore()
+        except RunError:
+            if not (self.overwrite and self.chief):
+                raise
+            for old in _checkpoint_files(self.directory):
+                storage.remove(old)
+            log.warning("--overwrite_output_dir: no checkpoint in %s was readable; removed them, starting over",
+                        self.directory)
+            self.checkpoints = Checkpoints(ckpt, self.directory, weights)
+            path = None
         if not self.chief:
             self._scratch = tempfile.mkdtemp(prefix="bert_mgpu_worker_")
             self.checkpoints = Checkpoints(ckpt, self._scratch, weights, max_to_keep=1)

@@ -151,3 +151,27 @@ def test_a_second_run_on_a_directory_in_use_is_refused_at_once_and_a_killed_hold
     run.close()
     assert run_dir.lock_output_dir(str(out)) is True  # released by close
     run_dir.unlock_output_dir(str(out))
+
+
+def test_a_checkpoint_file_naming_a_missing_checkpoint_is_repaired_and_the_newest_on_disk_resumed(tmp_path, caplog):
+    saved_steps(tmp_path, [(4, 4.0), (8, 8.0)])
+    state = tmp_path / "checkpoint"
+    state.write_text(state.read_text().replace("ckpt-8", "ckpt-99"))  # a hand edit, or a copy without ckpt-99
+    v = tf.Variable(0.0, name="w")
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        restored = run_dir.Run(str(tmp_path), {}).restore(tf.train.Checkpoint(v=v), [v])
+    assert restored.endswith("ckpt-8") and float(v.numpy()) == 8.0
+    assert f"{state} named ckpt-99, whose files are not there; it now names ckpt-4, ckpt-8" in caplog.text
+    assert "damaged" not in caplog.text
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-8")
+
+
+def test_overwrite_starts_over_where_no_checkpoint_is_readable(tmp_path, caplog):
+    saved_steps(tmp_path, [(1, 1.0)])
+    os.remove(tmp_path / "ckpt-1.index")  # its data file is left: damaged, not missing
+    v = tf.Variable(0.0, name="w")
+    with pytest.raises(RunError, match="move them away, or pass --overwrite_output_dir, to start over"):
+        run_dir.Run(str(tmp_path), {}).restore(tf.train.Checkpoint(v=v), [v])
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        assert run_dir.Run(str(tmp_path), {}, overwrite=True).restore(tf.train.Checkpoint(v=v), [v]) is None
+    assert "no checkpoint in" in caplog.text and not [n for n in os.listdir(tmp_path) if n.startswith("ckpt")]
