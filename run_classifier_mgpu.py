@@ -97,7 +97,8 @@ def run():
     cli.check_numbers(
         at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
                   "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
-                  "eval_every_steps": 1, "early_stopping_patience": 1, "max_consecutive_skips": 0, "seed": 0},
+                  "eval_every_steps": 1, "early_stopping_patience": 1, "max_consecutive_skips": 0, "seed": 0,
+                  "save_total_limit": 1},
         positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion", "threshold"))
     plan = cli.plan_from_flags(FLAGS.train_batch_size)
     if FLAGS.dry_run:
@@ -167,6 +168,7 @@ def run():
         clf.fit(train, FLAGS.output_dir, epochs=FLAGS.num_train_epochs, learning_rate=FLAGS.learning_rate,
                 warmup_proportion=FLAGS.warmup_proportion, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
                 seed=FLAGS.seed, use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
+                save_total_limit=FLAGS.save_total_limit,
                 overwrite=FLAGS.overwrite_output_dir, settings=settings, log_every=FLAGS.log_every_steps,
                 gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, dev=dev,
                 evaluation_strategy=FLAGS.evaluation_strategy, eval_every_steps=FLAGS.eval_every_steps,

@@ -135,7 +135,7 @@ def run():
         at_least={"max_seq_length": 3, "max_predictions_per_seq": 1, "train_batch_size": 1, "eval_batch_size": 1,
                   "num_train_steps": 1, "num_warmup_steps": 0, "save_checkpoints_steps": 1, "max_eval_steps": 1,
                   "train_micro_batch_size_per_gpu": 1, "validation_steps": 1, "log_every_steps": 1,
-                  "max_consecutive_skips": 0, "seed": 0},
+                  "max_consecutive_skips": 0, "seed": 0, "save_total_limit": 1},
         positive=("learning_rate", "total_training_time", "early_exit_time_marker", "validation_epochs",
                   "validation_epochs_begin", "validation_epochs_end", "adam_eps", "max_grad_norm"),
         fraction=("masked_lm_prob", "warmup_proportion", "adam_beta1", "adam_beta2", "validation_begin_proportion",
@@ -214,6 +214,7 @@ def run():
                 clipnorm=FLAGS.max_grad_norm, validation=validation,
                 save_checkpoints_steps=FLAGS.save_checkpoints_steps, log_every=FLAGS.log_every_steps,
                 use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
+                save_total_limit=FLAGS.save_total_limit,
                 overwrite=FLAGS.overwrite_output_dir, settings=settings)
         step = int(pre.trainer.step.numpy())
         print(f"pretraining stopped at step {step}: {pre.stop}")

@@ -186,7 +186,7 @@ class BertClassifier:
             evaluation_strategy: str = "no", eval_every_steps: int | None = None, eval_batch_size: int = 8,
             metric_for_best_model: str | None = None, greater_is_better: bool | None = None,
             load_best_model_at_end: bool = False, early_stopping_patience: int | None = None,
-            early_stopping_threshold: float = 0.0) -> dict:
+            early_stopping_threshold: float = 0.0, save_total_limit: int = 2) -> dict:
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
         The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
@@ -252,7 +252,8 @@ class BertClassifier:
                 known = ", ".join(k[len("eval_"):] for k in sorted(names) if k.startswith("eval_")
                                   and not k.startswith("eval_report_") and k != "eval_examples")
                 raise UserError(f"--metric_for_best_model={metric_for_best_model}: the evaluation gives {known}")
-        run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief)
+        run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief,
+                          keep=save_total_limit)
         warmup = int(num_steps * warmup_proportion)
         strategy = self.towers.strategy
         with strategy.scope():

@@ -55,6 +55,8 @@ def define_reliability_flags(auto_batch_help):
                       "uninterrupted one (same seed, same devices, a step budget).")
     flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
                          "gradients (0: never).")
+    flags.DEFINE_integer("save_total_limit", 2, "Checkpoints kept in --output_dir: the newest, and the ones "
+                         "before it to resume from if it is damaged (best/ is kept besides).")
     flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other "
                       "flags (its checkpoints are removed).")
     flags.DEFINE_bool("auto_batch_size", False, auto_batch_help + " (98% of GPU memory, or --memory_limit_mb).")

@@ -247,7 +247,7 @@ class BertPretrainer:
             validation: Validation | None = None, save_checkpoints_steps: int = 1000, log_every: int = 50,
             use_xla: bool = False, clock: Callable[[], float] | None = None, verbose: bool = True,
             steps: int | None = None, max_consecutive_skips: int = 10, overwrite: bool = False,
-            settings: dict | None = None, callbacks: Sequence | None = None) -> dict:
+            settings: dict | None = None, callbacks: Sequence | None = None, save_total_limit: int = 2) -> dict:
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
 
         `train_batch_size` is the global batch, reached with the towers' micro-batch and gradient
@@ -275,7 +275,7 @@ class BertPretrainer:
                          **run_dir.vocab_setting(self.tokenizer.vocab_file), **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
         run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data), overwrite,
-                          chief=self.towers.is_chief)
+                          chief=self.towers.is_chief, keep=save_total_limit)
         strategy = self.towers.strategy
         with strategy.scope():
             progress = tf.Variable(0.0, trainable=False, name="progress")

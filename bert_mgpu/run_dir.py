@@ -249,7 +249,7 @@ def is_whole_model_dir(directory):
 class Checkpoints:
     """tf.train.CheckpointManager for a run directory, with fallback, a finite check and path checks."""
 
-    def __init__(self, ckpt, directory, weights, max_to_keep=3):
+    def __init__(self, ckpt, directory, weights, max_to_keep=2):
         self.directory, self.weights = directory, list(weights)
         self.ckpt = ckpt
         self.manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=max_to_keep)
@@ -321,6 +321,7 @@ class Run:
         write_files: `write_files(directory, step)`, called after each checkpoint.
         overwrite: start over in a directory holding a run with other settings (its checkpoints go).
         chief: whether this process writes the run's files (always, on one machine).
+        keep: checkpoints kept (--save_total_limit): the newest and those to fall back to if it is damaged.
 
     Example:
         run = Run("out", {"learning_rate": 5e-5}, write_files=lambda d, step: None)
@@ -331,9 +332,9 @@ class Run:
 
     def __init__(self, directory: str, settings: dict,
                  write_files: Callable[[str, int], object] = lambda directory, step: None, overwrite: bool = False,
-                 chief: bool = True):
+                 chief: bool = True, keep: int = 2):
         self.directory, self.settings, self.write_files, self.chief = directory, settings, write_files, chief
-        self._locked, self.overwrite = False, overwrite
+        self._locked, self.overwrite, self.keep = False, overwrite, max(1, int(keep))
         if chief:
             check_output_dir(directory)
             self._locked = lock_output_dir(directory)  # a script may hold it already, for all it writes
@@ -347,7 +348,7 @@ class Run:
         if self.chief:
             remove_partial_saves(self.directory)
             repair_checkpoint_state(self.directory)
-        self.checkpoints = Checkpoints(ckpt, self.directory, weights)
+        self.checkpoints = Checkpoints(ckpt, self.directory, weights, max_to_keep=self.keep)
         if self.fresh and not self.chief:  # the chief is removing the earlier run's checkpoints
             return None
         try:
@@ -359,7 +360,7 @@ class Run:
                 storage.remove(old)
             log.warning("--overwrite_output_dir: no checkpoint in %s was readable; removed them, starting over",
                         self.directory)
-            self.checkpoints = Checkpoints(ckpt, self.directory, weights)
+            self.checkpoints = Checkpoints(ckpt, self.directory, weights, max_to_keep=self.keep)
             path = None
         if not self.chief:
             self._scratch = tempfile.mkdtemp(prefix="bert_mgpu_worker_")

@@ -175,3 +175,15 @@ def test_overwrite_starts_over_where_no_checkpoint_is_readable(tmp_path, caplog)
     with caplog.at_level(logging.WARNING, "bert_mgpu"):
         assert run_dir.Run(str(tmp_path), {}, overwrite=True).restore(tf.train.Checkpoint(v=v), [v]) is None
     assert "no checkpoint in" in caplog.text and not [n for n in os.listdir(tmp_path) if n.startswith("ckpt")]
+
+
+@pytest.mark.parametrize("keep", [1, 2, 3])
+def test_a_run_keeps_save_total_limit_checkpoints(tmp_path, keep):
+    v = tf.Variable(0.0, name="w")
+    run = run_dir.Run(str(tmp_path), {}, keep=keep)
+    run.restore(tf.train.Checkpoint(v=v), [v])
+    for step in range(1, 6):
+        run.save(step)
+    run.close()
+    kept = sorted(int(n[len("ckpt-"):-len(".index")]) for n in os.listdir(tmp_path) if n.endswith(".index"))
+    assert kept == list(range(6 - keep, 6))
