@@ -196,7 +196,8 @@ def run():
         budget = Budget(
             num_train_steps=FLAGS.num_train_steps, total_training_time=FLAGS.total_training_time,
             lr_schedule=FLAGS.lr_schedule, curve=FLAGS.curve, decay_power=FLAGS.decay_power,
-            warmup_proportion=warmup, early_exit_time_marker=FLAGS.early_exit_time_marker,
+            warmup_proportion=warmup, num_warmup_steps=FLAGS.num_warmup_steps if FLAGS.num_train_steps else None,
+            early_exit_time_marker=FLAGS.early_exit_time_marker,
             finetune_time_markers=tuple(float(m) for m in FLAGS.finetune_time_markers),
             early_stop_time=FLAGS.early_stop_time, early_stop_eval_loss=FLAGS.early_stop_eval_loss)
         validation = Validation(

@@ -177,13 +177,14 @@ def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, c
     return finite
 
 
-def create_optimizer(learning_rate: float, num_train_steps: int | None = None, num_warmup_steps: int = 0,
+def create_optimizer(learning_rate: float | None = None, num_train_steps: int | None = None, num_warmup_steps: int = 0,
                      weight_decay: float = 0.01, float16: bool = False, optimizer: str = "adamw", beta_1: float = 0.9,
                      beta_2: float = 0.999, epsilon: float = 1e-6, schedule=None, clipnorm: float | None = 1.0,
                      initial_scale: float | None = None) -> TowerOptimizer:
     """google-bert's optimizer (or LAMB) as a `TowerOptimizer`.
 
-    `schedule` overrides the step-based warmup + linear decay (e.g. a TimeBasedDecay). Every precision
+    `schedule` replaces the step-based warmup + linear decay (e.g. a TimeBasedDecay) and carries its own
+    learning rate: give `learning_rate` and the steps, or `schedule`, not both. Every precision
     gets loss scaling, because it is also what skips a step whose gradients are not finite: under
     mixed_float16 the scale is dynamic (starting at 2**15, or `initial_scale`); otherwise it stays 1.
 
@@ -193,7 +194,12 @@ def create_optimizer(learning_rate: float, num_train_steps: int | None = None, n
     """
     if optimizer not in OPTIMIZERS:
         raise UserError(f"--optimizer={optimizer!r}: expected one of {', '.join(OPTIMIZERS)}")
+    if schedule is not None and learning_rate is not None:
+        raise ValueError("create_optimizer: give learning_rate or schedule, not both (a schedule carries its own "
+                         "learning rate)")
     if schedule is None:
+        if learning_rate is None:
+            raise ValueError("create_optimizer: give learning_rate (or a schedule)")
         schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
     inner = OPTIMIZERS[optimizer](learning_rate=schedule, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
                                   epsilon=epsilon)

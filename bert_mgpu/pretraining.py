@@ -47,10 +47,17 @@ class Budget:
     curve: str = "linear"  # time schedule: linear or exp
     decay_power: float = 1.0  # step schedule: 1 = linear
     warmup_proportion: float = 0.01  # share of the steps, or of the time budget
+    num_warmup_steps: int = None  # step schedule: warmup steps as given (else warmup_proportion of the steps)
     early_exit_time_marker: float = None  # hours: stop here even if the schedule runs longer
     finetune_time_markers: tuple = ()  # shares of the budget at which to write fine-tune checkpoints
     early_stop_time: float = None  # minutes after which ...
     early_stop_eval_loss: float = None  # ... a validation loss above this stops the run
+
+    def warmup_steps(self):
+        """The step schedule's warmup: num_warmup_steps as given, else google-bert's int(steps x proportion)."""
+        if self.num_warmup_steps is not None:
+            return int(self.num_warmup_steps)
+        return int(self.num_train_steps * self.warmup_proportion)
 
     def check(self):
         if not self.num_train_steps and not self.total_training_time:
@@ -267,7 +274,9 @@ class BertPretrainer:
         if self.model.nsp_head is not None and not data.has_nsp:
             raise UserError("next-sentence prediction needs TFRecords from create_pretraining_data; "
                             "raw text input trains masked LM only (--nsp=false)")
-        self.settings = {"budget": dataclasses.asdict(budget), "global_batch": global_batch,
+        self.settings = {"budget": {k: v for k, v in dataclasses.asdict(budget).items() if k != "num_warmup_steps"},
+                         **({"num_warmup_steps": budget.num_warmup_steps} if budget.num_warmup_steps is not None
+                            else {}), "global_batch": global_batch,
                          "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
                          "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
                          "clipnorm": clipnorm, "precision": self.policy,
@@ -281,10 +290,9 @@ class BertPretrainer:
             progress = tf.Variable(0.0, trainable=False, name="progress")
             schedule = (schedules.TimeBasedDecay(learning_rate, budget.warmup_proportion, budget.curve, progress)
                         if budget.lr_schedule == "time" else schedules.WarmupLinearDecay(
-                            learning_rate, budget.num_train_steps,
-                            int(budget.num_train_steps * budget.warmup_proportion), budget.decay_power))
+                            learning_rate, budget.num_train_steps, budget.warmup_steps(), budget.decay_power))
             opt = optimization.create_optimizer(
-                learning_rate, schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
+                schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
                 optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm)
             elapsed_var = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
         trainer = Trainer(strategy, self.model, opt, use_xla, pretraining_model.pretraining_loss, accum)

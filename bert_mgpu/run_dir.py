@@ -158,7 +158,7 @@ def check_same_run(directory, settings, overwrite=False, remove=True):
     return True
 
 
-LATER_SETTINGS = {"vocab_sha256"}
+LATER_SETTINGS = {"vocab_sha256", "num_warmup_steps"}
 
 
 def vocab_setting(vocab_file):

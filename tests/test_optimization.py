@@ -139,3 +139,25 @@ def test_each_step_is_one_xla_program_per_tower_traced_once(name):
     traces = program.experimental_get_tracing_count()
     _steps(_wrapped(name), towers=2, steps=2)  # new variables, optimizer and step function
     assert program.experimental_get_tracing_count() == traces
+
+
+def test_a_schedule_and_a_learning_rate_together_are_refused():
+    """The schedule carries its own learning rate: one given beside it used to be ignored without a word."""
+    schedule = optimization.WarmupLinearDecay(1e-3, 10, 0)
+    with pytest.raises(ValueError, match="give learning_rate or schedule, not both"):
+        optimization.create_optimizer(5e-5, schedule=schedule)
+    with pytest.raises(ValueError, match="give learning_rate"):
+        optimization.create_optimizer()
+    assert float(optimization.create_optimizer(schedule=schedule).inner_optimizer.learning_rate) == pytest.approx(1e-3)
+
+
+def test_warmup_steps_travel_as_steps():
+    """--num_warmup_steps=13 --num_train_steps=23: a proportion 13/23 turned back into steps gives 12."""
+    from bert_mgpu.pretraining import Budget
+
+    assert int(23 * (13 / 23)) == 12  # the round trip the script used to make
+    budget = Budget(num_train_steps=23, warmup_proportion=13 / 23, num_warmup_steps=13)
+    assert budget.warmup_steps() == 13
+    schedule = optimization.WarmupLinearDecay(1.0, 23, budget.warmup_steps())
+    assert float(schedule(12)) == pytest.approx(12 / 13) and float(schedule(13)) == pytest.approx(1 - 13 / 23)
+    assert Budget(num_train_steps=200, warmup_proportion=0.1).warmup_steps() == 20  # google-bert's int(n * p)
