@@ -114,7 +114,7 @@ zh-demo: $(ZH)/train.tsv
 	$(PY) data/prepare_fortunes_zh.py --report $(ZH) $(ZH_OUT)/classifier/eval_results.txt
 
 # Two worker processes, a test file each at a time: most of the suite is start-up, tracing and compiling, which
-# one core does; the other keeps busy (clean-clone CI: 8 min 32 s instead of 19 min 40 s one file after another).
+# one core does; the other keeps busy (benchmarks/NOTES.md has the suite's time per run and per file).
 test: assets
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 

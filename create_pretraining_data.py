@@ -1,6 +1,6 @@
-"""google-research/bert's create_pretraining_records.py: raw text -> pretraining TFRecords (same flags).
+"""google-research/bert's create_pretraining_data.py: raw text -> pretraining TFRecords (same flags).
 
-    python create_pretraining_records.py --input_file=corpus/*.txt --output_file=data/pretrain.tfrecord \
+    python create_pretraining_data.py --input_file=corpus/*.txt --output_file=data/pretrain.tfrecord \
         --vocab_file=vocab.txt --do_lower_case=true --max_seq_length=128 --max_predictions_per_seq=20 \
         --masked_lm_prob=0.15 --random_seed=12345 --dupe_factor=5 --num_output_shards=4
 

@@ -50,7 +50,7 @@ class _Read(keras.layers.Layer):
         return tf.reduce_sum(last * m, 1) / tf.maximum(tf.reduce_sum(m, 1), 1e-9)
 
 
-def reader(backbone, pooling="mean", layers=(-1,), width=None):
+def pooling_model(backbone, pooling="mean", layers=(-1,), width=None):
     """A Keras model over `backbone`'s variables: model inputs -> pooled [batch, hidden], or with
     pooling="layers" the `layers` (google-bert's numbering: -1 is the last) [batch, len(layers), width, hidden]."""
     if pooling not in (*POOLINGS, "layers"):
@@ -109,12 +109,12 @@ class Encoder:
 
     def embed(self, texts, pooling="mean", batch_size=32):
         """float32 [N, hidden], one row per text (or (text_a, text_b) pair) in input order."""
-        return self._run(reader(self.backbone, pooling), texts, batch_size)
+        return self._run(pooling_model(self.backbone, pooling), texts, batch_size)
 
     def features(self, texts, layers=(-1, -2, -3, -4), batch_size=32):
         """[(tokens, values [len(layers), tokens, hidden])] per text, in input order: each layer's state of
         every WordPiece token, [CLS] and [SEP] included, as google-bert's extract_features.py."""
-        model = reader(self.backbone, "layers", tuple(layers), self.max_seq_length)
+        model = pooling_model(self.backbone, "layers", tuple(layers), self.max_seq_length)
         examples = as_examples(texts)
         out = []
         for start in range(0, len(examples), 1024):  # [N, layers, width, hidden] floats: a bounded chunk at a time

@@ -60,7 +60,7 @@ ALIASES = {"sst2": "sst-2", "sst": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mn
            "mnli_mismatched": "mnli-mm", "diagnostic": "ax"}
 
 
-def reader(name):
+def glue_task(name):
     """The `ColumnTask` reading GLUE task `name`'s files, or None if it is not a GLUE task."""
     from bert_mgpu.tasks import ColumnTask
 

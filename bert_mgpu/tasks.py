@@ -390,7 +390,7 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
           tfds_splits):
     from bert_mgpu import glue
 
-    task = glue.reader(name)
+    task = glue.glue_task(name)
     if task is not None:
         return task
     if name == "xnli":

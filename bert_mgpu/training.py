@@ -1,4 +1,4 @@
-"""Training step and loop, evaluation and prediction, on whatever tf.distribute strategy it is given.
+"""The training step (and evaluation and prediction steps), on whatever tf.distribute strategy it is given.
 
 One step: every tower computes its loss and gradients on its slice of the global batch (in `accum_steps`
 micro-batches run one after another when memory is short), the gradients are averaged over towers
