@@ -188,7 +188,7 @@ def run():
             raise UserError("validation needs --validation_input_file or at least two --input_file shards "
                             "(the last one is held out)")
         files, held_out = files[:-1], files[-1:]
-    step = 0
+    step = pre.global_step  # evaluating a run directory: its checkpoint's step
     if FLAGS.do_train:
         warmup = FLAGS.warmup_proportion
         if FLAGS.num_warmup_steps is not None and FLAGS.num_train_steps:

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -208,6 +209,7 @@ class BertPretrainer:
         self.history = []  # one dict per logged step and per validation, for notebooks and tests
         self.stop = None  # why the last fit stopped
         self.settings = None  # what the last fit was run with (compared when an output_dir is reused)
+        self.global_step = 0  # the step of the model: of the bert_mgpu checkpoint read, then of the last fit
 
     @classmethod
     def _build(cls, config, tokenizer, towers, precision, nsp, fused_encoder):
@@ -245,6 +247,9 @@ class BertPretrainer:
                  ", ".join(sorted(set(pretraining_model.head_variables(self.model)) - set(fresh))) or "none")
         if fresh:
             log.warning("not in %s, initialized fresh: %s", init_checkpoint, ", ".join(fresh))
+        used = re.search(r"ckpt-(\d+)$", str(pre.ckpt_prefix or ""))  # the one read (older if the newest is damaged)
+        if pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == "pretraining" and used:
+            self.global_step = int(used.group(1))
         return self
 
     # ------------------------------------------------------------------ training
@@ -340,7 +345,7 @@ class BertPretrainer:
                 loop.run(dataset, worker_part=workers > 1)
         finally:
             run.close()
-        self.stop, self.trainer = loop.stop, trainer
+        self.stop, self.trainer, self.global_step = loop.stop, trainer, loop.step
         self.history.extend(loop.history)
         log.info("stopped at step %d: %s", loop.step, self.stop)
         return loop.history[-1] if loop.history else {}
