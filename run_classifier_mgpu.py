@@ -89,7 +89,7 @@ flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 
 
 def run():
     import bert_mgpu
-    from bert_mgpu import cli, outputs, precision, run_dir
+    from bert_mgpu import cli, outputs, precision, run_dir, storage
 
     started = time.monotonic()
     if FLAGS.use_tpu:
@@ -137,9 +137,9 @@ def run():
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
         tfds_data_dir=FLAGS.tfds_data_dir, xnli_language=FLAGS.xnli_language, tfds_splits=tuple(FLAGS.tfds_splits),
         invalid_utf8=FLAGS.invalid_utf8, task_type=FLAGS.task_type, label_separator=FLAGS.label_separator)
-    from bert_mgpu import metrics
+    from bert_mgpu.objectives import objective
 
-    metrics.check_names(FLAGS.metrics, task.task_type == "regression", task.task_type == "multi_label")
+    objective(task.task_type).check_metrics(FLAGS.metrics)
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
@@ -157,7 +157,7 @@ def run():
                                       else task.task_type))
     clf.metrics = FLAGS.metrics or []
     for name in ("label_separator", "threshold"):  # given ones win over what a run directory recorded
-        if FLAGS[name].present or not clf.multi_label:
+        if FLAGS[name].present:
             setattr(clf, name, getattr(FLAGS, name))
     if FLAGS.do_train:
         if FLAGS.auto_batch_size:
@@ -193,13 +193,8 @@ def run():
         predicted = clf.predict(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
             guids = [e.guid for e in test]
-            if clf.regression:
-                paths = outputs.write_scores(FLAGS.output_dir, predicted, guids)
-            elif clf.multi_label:
-                paths = outputs.write_label_sets(FLAGS.output_dir, predicted, clf.labels, guids, clf.threshold,
-                                                 clf.label_separator)
-            else:
-                paths = outputs.write_predictions(FLAGS.output_dir, predicted, clf.labels, guids, FLAGS.predict_format)
+            files = clf.objective.prediction_files(predicted, clf.labels, guids, clf.threshold, FLAGS.predict_format)
+            paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:
         cli.run_exports(clf, exports, [e.text_a for e in (dev or test or [])[:64]])

@@ -19,6 +19,7 @@ import numpy as np
 from bert_mgpu import storage
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
+from bert_mgpu.objectives import KINDS
 from bert_mgpu.weight_names import (
     HEAD_PREFIXES,
     KERAS_LAYOUT_HEADS,
@@ -332,16 +333,15 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
 def _head_facts(config):
     """The classifier head's labels and task type from a config's Hugging Face keys (`id2label`,
     `problem_type`), which bert_mgpu's Google exports write too; None where it has none."""
+    kind = next((k for k in KINDS.values() if k.problem_type == config.get("problem_type")), None)
     id2label = config.get("id2label")
-    regression = config.get("problem_type") == "regression"
     labels = None
-    if isinstance(id2label, dict) and not regression:
+    if isinstance(id2label, dict) and (kind is None or kind.has_classes):
         try:
             labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
         except ValueError:
             labels = None
-    multi = config.get("problem_type") == "multi_label_classification"
-    return {"labels": labels, "task_type": "regression" if regression else "multi_label" if multi else None}
+    return {"labels": labels, "task_type": kind.name if kind else None}
 
 
 def _load_keras_hub(path):

@@ -23,17 +23,17 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu import checkpoints, distribute, memory, optimization, run_dir
-from bert_mgpu import metrics as metrics_module
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.input_pipeline import make_dataset
 from bert_mgpu.loop import Loop
 from bert_mgpu.modeling import build_classifier
+from bert_mgpu.objectives import objective
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.tasks import Example, as_examples
 from bert_mgpu.tokenization import FullTokenizer
-from bert_mgpu.training import Trainer, classification_loss, multi_label_loss, regression_loss
+from bert_mgpu.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
 
@@ -86,9 +86,9 @@ class BertClassifier:
                  fused_encoder=True, task_type="classification"):
         self.model, self.tokenizer, self.labels, self.config = model, tokenizer, list(labels), config
         self.towers, self.policy, self.max_seq_length, self.task = towers, policy, max_seq_length, task
-        self.fused_encoder, self.task_type = fused_encoder, task_type
+        self.fused_encoder, self.objective = fused_encoder, objective(task_type)  # the head kind: objectives.py
         self.pairs = task in PAIR_TASKS  # whether it reads sentence pairs: what its training data had
-        self.label_separator, self.threshold = ",", 0.5  # multi_label: labels' separator, the decision threshold
+        self.threshold = 0.5  # multi_label: the decision threshold
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.trained_steps = 0
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
@@ -98,17 +98,22 @@ class BertClassifier:
         self._predictor = Trainer(towers.strategy, model)
 
     @property
-    def regression(self):
-        return self.task_type == "regression"
+    def task_type(self):
+        """classification, regression or multi_label: the name of `self.objective`."""
+        return self.objective.name
 
     @property
-    def multi_label(self):
-        """The label separator of a multi-label classifier (sigmoid outputs), else None."""
-        return self.label_separator if self.task_type == "multi_label" else None
+    def label_separator(self):
+        """multi_label: what separates an example's labels."""
+        return self.objective.separator
+
+    @label_separator.setter
+    def label_separator(self, separator):
+        self.objective.separator = separator
 
     def _data(self, examples, batch_size, **kwargs):
         return make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, batch_size,
-                            regression=self.regression, multi_label=self.multi_label, **kwargs)
+                            encode_labels=self.objective.encode, **kwargs)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, labels: Sequence[str] | None = None, towers: Towers | None = None,
@@ -127,10 +132,9 @@ class BertClassifier:
         pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file, config_alone=True)
         run = pre.run or {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
-        if task_type not in ("classification", "regression", "multi_label"):
-            raise UserError(f"--task_type={task_type}: expected classification, regression or multi_label")
-        labels = [] if task_type == "regression" else list(labels or run.get("labels") or pre.labels or [])
-        if not labels and task_type != "regression":
+        kind = objective(task_type)
+        labels = list(labels or run.get("labels") or pre.labels or []) if kind.has_classes else []
+        if not labels and kind.has_classes:
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
         if do_lower_case is None:
             do_lower_case = pre.lower_case()
@@ -145,7 +149,7 @@ class BertClassifier:
         policy, why = resolve_precision(precision, towers.plan)
         log.info("precision: %s (%s)", policy, why)
         with towers.strategy.scope():
-            model = build_classifier(config, len(labels) or 1, policy, fused=fused_encoder)
+            model = build_classifier(config, kind.width(labels), policy, fused=fused_encoder)
         if pre.kind == "config":
             unused = []
             log.warning("no --init_checkpoint: the encoder starts from random weights (%s). Fine-tuning needs a "
@@ -259,9 +263,7 @@ class BertClassifier:
         with strategy.scope():
             optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
                                                       float16=self.policy == "mixed_float16")
-        trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum,
-                          loss_fn={"regression": regression_loss, "multi_label": multi_label_loss}.get(
-                              self.task_type, classification_loss))
+        trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum, loss_fn=self.objective.loss)
         restored = run.restore(checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
                                                                rng=run_dir.rng_states(self.model)),
                                self.model.weights)
@@ -330,12 +332,8 @@ class BertClassifier:
     @property
     def main_metric(self):
         """The task's metric for the best model: F1 for MRPC, MCC for CoLA, Pearson for a regression,
-        accuracy otherwise."""
-        if self.regression:
-            return "eval_pearson"
-        if self.multi_label:
-            return "eval_f1_micro"
-        return metrics_module.TASK_METRICS.get(self.task, ("eval_accuracy",))[0]
+        micro F1 for multi-label, accuracy otherwise (the objective's)."""
+        return self.objective.main_metric(self.task)
 
     def _save_model_dir(self, directory, step):
         """A loadable model directory of the weights as they are (`best/`): encoder, head, run files."""
@@ -363,7 +361,8 @@ class BertClassifier:
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
         run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels, "pairs": self.pairs,
-               **({"label_separator": self.label_separator, "threshold": self.threshold} if self.multi_label else {}),
+               **({"label_separator": self.label_separator, "threshold": self.threshold}
+                  if self.objective.empty_label_allowed() else {}),
                "do_lower_case": self.tokenizer.do_lower_case,
                "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
                "settings": self.settings}
@@ -401,9 +400,7 @@ class BertClassifier:
         """
         examples = as_examples(examples)
         logits, _ = self._logits(examples, batch_size, "predict", verbose)
-        if self.multi_label:
-            return tf.sigmoid(logits).numpy()
-        return logits[:, 0] if self.regression else tf.nn.softmax(logits).numpy()
+        return self.objective.predict(logits)
 
     def embed(self, texts, pooling: str = "mean", batch_size: int = 32) -> np.ndarray:
         """Sentence embeddings [N, hidden] from this model's encoder (see `embeddings.Encoder.embed`)."""
@@ -418,11 +415,11 @@ class BertClassifier:
         `eval_<name>`; examples as `predict` takes them, with labels. Sets `self.confusion` and the
         per-class `self.report`."""
         names = list(self.metrics if metrics is None else metrics)
-        metrics_module.check_names(names, self.regression, bool(self.multi_label))
+        self.objective.check_metrics(names)
         examples = as_examples(examples)
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")
         logits, labels = self._logits(examples, batch_size, "eval", verbose)
-        results, self.confusion, self.report = metrics_module.evaluation_results(
-            self.task_type, logits, labels, self.labels, task=self.task, names=names, threshold=self.threshold)
+        results, self.confusion, self.report = self.objective.evaluate(
+            logits, labels, self.labels, task=self.task, names=names, threshold=self.threshold)
         return {**results, "global_step": self.global_step, "eval_examples": len(examples)}

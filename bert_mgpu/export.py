@@ -20,6 +20,7 @@ import numpy as np
 from bert_mgpu import checkpoints, storage, weight_names
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
+from bert_mgpu.objectives import objective
 
 log = logging.getLogger("bert_mgpu")
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
@@ -90,7 +91,7 @@ def read_trained(path):
         pre.weights.update(output_weights=kernel[0].T, output_bias=bias[0])
     task_type = run.get("task_type") or pre.task_type or "classification"
     labels = list(run.get("labels") or pre.labels or [])
-    if classifier and not labels and task_type == "classification":
+    if classifier and not labels and objective(task_type).has_classes:
         labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
     settings = run.get("settings") or {}
     return Trained("classifier" if classifier else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
@@ -172,12 +173,7 @@ def _labels_config(trained):
     """The head's labels as Hugging Face writes them (google-bert's readers ignore the extra keys)."""
     if trained.kind != "classifier":
         return {}
-    if trained.task_type == "regression":
-        return {"problem_type": "regression", "id2label": {"0": "score"}, "label2id": {"score": 0}}
-    kind = "multi_label_classification" if trained.task_type == "multi_label" else "single_label_classification"
-    return {"problem_type": kind,
-            "id2label": {str(i): label for i, label in enumerate(trained.labels)},
-            "label2id": {label: i for i, label in enumerate(trained.labels)}}
+    return objective(trained.task_type).hf_facts(trained.labels)
 
 
 def _copy_vocab(trained, directory, name="vocab.txt"):
@@ -308,10 +304,8 @@ def _keras_hub_difference(trained, directory, texts):
     if trained.kind == "classifier":
         theirs = keras_hub.models.BertTextClassifier.from_preset(directory)
         a, b = ours(features, training=False), theirs.predict(texts, verbose=0)
-        if trained.task_type == "multi_label":
-            a, b = tf.sigmoid(a), tf.sigmoid(b)
-        elif trained.task_type != "regression":
-            a, b = tf.nn.softmax(a), tf.nn.softmax(b)
+        kind = objective(trained.task_type)
+        a, b = kind.outputs(a), kind.outputs(b)
     else:
         theirs = keras_hub.models.BertBackbone.from_preset(directory)
         tok = keras_hub.models.BertTokenizer.from_preset(directory)

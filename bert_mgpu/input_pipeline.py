@@ -20,6 +20,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_mgpu.errors import UserError
+from bert_mgpu.objectives import Classification
 
 # Up to 128 tokens, one bucket per padded width: lengths 8k-7 .. 8k share a bucket and a width of 8k, so no
 # example is padded by 8 or more; above that, buckets 32 wide. Rotten Tomatoes' batches are then 88.5% real
@@ -27,42 +28,18 @@ from bert_mgpu.errors import UserError
 _BOUNDARIES = tuple(range(9, 130, 8)) + tuple(range(161, 514, 32))
 
 
-def examples_to_arrays(examples, label_list, source="data", regression=False, multi_label=None):
-    """Python examples -> dict of numpy arrays; UserError for an empty set or an unknown label. With
-    `regression`, labels are scores (float32; NaN where an example has none); with `multi_label` (the
-    separator), each label is a `multi_label`-separated set, made a float32 0/1 row over label_list."""
+def examples_to_arrays(examples, label_list, source="data", encode_labels=None):
+    """Python examples -> dict of numpy arrays; UserError for an empty set or a label that does not fit.
+    `encode_labels(examples, label_list, source)`: the head kind's label encoding (`Objective.encode`;
+    default: class ids, -1 for an example without a label)."""
     if not examples:
         raise UserError(f"{source}: no examples")
-    label_ids = {label: i for i, label in enumerate(label_list or [])}
-    labels = []
-    for e in examples:
-        if multi_label:
-            row = np.zeros(len(label_ids), np.float32)
-            for part in (e.label or "").split(multi_label):
-                if part.strip() and part.strip() not in label_ids:
-                    raise UserError(f"{source}: example {e.guid} has label {part.strip()!r}, not one of "
-                                    f"{', '.join(label_list)}")
-                if part.strip():
-                    row[label_ids[part.strip()]] = 1.0
-            labels.append(row)
-        elif regression:
-            try:
-                labels.append(np.nan if e.label is None else float(e.label))
-            except ValueError:
-                raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not a number") from None
-        elif e.label is None:
-            labels.append(-1)
-        elif e.label in label_ids:
-            labels.append(label_ids[e.label])
-        else:
-            raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not one of "
-                            f"{', '.join(label_list)}")
+    encode_labels = encode_labels or Classification().encode
     return {
         "text_a": np.array([e.text_a for e in examples], dtype=object),
         "text_b": np.array([e.text_b or "" for e in examples], dtype=object),
         "has_b": np.array([e.text_b is not None for e in examples], dtype=bool),
-        "label": np.array(labels, np.float32 if regression or multi_label else np.int32).reshape(
-            (len(examples), len(label_ids)) if multi_label else (len(examples),)),
+        "label": encode_labels(examples, label_list, source),
         "index": np.arange(len(examples), dtype=np.int32),
     }
 
@@ -93,7 +70,7 @@ def encode(tokenizer, text_a, text_b, max_seq_length, pairs, has_b=None):
 
 
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data", pad_to_multiple=8, rows_multiple=None, regression=False, multi_label=None):
+                 source="data", pad_to_multiple=8, rows_multiple=None, encode_labels=None):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and yields only full batches (every step has the full global
@@ -103,7 +80,7 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     which prediction drops: the batch shapes a pass can meet are then (width, rows) from short lists, so
     XLA-compiled kernels compile for few shapes.
     """
-    arrays = examples_to_arrays(examples, label_list, source, regression, multi_label)
+    arrays = examples_to_arrays(examples, label_list, source, encode_labels)
     pairs = pair_kind(arrays["has_b"])
     if not training:
         return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple)

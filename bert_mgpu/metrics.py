@@ -125,24 +125,31 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(1, keepdims=True))
 
 
-def evaluation_results(task_type, logits, labels, label_names, task=None, names=(), threshold=0.5):
-    """(results, confusion matrix or None, per-class report or None) of an evaluation from its logits:
-    the loss (cross-entropy, mean squared error or binary cross-entropy), the task's metric (F1 for MRPC
-    and QQP, MCC for CoLA, Pearson and Spearman for a regression, micro/macro F1 at `threshold` for
-    multi-label) and the `names` (--metrics) as eval_<name>."""
+def regression_results(logits, labels, names=()):
+    """(results, None, None) of a regression's evaluation: mean squared error, Pearson and Spearman, and
+    the `names` (--metrics) as eval_<name>."""
+    scores = np.asarray(logits, np.float32)[:, 0].astype(np.float64)
+    loss = float(np.mean(np.square(scores - labels)))
+    results = {name: fn(labels, scores) for name, fn in REGRESSION_METRICS.items()}
+    results.update({f"eval_{n}": CLASSIFICATION[n](labels, scores, None, 0) for n in names})
+    return {"eval_loss": loss, "loss": loss, **results}, None, None
+
+
+def multi_label_results(logits, labels, label_names, threshold=0.5):
+    """(results, None, per-label report) of a multi-label evaluation: binary cross-entropy, exact-match
+    accuracy and micro/macro F1 of the labels above `threshold`."""
     logits = np.asarray(logits, np.float32)
-    if task_type == "regression":
-        scores = logits[:, 0].astype(np.float64)
-        loss = float(np.mean(np.square(scores - labels)))
-        results = {name: fn(labels, scores) for name, fn in REGRESSION_METRICS.items()}
-        results.update({f"eval_{n}": CLASSIFICATION[n](labels, scores, None, 0) for n in names})
-        return {"eval_loss": loss, "loss": loss, **results}, None, None
-    if task_type == "multi_label":
-        z = np.clip(logits, -50, 50)
-        loss = float(np.mean(np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z))), dtype=np.float32))
-        predicted = _sigmoid(logits) > threshold
-        report = dict(zip(label_names, zip(*per_label(labels, predicted))))
-        return {"eval_loss": loss, "loss": loss, **multi_label(labels, predicted)}, None, report
+    z = np.clip(logits, -50, 50)
+    loss = float(np.mean(np.maximum(z, 0) - z * labels + np.log1p(np.exp(-np.abs(z))), dtype=np.float32))
+    predicted = _sigmoid(logits) > threshold
+    report = dict(zip(label_names, zip(*per_label(labels, predicted))))
+    return {"eval_loss": loss, "loss": loss, **multi_label(labels, predicted)}, None, report
+
+
+def classification_results(logits, labels, label_names, task=None, names=()):
+    """(results, confusion matrix, per-class report) of a classification's evaluation: cross-entropy,
+    accuracy, the task's metric (F1 for MRPC and QQP, MCC for CoLA) and the `names` (--metrics)."""
+    logits = np.asarray(logits, np.float32)
     k = len(label_names)
     predicted = np.argmax(logits, axis=1)
     confusion = np.zeros([k] * 2, np.int64)  # true label per row, predicted per column
@@ -169,20 +176,6 @@ CLASSIFICATION = {
     "spearman": lambda y, p, prob, k: spearman(y, p),
 }
 REGRESSION = ("pearson", "spearman")
-
-
-def check_names(names, regression, multi_label=False):
-    """UserError for a --metrics name that is unknown or does not fit the task type."""
-    from bert_mgpu.errors import UserError
-
-    for name in names or ():
-        if name not in CLASSIFICATION:
-            raise UserError(f"--metrics={name}: expected some of {', '.join(CLASSIFICATION)}")
-        if regression and name not in REGRESSION:
-            raise UserError(f"--metrics={name}: a regression has scores, not classes ({', '.join(REGRESSION)})")
-        if multi_label:
-            raise UserError(f"--metrics={name}: a multi-label task reports exact-match accuracy and micro and "
-                            "macro F1 (--threshold)")
 
 
 TASK_METRICS = {"mrpc": ("eval_f1", f1), "qqp": ("eval_f1", f1), "cola": ("eval_mcc", matthews_corrcoef)}

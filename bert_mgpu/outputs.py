@@ -1,13 +1,11 @@
-"""Result files, written atomically (temporary file, then rename) so a crash never leaves half a file.
-
-eval_results.txt is google-research/bert's `key = value` lines; test_results.tsv is its tab-separated class
-probabilities; predict.txt is bert-ad's one label per line; predictions.tsv has a header, the example id,
-the predicted label and one probability column per class.
+"""Result files, written atomically (temporary file, then rename) so a crash never leaves half a file:
+eval_results.txt (google-research/bert's `key = value` lines), the summary block, the pictures. What the
+prediction files hold is each head kind's (objectives.py); they are written as one set (storage.write_set).
 """
 
 import os
 
-from bert_mgpu.storage import write_atomic, write_set
+from bert_mgpu.storage import write_atomic
 
 
 def summary(title, facts, output_dir):
@@ -61,35 +59,3 @@ def write_eval_results(output_dir, results, report=None):
     return write_atomic(os.path.join(output_dir, "eval_results.txt"), lines)
 
 
-def write_predictions(output_dir, probabilities, label_list, guids, predict_format="label"):
-    """The three prediction files; returns their paths. predict.txt holds a label a line, or its index in
-    the label list with `predict_format="index"` (bert-ad's two forms)."""
-    predicted = probabilities.argmax(axis=1)
-    test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in probabilities)
-    labels = "".join(f"{i if predict_format == 'index' else label_list[i]}\n" for i in predicted)
-    header = "\t".join(["id", "label"] + [f"p_{name}" for name in label_list]) + "\n"
-    table = header + "".join(
-        "\t".join([guid, label_list[i]] + [f"{p:.8f}" for p in row]) + "\n"
-        for guid, i, row in zip(guids, predicted, probabilities))
-    return write_set(output_dir, {"test_results.tsv": test, "predict.txt": labels, "predictions.tsv": table})
-
-
-def write_scores(output_dir, scores, guids):
-    """The prediction files of a regression: a score a line (test_results.tsv, predict.txt) and
-    predictions.tsv with its id; returns their paths."""
-    lines = "".join(f"{x:.6f}\n" for x in scores)
-    table = "id\tscore\n" + "".join(f"{guid}\t{x:.6f}\n" for guid, x in zip(guids, scores))
-    return write_set(output_dir, {"test_results.tsv": lines, "predict.txt": lines, "predictions.tsv": table})
-
-
-def write_label_sets(output_dir, probabilities, label_list, guids, threshold=0.5, separator=","):
-    """The prediction files of a multi-label task: each label's probability (test_results.tsv), the labels
-    above `threshold` joined by `separator` (predict.txt; an empty line for none), and predictions.tsv."""
-    chosen = [separator.join(label_list[i] for i in range(len(label_list)) if row[i] > threshold)
-              for row in probabilities]
-    test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in probabilities)
-    header = "\t".join(["id", "labels"] + [f"p_{name}" for name in label_list]) + "\n"
-    table = header + "".join("\t".join([guid, labels] + [f"{p:.8f}" for p in row]) + "\n"
-                             for guid, labels, row in zip(guids, chosen, probabilities))
-    return write_set(output_dir, {"test_results.tsv": test, "predict.txt": "".join(c + "\n" for c in chosen),
-                                  "predictions.tsv": table})

@@ -27,6 +27,7 @@ from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
 from bert_mgpu.export import build_model
 from bert_mgpu.input_pipeline import encode
+from bert_mgpu.objectives import objective
 from bert_mgpu.tokenization import FullTokenizer
 
 EXTRA = "assets.extra"  # TensorFlow Serving's place for files it does not read
@@ -64,12 +65,7 @@ def write_saved_model(trained, path, precision="float32"):
             sequence = tf.cast(out["sequence_output"], tf.float32)
             return {"pooled_output": tf.cast(out["pooled_output"], tf.float32), "sequence_output": sequence,
                     "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
-        if trained.task_type == "regression":
-            return {"scores": out[:, 0]}
-        if trained.task_type == "multi_label":  # each label's own probability
-            return {"probabilities": tf.sigmoid(out)}
-        ids = tf.argmax(out, axis=-1, output_type=tf.int32)
-        return {"probabilities": tf.nn.softmax(out), "label_ids": ids, "labels": tf.gather(labels, ids)}
+        return objective(trained.task_type).serving(out, labels)
 
     def from_text(text_a, text_b=None):
         ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None)

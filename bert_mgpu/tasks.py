@@ -13,6 +13,7 @@ import math
 import os
 
 from bert_mgpu.errors import UserError
+from bert_mgpu.objectives import KINDS, objective
 from bert_mgpu.text_files import read_json_lines, read_rows
 
 log = logging.getLogger("bert_mgpu")
@@ -109,7 +110,7 @@ def _text(path, line, row, index):
     return text
 
 
-TASK_TYPES = ("classification", "regression", "multi_label")
+TASK_TYPES = tuple(KINDS)
 
 
 def _is_number(text):
@@ -155,12 +156,17 @@ class ColumnTask:
 
         Once known, the labels are checked on every dev/test row read after, with file and line.
         """
-        if self.task_type == "regression":
+        kind = self.objective
+        if not kind.has_classes:
             return []
         if self._labels is None:
-            self._labels = labels_from(train_examples or self.get_examples(data_dir, "train"),
-                                       self.label_separator if self.task_type == "multi_label" else None)
+            self._labels = kind.label_set(train_examples or self.get_examples(data_dir, "train"))
         return list(self._labels)
+
+    @property
+    def objective(self):
+        """The head kind of --task_type, which checks and encodes this task's labels."""
+        return objective(self.task_type, self.label_separator)
 
     def get_examples(self, data_dir, split):
         if split not in self.files:
@@ -186,7 +192,7 @@ class ColumnTask:
             label = _cell(path, line, row, il).strip() if il is not None else None  # "fresh " is "fresh"
             if split == "test" and not label:
                 label = None  # an empty label cell in a test file: nothing to check
-            elif label == "" and self.task_type != "multi_label":  # there, an example with no label
+            elif label == "" and not self.objective.empty_label_allowed():  # multi-label: the empty set
                 raise UserError(f"{path}:{line}: empty label in column {il + 1 if il >= 0 else len(row) + il + 1}")
             if label is not None:
                 self._check_label(path, line, label)
@@ -197,20 +203,9 @@ class ColumnTask:
 
 
     def _check_label(self, path, line, label):
-        if self.task_type == "multi_label":
-            parts = [p.strip() for p in label.split(self.label_separator) if p.strip()]
-            unknown = [p for p in parts if isinstance(self._labels, (list, tuple)) and p not in self._labels]
-            if unknown:
-                raise UserError(f"{path}:{line}: label {unknown[0]!r} is not one of {', '.join(self._labels)}")
-        elif self.task_type == "regression":
-            if not _is_number(label):
-                raise UserError(f"{path}:{line}: label {label!r} is not a number (--task_type=regression)")
-        elif isinstance(self._labels, (list, tuple)):
-            if label not in self._labels:
-                raise UserError(f"{path}:{line}: label {label!r} is not one of {', '.join(self._labels)}")
-        elif _is_number(label) and float(label) != int(float(label)):
-            raise UserError(f"{path}:{line}: label {label!r} is a score, not a class; pass --task_type=regression "
-                            "(or --labels to take such labels as classes)")
+        problem = self.objective.check_label(label, self._labels if isinstance(self._labels, (list, tuple)) else None)
+        if problem:
+            raise UserError(f"{path}:{line}: {problem}")
 
 
 class NamedColumnTask(ColumnTask):
@@ -264,7 +259,7 @@ class NamedColumnTask(ColumnTask):
         cells = [row[label].strip() for _, row in rows if label < len(row)]
         if len(cells) < 3 or cells[0] in cells[1:]:
             return
-        if self.task_type == "regression":
+        if not self.objective.has_classes:  # scores
             header = not _is_number(cells[0]) and all(_is_number(c) for c in cells[1:])
         else:  # every other class is in two rows or more
             counts = collections.Counter(cells[1:])
@@ -343,13 +338,6 @@ class TfdsTask:
         return out
 
 
-def labels_from(examples, separator=None):
-    """The sorted set of labels in the training examples; with `separator`, of the labels each holds."""
-    if separator:
-        return sorted({p.strip() for e in examples if e.label for p in e.label.split(separator) if p.strip()})
-    return sorted({e.label for e in examples if e.label is not None})
-
-
 def get_task(name, text_column="text", label_column="label", text_b_column=None, labels=None,
              tfds_name=None, tfds_data_dir=None, xnli_language="zh", tfds_splits=("train", "validation", "test"),
              invalid_utf8="error", task_type=None, label_separator=","):
@@ -376,7 +364,7 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
     if task_type and task_type != own and not isinstance(task, NamedColumnTask | JsonLinesTask | TfdsTask):
         raise UserError(f"--task_type={task_type}: {task.name} is a {own} task")
     task.task_type = task_type or own
-    if task.task_type == "regression" and labels:
+    if not objective(task.task_type).has_classes and labels:
         raise UserError("--labels are classes; a regression task has scores")
     for reader in (task, *vars(task).values()):
         if isinstance(reader, ColumnTask):

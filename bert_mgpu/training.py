@@ -20,24 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu import distribute, fused_encoder, guards
+from bert_mgpu.objectives import Classification
 
-
-def classification_loss(model, features, labels, training=True):
-    """Mean cross-entropy of the classifier's float32 logits; no extra statistics."""
-    logits = model(features, training=training)
-    return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)), {}
-
-
-def regression_loss(model, features, labels, training=True):
-    """Mean squared error of the model's one float32 output, a score (STS-B's similarity)."""
-    scores = model(features, training=training)[:, 0]
-    return tf.reduce_mean(tf.square(scores - tf.cast(labels, scores.dtype))), {}
-
-
-def multi_label_loss(model, features, labels, training=True):
-    """Binary cross-entropy of each label's float32 logit (sigmoid outputs), averaged over labels and rows."""
-    logits = model(features, training=training)
-    return tf.reduce_mean(keras.losses.binary_crossentropy(tf.cast(labels, logits.dtype), logits, from_logits=True)), {}
+classification_loss = Classification().loss  # the Trainer's default loss; each head kind's is its objective's
 
 
 def allreduce_dtypes(model, default):

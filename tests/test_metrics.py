@@ -61,9 +61,14 @@ def test_every_metric_equals_scikit_learns(k, seed):
 
 def test_metric_names_are_checked_against_the_task_type():
     from bert_mgpu.errors import UserError
+    from bert_mgpu.objectives import objective
 
-    metrics.check_names(["f1_macro", "auc"], regression=False)
-    with pytest.raises(UserError, match=r"--metrics=f2: expected some of accuracy, f1, f1_macro"):
-        metrics.check_names(["f2"], regression=False)
+    objective("classification").check_metrics(["f1_macro", "auc"])
+    objective("regression").check_metrics(["pearson"])
+    for kind in ("classification", "regression", "multi_label"):
+        with pytest.raises(UserError, match=r"--metrics=f2: expected some of accuracy, f1, f1_macro"):
+            objective(kind).check_metrics(["f2"])
     with pytest.raises(UserError, match=r"--metrics=accuracy: a regression has scores, not classes"):
-        metrics.check_names(["accuracy"], regression=True)
+        objective("regression").check_metrics(["accuracy"])
+    with pytest.raises(UserError, match=r"--metrics=accuracy: a multi-label task reports exact-match accuracy"):
+        objective("multi_label").check_metrics(["accuracy"])

@@ -132,4 +132,4 @@ def test_a_regression_exports_scores_of_sentence_pairs(reference, stsb, tmp_path
     assert np.abs(logits - ours).max() <= 1e-4
     back = bert_mgpu.BertClassifier.from_pretrained(str(tmp_path / "hf"), towers=bert_mgpu.Towers(n_gpus=0),
                                                     precision="float32", max_seq_length=32)
-    assert back.regression and np.abs(back.predict(pairs) - ours).max() <= 1e-6
+    assert back.task_type == "regression" and np.abs(back.predict(pairs) - ours).max() <= 1e-6

@@ -209,13 +209,15 @@ def test_csv_with_quoted_fields_and_newlines_inside(tmp_path):
 def test_predict_txt_holds_labels_or_their_index(tmp_path):
     import numpy as np
 
-    from bert_mgpu import outputs
+    from bert_mgpu.objectives import objective
 
     p = np.array([[0.1, 0.9], [0.8, 0.2]])
-    outputs.write_predictions(str(tmp_path), p, ["neg", "pos"], ["a", "b"])
-    assert (tmp_path / "predict.txt").read_text() == "pos\nneg\n"
-    outputs.write_predictions(str(tmp_path), p, ["neg", "pos"], ["a", "b"], predict_format="index")
-    assert (tmp_path / "predict.txt").read_text() == "1\n0\n"
+    files = objective("classification").prediction_files(p, ["neg", "pos"], ["a", "b"])
+    assert files["predict.txt"] == "pos\nneg\n"
+    assert files["predictions.tsv"] == "id\tlabel\tp_neg\tp_pos\na\tpos\t0.10000000\t0.90000000\n" \
+        "b\tneg\t0.80000000\t0.20000000\n"
+    files = objective("classification").prediction_files(p, ["neg", "pos"], ["a", "b"], predict_format="index")
+    assert files["predict.txt"] == "1\n0\n"
 
 
 def test_labels_are_taken_as_meant_not_verbatim(tmp_path):
