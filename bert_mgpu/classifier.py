@@ -22,15 +22,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, distribute, memory, optimization, run_dir
+from bert_mgpu import checkpoints, memory, optimization, run_dir
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.input_pipeline import make_dataset
-from bert_mgpu.loop import Loop
 from bert_mgpu.modeling import build_classifier
 from bert_mgpu.objectives import objective
 from bert_mgpu.precision import resolve_precision
+from bert_mgpu.session import Session
 from bert_mgpu.tasks import Example, as_examples
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
@@ -259,18 +259,12 @@ class BertClassifier:
         run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief,
                           keep=save_total_limit)
         warmup = int(num_steps * warmup_proportion)
-        strategy = self.towers.strategy
-        with strategy.scope():
-            optimizer = optimization.create_optimizer(learning_rate, num_steps, warmup,
-                                                      float16=self.policy == "mixed_float16")
-        trainer = Trainer(strategy, self.model, optimizer, use_xla, accum_steps=accum, loss_fn=self.objective.loss)
-        restored = run.restore(checkpoints.training_checkpoint(self.model, optimizer, trainer.step,
-                                                               rng=run_dir.rng_states(self.model)),
-                               self.model.weights)
-        if restored:
-            log.info("resuming from %s at step %d", restored, int(trainer.step.numpy()))
-        start = int(trainer.step.numpy())
-        distribute.check_same_start(strategy, start, output_dir)
+        session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
+            learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16"), self.objective.loss, accum,
+            use_xla)
+        start = session.start
+        if session.restored:
+            log.info("resuming from %s at step %d", session.restored, start)
         if self.towers.is_chief:
             self._write_run(output_dir, start)
         log.info("training: %d examples, %d steps of %d (%d towers x %d x %d accumulation steps), warmup %d, "
@@ -292,14 +286,11 @@ class BertClassifier:
             run.close()
             return self._finish(hooks, load_best_model_at_end, [])
         dataset = self._data(examples, global_batch, training=True, seed=seed, source="train").skip(start)
-        loop = Loop(trainer, global_batch, hooks, callbacks=callbacks, writer=run.writer, log_every=log_every,
-                    save=lambda: run.save(int(trainer.step.numpy())), save_every=save_checkpoints_steps,
-                    last_checkpoint=lambda: run.latest, max_consecutive_skips=max_consecutive_skips,
-                    verbose=verbose)
+        loop = session.loop(global_batch, hooks, callbacks, log_every, save_checkpoints_steps, max_consecutive_skips,
+                            verbose)
         try:
-            loop.run(dataset, until_step=num_steps)
+            session.train(loop, dataset, until_step=num_steps)
         finally:
-            run.close()
             for hook in hooks:
                 hook.writer.close()
         self.global_step, self.interrupted, self.stop = loop.step, loop.interrupted, loop.stop

@@ -28,10 +28,11 @@ from bert_mgpu import checkpoints, distribute, memory, optimization, pretraining
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
-from bert_mgpu.loop import Evaluation, Hook, Loop
+from bert_mgpu.loop import Evaluation, Hook
 from bert_mgpu.outputs import write_eval_results
 from bert_mgpu.precision import resolve_precision
 from bert_mgpu.pretraining_input import PretrainingData, worker_files
+from bert_mgpu.session import Session
 from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.training import Trainer
 
@@ -296,19 +297,16 @@ class BertPretrainer:
             schedule = (schedules.TimeBasedDecay(learning_rate, budget.warmup_proportion, budget.curve, progress)
                         if budget.lr_schedule == "time" else schedules.WarmupLinearDecay(
                             learning_rate, budget.num_train_steps, budget.warmup_steps(), budget.decay_power))
-            opt = optimization.create_optimizer(
-                schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
-                optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm)
             elapsed_var = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
-        trainer = Trainer(strategy, self.model, opt, use_xla, pretraining_model.pretraining_loss, accum)
-        restored = run.restore(checkpoints.training_checkpoint(
-            self.model, opt, trainer.step, heads=pretraining_model.head_checkpoint_objects(self.model),
-            elapsed_seconds=elapsed_var, rng=run_dir.rng_states(self.model)), self.model.weights)
-        if restored:
-            log.info("resuming from %s at step %d (%.1f s trained)", restored,
-                     int(trainer.step.numpy()), float(elapsed_var.numpy()))
-        step = int(trainer.step.numpy())
-        distribute.check_same_start(strategy, step, output_dir)
+        session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
+            schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
+            optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm),
+            pretraining_model.pretraining_loss, accum, use_xla,
+            state={"heads": pretraining_model.head_checkpoint_objects(self.model), "elapsed_seconds": elapsed_var})
+        trainer, step = session.trainer, session.start
+        if session.restored:
+            log.info("resuming from %s at step %d (%.1f s trained)", session.restored, step,
+                     float(elapsed_var.numpy()))
         log.info("pretraining: global batch %d = %d towers x %d x %d accumulation steps, from step %d",
                  global_batch, self.towers.count, micro, accum, step)
         hooks = [TimeBudget(budget, progress), *([StepLimit(steps)] if steps is not None else [])]
@@ -322,12 +320,9 @@ class BertPretrainer:
         marker_dir = lambda m: os.path.join(output_dir, "finetune_checkpoints", f"at_{m:g}")  # noqa: E731
         hooks.append(FinetuneMarkers(budget, marker_dir, lambda d, s: self.save_finetune_checkpoint(d, s, data)))
 
-        def save():
-            elapsed_var.assign(loop.elapsed())
-            run.save(loop.step)
-
-        loop = Loop(trainer, global_batch, hooks, callbacks, run.writer, log_every, save, save_checkpoints_steps,
-                    lambda: run.latest, max_consecutive_skips, clock, float(elapsed_var.numpy()), verbose)
+        loop = session.loop(global_batch, hooks, callbacks, log_every, save_checkpoints_steps, max_consecutive_skips,
+                            verbose, clock, float(elapsed_var.numpy()),
+                            before_save=lambda loop: elapsed_var.assign(loop.elapsed()))
         index, workers = distribute.worker_of(strategy)
         if data.by_files(workers):  # each reads its own files
             rows_each = global_batch // workers
@@ -340,11 +335,11 @@ class BertPretrainer:
             if workers > 1:
                 log.info("input sharded by example: every worker reads the %d file(s), each keeps its rows",
                          len(data.input_files))
-        try:
-            with data.reading(), (validation.data.reading() if validation else contextlib.nullcontext()):
-                loop.run(dataset, worker_part=workers > 1)
-        finally:
-            run.close()
+        reading = contextlib.ExitStack()
+        reading.enter_context(data.reading())
+        if validation:
+            reading.enter_context(validation.data.reading())
+        session.train(loop, dataset, worker_part=workers > 1, reading=reading)
         self.stop, self.trainer, self.global_step = loop.stop, trainer, loop.step
         self.history.extend(loop.history)
         log.info("stopped at step %d: %s", loop.step, self.stop)

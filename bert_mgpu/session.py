@@ -1,0 +1,75 @@
+"""One training session, the same for fine-tuning and pretraining: optimizer, step, restore, same start on
+every worker, loop, close.
+
+What differs between them comes in as arguments: the loss (an objective's, or pretraining's), what else the
+checkpoint holds (pretraining's heads and clock), the hooks, and the dataset from the step it resumes at.
+`BertClassifier.fit` and `BertPretrainer.fit` are each a `Session` and the checks of their own settings.
+
+Example:
+    session = Session(towers, model, run, lambda: create_optimizer(5e-5, 1000, 100), objective.loss)
+    loop = session.loop(global_batch=32, hooks=[], save_every=500)
+    session.run(loop, dataset.skip(session.start), until_step=1000)
+"""
+
+import contextlib
+import logging
+
+from bert_mgpu import checkpoints, distribute, run_dir
+from bert_mgpu.loop import Loop
+from bert_mgpu.training import Trainer
+
+log = logging.getLogger("bert_mgpu")
+
+
+class Session:
+    """A model trained on `towers` into the run directory `run` (run_dir.Run), resumed from its newest
+    checkpoint.
+
+    Args:
+        towers: the devices (devices.Towers).
+        model: the Keras model, built in the towers' strategy scope.
+        run: the run directory; closed when `run` ends, however it ends.
+        make_optimizer: called once in the strategy's scope -> the optimizer (optimization.create_optimizer).
+        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
+        accum_steps: micro-batches a tower runs per step (gradient accumulation).
+        use_xla: XLA-compile each tower's step.
+        state: more objects the checkpoint holds ({name: trackable}), e.g. pretraining's heads and clock.
+    """
+
+    def __init__(self, towers, model, run, make_optimizer, loss_fn, accum_steps=1, use_xla=False, state=None):
+        self.towers, self.model, self.run = towers, model, run
+        with towers.strategy.scope():
+            self.optimizer = make_optimizer()
+        self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)
+        self.restored = run.restore(checkpoints.training_checkpoint(
+            model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model), **(state or {})), model.weights)
+        self.start = int(self.trainer.step.numpy())
+        distribute.check_same_start(towers.strategy, self.start, run.directory)
+
+    def loop(self, global_batch, hooks=(), callbacks=None, log_every=50, save_every=1000, max_consecutive_skips=10,
+             verbose=True, clock=None, elapsed_before=0.0, before_save=None):
+        """The loop over this session's steps; it saves through the run (`before_save(loop)` first)."""
+
+        def save():
+            if before_save is not None:
+                before_save(loop)
+            self.run.save(int(self.trainer.step.numpy()))
+
+        loop = Loop(self.trainer, global_batch, hooks, callbacks=callbacks, writer=self.run.writer,
+                    log_every=log_every, save=save, save_every=save_every, last_checkpoint=lambda: self.run.latest,
+                    max_consecutive_skips=max_consecutive_skips, clock=clock, elapsed_before=elapsed_before,
+                    verbose=verbose)
+        return loop
+
+    def train(self, loop, dataset, until_step=None, worker_part=False, reading=None):
+        """Run `loop` on `dataset` (inside the `reading` context: input files held open) and close the run
+        directory whatever happens. Returns the loop."""
+        try:
+            with reading or contextlib.nullcontext():
+                loop.run(dataset, until_step=until_step, worker_part=worker_part)
+        finally:
+            self.close()
+        return loop
+
+    def close(self):
+        self.run.close()
