@@ -314,10 +314,8 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
         return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower,
                           **_head_facts(cfg))
 
-    from bert_mgpu import serving
-
-    if storage.isdir(path) and serving.is_saved_model(path):
-        return serving.read_saved_model(path)
+    if storage.isdir(path) and is_saved_model(path):
+        return read_saved_model(path)
     prefix = next(iter(_tf_prefixes(path)), None)
     if prefix is not None:
         config_file = bert_config_file or _need(os.path.join(directory, "bert_config.json"), "bert_config.json")
@@ -417,3 +415,35 @@ def write_run_files(directory, run, config, vocab_file):
         storage.write_atomic(vocab, storage.read_bytes(vocab_file))
     # Last: the file that makes the directory a bert_mgpu run, so a directory that has it is whole.
     storage.write_atomic(os.path.join(directory, RUN_FILE), json.dumps(run, indent=2) + "\n")
+
+
+EXTRA = "assets.extra"  # a SavedModel export's files TensorFlow Serving does not read (serving.py writes them)
+META = "bert_mgpu_export.json"
+
+
+def is_saved_model(path):
+    return storage.exists(os.path.join(path, "saved_model.pb")) and storage.exists(os.path.join(path, EXTRA, META))
+
+
+def read_saved_model(path):
+    """A bert_mgpu SavedModel export -> `checkpoints.Pretrained` (weights under Google's names)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer's ops the graph holds)
+
+    meta = storage.read_json(os.path.join(path, EXTRA, META))
+    config = BertConfig.from_json_file(os.path.join(path, EXTRA, "bert_config.json"))
+    try:
+        loaded = tf.saved_model.load(path)
+    except (tf.errors.OpError, ValueError, OSError) as e:
+        raise UserError(f"{path}: not a loadable SavedModel ({str(e).splitlines()[0][:160]})") from None
+    weights = {}
+    for name, var in zip(meta["weights"], loaded.bert_weights):
+        value = np.asarray(var.numpy(), np.float32)
+        if name == "classifier/kernel":
+            name, value = "output_weights", value.T
+        elif name == "classifier/bias":
+            name = "output_bias"
+        weights[name] = fold_to_google_shape(name, value)
+    return Pretrained(
+        "saved_model", path, config, os.path.join(path, EXTRA, "vocab.txt"), weights, meta.get("do_lower_case"),
+        labels=meta.get("labels") or None, task_type=meta.get("task_type"))

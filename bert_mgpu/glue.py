@@ -1,117 +1,18 @@
-"""GLUE: each task's files (the layouts of GLUE's download), official metric, usual recipe and leaderboard
-file; the TFDS `glue/*` columns; the table papers print.
-
-The readers are `tasks.ColumnTask`s by column position, as google-bert's processors (and Hugging Face's)
-read them. MNLI has two dev and test sets: `mnli` is the matched pair, `mnli-mm` the mismatched, both
-trained on MNLI's train.tsv; `ax` (GLUE's diagnostic set) is prediction only, with an MNLI model.
+"""The GLUE suite: every task trained and scored with its usual recipe, the leaderboard files and the table
+papers print. Each task's files, metrics and recipe are glue_tasks.py's.
 
 Example:
     task = bert_mgpu.get_task("qnli")            # glue_data/QNLI/{train,dev,test}.tsv
     print(glue.table({"mrpc": {"eval_f1": 0.88, "eval_accuracy": 0.84}}))
 """
 
-import dataclasses
 import logging
 import os
 
 from bert_mgpu.errors import UserError
+from bert_mgpu.glue_tasks import ALIASES, ENTAILMENT, NLI, TASKS, GlueTask  # noqa: F401 (glue.NLI, ... as before)
 
 log = logging.getLogger("bert_mgpu")
-NLI = ["contradiction", "entailment", "neutral"]
-ENTAILMENT = ["entailment", "not_entailment"]
-
-
-@dataclasses.dataclass(frozen=True)
-class GlueTask:
-    """One GLUE task.
-
-    Args:
-        name: bert_mgpu's task name (`--task_name`).
-        directory: its folder in GLUE's download (`glue_data/MRPC`).
-        title: its name in the GLUE table and its leaderboard file (`MRPC.tsv`).
-        metrics: the official metrics, in the order papers print them ("F1/accuracy").
-        epochs, learning_rate, batch_size: the usual recipe (google-bert's: 3 epochs, 2e-5, 32).
-    """
-
-    name: str
-    directory: str
-    title: str
-    metrics: tuple
-    epochs: float = 3.0
-    learning_rate: float = 2e-5
-    batch_size: int = 32
-
-
-# In the order of the GLUE table.
-TASKS = {t.name: t for t in (
-    GlueTask("cola", "CoLA", "CoLA", ("eval_mcc",)),
-    GlueTask("sst-2", "SST-2", "SST-2", ("eval_accuracy",)),
-    GlueTask("mrpc", "MRPC", "MRPC", ("eval_f1", "eval_accuracy"), epochs=5),
-    GlueTask("sts-b", "STS-B", "STS-B", ("eval_pearson", "eval_spearman"), epochs=5),
-    GlueTask("qqp", "QQP", "QQP", ("eval_f1", "eval_accuracy")),
-    GlueTask("mnli", "MNLI", "MNLI-m", ("eval_accuracy",)),
-    GlueTask("mnli-mm", "MNLI", "MNLI-mm", ("eval_accuracy",)),
-    GlueTask("qnli", "QNLI", "QNLI", ("eval_accuracy",)),
-    GlueTask("rte", "RTE", "RTE", ("eval_accuracy",), epochs=5),
-    GlueTask("wnli", "WNLI", "WNLI", ("eval_accuracy",), epochs=5),
-    GlueTask("ax", "diagnostic", "AX", ()),
-)}
-ALIASES = {"sst2": "sst-2", "sst": "sst-2", "stsb": "sts-b", "sts": "sts-b", "mnli-m": "mnli",
-           "mnli_mismatched": "mnli-mm", "diagnostic": "ax"}
-
-
-def glue_task(name):
-    """The `ColumnTask` reading GLUE task `name`'s files, or None if it is not a GLUE task."""
-    from bert_mgpu.tasks import ColumnTask
-
-    name = ALIASES.get(name, name)
-    mnli = dict(text_a=8, text_b=9, label=-1, labels=NLI)
-    readers = {
-        # CoLA's train and dev have no header (source, label, mark, sentence); its test has one (index, sentence).
-        "cola": lambda: ColumnTask("cola", 3, label=1, labels=["0", "1"], skip_header="test", test_text_a=1),
-        "sst-2": lambda: ColumnTask("sst-2", 0, label=1, labels=["0", "1"], test_text_a=1),
-        "mrpc": lambda: ColumnTask("mrpc", 3, 4, label=0, labels=["0", "1"]),
-        "sts-b": lambda: ColumnTask("sts-b", 7, 8, label=9),
-        # QQP: id, qid1, qid2, question1, question2, is_duplicate; its test: id, question1, question2.
-        "qqp": lambda: ColumnTask("qqp", 3, 4, label=5, labels=["0", "1"], test_text_a=1, test_text_b=2),
-        "mnli": lambda: ColumnTask("mnli", **mnli, files={"train": "train.tsv", "dev": "dev_matched.tsv",
-                                                          "test": "test_matched.tsv"}),
-        "mnli-mm": lambda: ColumnTask("mnli-mm", **mnli, files={"train": "train.tsv", "dev": "dev_mismatched.tsv",
-                                                                "test": "test_mismatched.tsv"}),
-        "qnli": lambda: ColumnTask("qnli", 1, 2, label=3, labels=ENTAILMENT),
-        "rte": lambda: ColumnTask("rte", 1, 2, label=3, labels=ENTAILMENT),
-        "wnli": lambda: ColumnTask("wnli", 1, 2, label=3, labels=["0", "1"]),
-        "ax": lambda: ColumnTask("ax", 1, 2, labels=NLI, files={"test": "diagnostic.tsv"}),
-    }
-    if name not in readers:
-        return None
-    task = readers[name]()
-    if name == "sts-b":
-        task.task_type = "regression"
-    return task
-
-
-# TFDS `glue/<config>`: (text column, second text column, splits as train, dev, test).
-TFDS = {
-    "cola": ("sentence", None), "sst2": ("sentence", None), "mrpc": ("sentence1", "sentence2"),
-    "stsb": ("sentence1", "sentence2"), "qqp": ("question1", "question2"), "qnli": ("question", "sentence"),
-    "rte": ("sentence1", "sentence2"), "wnli": ("sentence1", "sentence2"), "mnli": ("premise", "hypothesis"),
-    "mnli_matched": ("premise", "hypothesis"), "mnli_mismatched": ("premise", "hypothesis"),
-    "ax": ("premise", "hypothesis"),
-}
-
-
-def tfds_columns(tfds_name):
-    """(text, text_b, splits) for a TFDS `glue/*` name; None for other datasets."""
-    config = tfds_name.split(":")[0].split("/", 1)[1] if tfds_name.startswith("glue/") else None
-    if config is None:
-        return None
-    if config not in TFDS:
-        raise UserError(f"--tfds_name={tfds_name}: not a GLUE configuration ({', '.join(sorted(TFDS))})")
-    splits = {"mnli": ("train", "validation_matched", "test_matched"), "ax": ("test", "test", "test")}
-    return (*TFDS[config], splits.get(config, ("train", "validation", "test")))
-
-
 def score(task, results):
     """A task's GLUE score: the mean of its official metrics, x 100."""
     values = [results[m] for m in TASKS[task].metrics if m in results]

@@ -25,9 +25,6 @@ import time
 
 import numpy as np
 
-SHAPES = {  # (hidden, layers, heads, intermediate)
-    "tiny": (64, 2, 4, 256), "demo": (384, 6, 12, 1536), "base": (768, 12, 12, 3072)}
-TOLERANCE = {"mixed_float16": (0.05, 0.02), "mixed_bfloat16": (0.1, 0.05), "float32": (1e-4, 1e-4)}
 CHECKS = ("devices", "libraries", "step_mixed_float16", "step_mixed_bfloat16", "step_float32",
           "two_towers_per_gpu", "failing_tower", "auto_batch_size", "fused_matches_keras_hub", "xla_step",
           "two_workers", "scaling")

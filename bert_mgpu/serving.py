@@ -19,19 +19,14 @@ import json
 import os
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, storage, weight_names
-from bert_mgpu.config import BertConfig
-from bert_mgpu.errors import UserError
-from bert_mgpu.export import build_model
+from bert_mgpu import storage, weight_names
+from bert_mgpu.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
 from bert_mgpu.input_pipeline import encode
 from bert_mgpu.objectives import objective
 from bert_mgpu.tokenization import FullTokenizer
-
-EXTRA = "assets.extra"  # TensorFlow Serving's place for files it does not read
-META = "bert_mgpu_export.json"
+from bert_mgpu.trained import build_model
 
 
 def _text_specs(pairs):
@@ -103,28 +98,3 @@ def _named_variables(model, backbone):
     return named
 
 
-def is_saved_model(path):
-    return storage.exists(os.path.join(path, "saved_model.pb")) and storage.exists(os.path.join(path, EXTRA, META))
-
-
-def read_saved_model(path):
-    """A bert_mgpu SavedModel export -> `checkpoints.Pretrained` (weights under Google's names)."""
-    import tensorflow_text  # noqa: F401  (registers the tokenizer's ops the graph holds)
-
-    meta = storage.read_json(os.path.join(path, EXTRA, META))
-    config = BertConfig.from_json_file(os.path.join(path, EXTRA, "bert_config.json"))
-    try:
-        loaded = tf.saved_model.load(path)
-    except (tf.errors.OpError, ValueError, OSError) as e:
-        raise UserError(f"{path}: not a loadable SavedModel ({str(e).splitlines()[0][:160]})") from None
-    weights = {}
-    for name, var in zip(meta["weights"], loaded.bert_weights):
-        value = np.asarray(var.numpy(), np.float32)
-        if name == "classifier/kernel":
-            name, value = "output_weights", value.T
-        elif name == "classifier/bias":
-            name = "output_bias"
-        weights[name] = weight_names.fold_to_google_shape(name, value)
-    return checkpoints.Pretrained(
-        "saved_model", path, config, os.path.join(path, EXTRA, "vocab.txt"), weights, meta.get("do_lower_case"),
-        labels=meta.get("labels") or None, task_type=meta.get("task_type"))

@@ -1,6 +1,6 @@
 """Tasks: files on disk -> lists of `Example`s and a label list, as google-research/bert's processors.
 
-`get_task(name, ...)` gives every GLUE task from the files of GLUE's download (glue.py), XNLI, a generic
+`get_task(name, ...)` gives every GLUE task from the files of GLUE's download (glue_tasks.py), XNLI, a generic
 `tsv`/`csv` task whose columns are named by flags, and `tfds` for a dataset already prepared in a local
 TFDS data_dir (nothing is downloaded; `glue/*` with GLUE's columns). Bad rows raise UserError naming the
 file and line.
@@ -12,6 +12,7 @@ import logging
 import math
 import os
 
+from bert_mgpu import glue_tasks
 from bert_mgpu.errors import UserError
 from bert_mgpu.objectives import KINDS, objective
 from bert_mgpu.text_files import read_json_lines, read_rows
@@ -376,10 +377,10 @@ def get_task(name, text_column="text", label_column="label", text_b_column=None,
 
 def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfds_data_dir, xnli_language,
           tfds_splits):
-    from bert_mgpu import glue
-
-    task = glue.glue_task(name)
-    if task is not None:
+    reader = glue_tasks.glue_reader(name)
+    if reader is not None:
+        task = ColumnTask(reader[0], **reader[1])
+        task.task_type = reader[2]
         return task
     if name == "xnli":
         return XnliTask(xnli_language)
@@ -391,7 +392,7 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
     if name == "tfds":
         if not tfds_name:
             raise UserError("--task_name=tfds needs --tfds_name")
-        known = glue.tfds_columns(tfds_name)
+        known = glue_tasks.tfds_columns(tfds_name)
         if known and text_column == "text":  # GLUE's own columns unless the flags name others
             text_column, text_b_column, splits = known
             tfds_splits = splits if tfds_splits == ("train", "validation", "test") else tfds_splits
@@ -399,7 +400,7 @@ def _task(name, text_column, label_column, text_b_column, labels, tfds_name, tfd
         if tfds_name.startswith("glue/stsb"):
             task.task_type = "regression"
         return task
-    raise UserError(f"--task_name={name} is unknown; use {', '.join(glue.TASKS)}, xnli, tsv, csv, jsonl or tfds")
+    raise UserError(f"--task_name={name} is unknown; use {', '.join(glue_tasks.TASKS)}, xnli, tsv, csv, jsonl or tfds")
 
 
 class XnliTask:
