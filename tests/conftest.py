@@ -78,6 +78,15 @@ def google_release(tmp_path_factory):
     return directory
 
 
+@pytest.fixture(scope="session")
+def sentiment_data(tmp_path_factory):
+    """A data_dir of the toy task: train.tsv (64 rows) and dev.tsv (16), label and text columns."""
+    d = tmp_path_factory.mktemp("sentiment")
+    write_tsv(d / "train.tsv", sentiment_rows(64, seed=1))
+    write_tsv(d / "dev.tsv", sentiment_rows(16, seed=2))
+    return d
+
+
 def run_script(name, *args, check=True, env=None):
     """Run a top-level script as a user does (no GPU visible); on an unexpected failure show its stderr.
     `env` adds variables; one set to None is removed."""

@@ -8,17 +8,14 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import run_script, sentiment_rows, write_tsv
+from conftest import run_script
 
 from bert_mgpu import checkpoints
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    write_tsv(d / "train.tsv", sentiment_rows(64, seed=1))
-    write_tsv(d / "dev.tsv", sentiment_rows(16, seed=2))
-    return d
+def data(sentiment_data):
+    return sentiment_data
 
 
 def refused(data, release, out, *extra):

@@ -7,17 +7,14 @@ import os
 import subprocess
 
 import pytest
-from conftest import run_script, sentiment_rows, write_tsv
+from conftest import run_script
 
 from bert_mgpu import errors
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    d = tmp_path_factory.mktemp("data")
-    write_tsv(d / "train.tsv", sentiment_rows(64, seed=1))
-    write_tsv(d / "dev.tsv", sentiment_rows(16, seed=2))
-    return d
+def data(sentiment_data):
+    return sentiment_data
 
 
 @contextlib.contextmanager
