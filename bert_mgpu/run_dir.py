@@ -51,17 +51,21 @@ def check_output_dir(path, flag="--output_dir"):
 
 
 def check_no_links(directory):
-    """UserError if anything inside `directory` is a symbolic link. TensorFlow writes checkpoints, events and
-    SavedModels through links, so a linked `ckpt-N.index` or `export/` would be overwritten outside the run;
-    the directory itself may be a link (an output directory on another disk)."""
+    """UserError for a symbolic link that a run would write through: TensorFlow writes checkpoints, events and
+    SavedModels through links, so a linked `ckpt-N.index`, `checkpoint`, `train/` or `export/` (or anything
+    inside a subdirectory) would be overwritten outside the run. A link to a file bert_mgpu writes itself
+    (vocab.txt, results) is replaced whole, never written through, and the directory itself may be a link."""
     if storage.is_remote(directory):
         return
     for root, dirs, files in os.walk(directory):
         for name in dirs + files:
             path = os.path.join(root, name)
-            if os.path.islink(path):
-                raise UserError(f"{path} is a symbolic link (to {os.readlink(path)}); bert_mgpu writes only real "
-                                "files inside its output directory and would write through it: remove the link")
+            if not os.path.islink(path):
+                continue
+            if root == directory and not os.path.isdir(path) and not name.startswith("ckpt-") and name != "checkpoint":
+                continue
+            raise UserError(f"{path} is a symbolic link; bert_mgpu writes only real files inside its output directory "
+                            f"and would write through it (to {os.readlink(path)}): remove the link")
 
 
 _HELD = {}  # realpath of a directory -> the open descriptor through which this process locks it

@@ -140,7 +140,7 @@ def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_to
                                                    max_seq_length=32)
     out = str(tmp_path / "run")
     history = clf.fit(train, out, epochs=3, learning_rate=2e-3, verbose=False, dev=dev, eval_every_steps=3,
-                      eval_batch_size=4, load_best_model_at_end=True, save_checkpoints_steps=100)
+                      eval_batch_size=4, load_best_model_at_end=True, save_checkpoints_steps=100, save_total_limit=3)
     rows = evaluation.read_history(out)
     assert [r["step"] for r in rows] == [3, 6, 9, 12, 15, 18] == history["eval_step"]  # 96 / 16 x 3 = 18
     assert history["eval_accuracy"] == pytest.approx([r["eval_accuracy"] for r in rows], abs=1e-6)
@@ -183,7 +183,7 @@ def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_to
     one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
     kept = [int(p.split("-")[1].split(".")[0]) for p in os.listdir(out) if p.endswith(".index")]
     assert len(kept) >= 3
-    for step in kept:  # the checkpoints still there (3 are kept), each evaluated at its step
+    for step in kept:  # the checkpoints still there (save_total_limit=3), each evaluated at its step
         again = bert_mgpu.BertClassifier.from_pretrained(os.path.join(out, f"ckpt-{step}"), towers=one,
                                                          precision="float32", max_seq_length=32)
         got = again.evaluate(dev, 4)
