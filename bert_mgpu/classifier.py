@@ -352,8 +352,7 @@ class BertClassifier:
     def _write_run(self, output_dir, step):
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
         run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels, "pairs": self.pairs,
-               **({"label_separator": self.label_separator, "threshold": self.threshold}
-                  if self.objective.empty_label_allowed() else {}),
+               **self.objective.run_facts(self.threshold),
                "do_lower_case": self.tokenizer.do_lower_case,
                "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
                "settings": self.settings}

@@ -60,6 +60,10 @@ class Objective:
     def empty_label_allowed(self):
         return False
 
+    def run_facts(self, threshold):
+        """What a run directory records beside its labels for this head kind to be read back the same."""
+        return {}
+
     def encode(self, examples, label_list, source="data"):
         """The examples' labels as the loss takes them: class ids (-1 for none)."""
         ids = {label: i for i, label in enumerate(label_list or [])}
@@ -206,6 +210,9 @@ class MultiLabel(Objective):
 
     def empty_label_allowed(self):
         return True
+
+    def run_facts(self, threshold):
+        return {"label_separator": self.separator, "threshold": threshold}
 
     def encode(self, examples, label_list, source="data"):
         ids = {label: i for i, label in enumerate(label_list or [])}
