@@ -189,7 +189,7 @@ def check_output_file(path, flag):
     if not os.path.isdir(parent):
         raise UserError(f"{flag}={path}: the directory {parent} does not exist")
     try:
-        storage.remove(storage.write_atomic(os.path.join(parent, f".write-test-{os.getpid()}"), "ok"))
+        storage.probe_writable(parent)
     except OSError as e:
         raise UserError(f"{flag}={path}: {parent} is not writable ({e.strerror})") from None
     return path

@@ -66,7 +66,6 @@ def hold_back_chatter():
         absl_logger.addFilter(_Chatter())
 
 
-
 def console_logging():
     """bert_mgpu's INFO lines (training records, what was loaded) on stderr where nothing configured logging:
     a notebook or a plain script, as the scripts show them. A program that set up logging keeps its own."""

@@ -40,7 +40,7 @@ def check_output_dir(path, flag="--output_dir"):
         raise UserError(f"{flag}={path} is a file, not a directory")
     try:
         storage.makedirs(path)
-        storage.remove(storage.write_atomic(os.path.join(path, f".write-test-{os.getpid()}"), "ok"))
+        storage.probe_writable(path)
     except OSError as e:
         raise UserError(f"{flag}={path} is not writable ({e.strerror})") from None
     except tf.errors.OpError as e:

@@ -8,7 +8,7 @@ checkpoint holds (pretraining's heads and clock), the hooks, and the dataset fro
 Example:
     session = Session(towers, model, run, lambda: create_optimizer(5e-5, 1000, 100), objective.loss)
     loop = session.loop(global_batch=32, hooks=[], save_every=500)
-    session.run(loop, dataset.skip(session.start), until_step=1000)
+    session.train(loop, dataset.skip(session.start), until_step=1000)
 """
 
 import contextlib
@@ -28,7 +28,7 @@ class Session:
     Args:
         towers: the devices (devices.Towers).
         model: the Keras model, built in the towers' strategy scope.
-        run: the run directory; closed when `run` ends, however it ends.
+        run: the run directory; closed when `train` ends, however it ends.
         make_optimizer: called once in the strategy's scope -> the optimizer (optimization.create_optimizer).
         loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
         accum_steps: micro-batches a tower runs per step (gradient accumulation).

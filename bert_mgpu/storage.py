@@ -153,6 +153,12 @@ def finish_pending(directory):
     os.remove(note)
 
 
+def probe_writable(directory):
+    """Write and remove a small file in `directory`: OSError (or TensorFlow's error elsewhere) if it cannot
+    be written, found before a run's work rather than after it."""
+    remove(write_atomic(os.path.join(directory, f".write-test-{os.getpid()}"), "ok"))
+
+
 def follow_umask(path):
     """Give a local file the mode a file written by open() gets (0666 less the umask)."""
     if not is_remote(path):
