@@ -72,7 +72,7 @@ def run():
     except ValueError:
         raise UserError(f"--layers={','.join(FLAGS.layers)}: expected layer numbers such as -1,-2") from None
     examples = read_inputs(FLAGS.input_file)
-    towers = cli.towers_from_flags(cli.plan_from_flags(FLAGS.batch_size))
+    towers = cli.towers_from_flags(*cli.plan_from_flags(), FLAGS.batch_size)
     encoder = Encoder.from_pretrained(FLAGS.init_checkpoint, towers, FLAGS.precision, FLAGS.max_seq_length,
                                       FLAGS.do_lower_case, FLAGS.bert_config_file, FLAGS.vocab_file)
     if not FLAGS["layers"].present:  # google-bert's default, the last 4, on a model that may have fewer

@@ -41,6 +41,7 @@ for _kind in ("train", "eval", "predict"):  # the same flags, named for what the
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
 flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
 flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")
+flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
 flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
 flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
 flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
@@ -97,13 +98,13 @@ def run():
     cli.check_numbers(
         at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
                   "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
-                  "eval_every_steps": 1, "early_stopping_patience": 1, "max_consecutive_skips": 0, "seed": 0,
-                  "save_total_limit": 1},
+                  "num_warmup_steps": 0, "eval_every_steps": 1, "early_stopping_patience": 1,
+                  "max_consecutive_skips": 0, "seed": 0, "save_total_limit": 1},
         positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion", "threshold"))
-    plan = cli.plan_from_flags(FLAGS.train_batch_size)
+    plan, cluster = cli.plan_from_flags()
     if FLAGS.dry_run:
         policy, why = precision.resolve_precision(FLAGS.precision, plan)
-        print(plan.describe())
+        print(plan.describe(FLAGS.train_batch_size))
         print(f"precision: {policy} ({why})")
         return
     if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict or FLAGS.do_export):
@@ -125,8 +126,8 @@ def run():
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
     # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
-    towers = cli.towers_from_flags(plan)
-    logging.info("%s", towers.plan.describe())
+    towers = cli.towers_from_flags(plan, cluster, FLAGS.train_batch_size)
+    logging.info("%s", plan.describe(FLAGS.train_batch_size))
     if towers.cluster:
         logging.info("%s", towers.cluster.describe())
     if towers.is_chief:
@@ -165,17 +166,7 @@ def run():
                                 memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
         settings = {name: getattr(FLAGS, name) for name in (
             "task_name", "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
-        clf.fit(train, FLAGS.output_dir, epochs=FLAGS.num_train_epochs, learning_rate=FLAGS.learning_rate,
-                warmup_proportion=FLAGS.warmup_proportion, save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-                seed=FLAGS.seed, use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
-                save_total_limit=FLAGS.save_total_limit,
-                overwrite=FLAGS.overwrite_output_dir, settings=settings, log_every=FLAGS.log_every_steps,
-                gradient_accumulation_steps=FLAGS.gradient_accumulation_steps, dev=dev,
-                evaluation_strategy=FLAGS.evaluation_strategy, eval_every_steps=FLAGS.eval_every_steps,
-                eval_batch_size=FLAGS.eval_batch_size, metric_for_best_model=FLAGS.metric_for_best_model,
-                greater_is_better=FLAGS.greater_is_better, load_best_model_at_end=FLAGS.load_best_model_at_end,
-                early_stopping_patience=FLAGS.early_stopping_patience,
-                early_stopping_threshold=FLAGS.early_stopping_threshold)
+        clf.fit(train, FLAGS.output_dir, cli.train_config(), dev=dev, settings=settings)
         if clf.interrupted:
             print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
                   f"{FLAGS.output_dir}. Rerun the same command to resume")

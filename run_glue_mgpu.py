@@ -48,7 +48,7 @@ def run():
     import keras
 
     keras.utils.set_random_seed(FLAGS.seed)
-    towers = cli.towers_from_flags(cli.plan_from_flags(FLAGS.train_batch_size or 32))
+    towers = cli.towers_from_flags(*cli.plan_from_flags(), FLAGS.train_batch_size or 32)
     logging.info("%s", towers.plan.describe())
     tasks = None if FLAGS.tasks == ["all"] else FLAGS.tasks
     results = glue.run(FLAGS.glue_dir, FLAGS.init_checkpoint, FLAGS.output_dir, tasks, towers,

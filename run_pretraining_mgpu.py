@@ -141,11 +141,10 @@ def run():
         fraction=("masked_lm_prob", "warmup_proportion", "adam_beta1", "adam_beta2", "validation_begin_proportion",
                   "validation_end_proportion"))
     # One micro-batch per tower unless told: the global batch split evenly over every worker's towers.
-    plan = cli.plan_from_flags(FLAGS.train_micro_batch_size_per_gpu or 1)
+    plan, cluster = cli.plan_from_flags()
     micro = FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
-    plan = dataclasses.replace(plan, per_tower_batch=micro)
     if FLAGS.dry_run:
-        print(plan.describe())
+        print(plan.describe(micro))
         print(f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch "
               f"{FLAGS.train_batch_size} = {plan.job_towers} towers x {micro} x "
               f"{FLAGS.train_batch_size / (plan.job_towers * micro):g} accumulation steps")
@@ -168,8 +167,8 @@ def run():
     keras.utils.set_random_seed(FLAGS.seed)
     if FLAGS.deterministic:
         tf.config.experimental.enable_op_determinism()
-    towers = cli.towers_from_flags(plan)
-    logging.info("%s", towers.plan.describe())
+    towers = cli.towers_from_flags(plan, cluster, micro)
+    logging.info("%s", plan.describe(micro))
     if towers.cluster:
         logging.info("%s", towers.cluster.describe())
     if towers.is_chief:
@@ -209,14 +208,8 @@ def run():
         settings = {name: getattr(FLAGS, name) for name in (
             "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "nsp",
             "seed", "deterministic", "validation_input_file")}
-        pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, train_batch_size=FLAGS.train_batch_size,
-                learning_rate=FLAGS.learning_rate, optimizer=FLAGS.optimizer, beta_1=FLAGS.adam_beta1,
-                beta_2=FLAGS.adam_beta2, epsilon=FLAGS.adam_eps, weight_decay=FLAGS.weight_decay,
-                clipnorm=FLAGS.max_grad_norm, validation=validation,
-                save_checkpoints_steps=FLAGS.save_checkpoints_steps, log_every=FLAGS.log_every_steps,
-                use_xla=FLAGS.use_xla, max_consecutive_skips=FLAGS.max_consecutive_skips,
-                save_total_limit=FLAGS.save_total_limit,
-                overwrite=FLAGS.overwrite_output_dir, settings=settings)
+        pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, cli.pretrain_config(), validation=validation,
+                settings=settings)
         step = int(pre.trainer.step.numpy())
         print(f"pretraining stopped at step {step}: {pre.stop}")
         if pre.stop.startswith("interrupted"):

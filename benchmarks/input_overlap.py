@@ -31,7 +31,7 @@ def main():
     from bert_mgpu import devices, distribute, memory, modeling, optimization, training
     from bert_mgpu.config import BertConfig
 
-    plan = devices.plan_devices(0, 2, 16, ())
+    plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
     config = BertConfig(vocab_size=8000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                         intermediate_size=1024, max_position_embeddings=128)

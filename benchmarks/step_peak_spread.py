@@ -44,7 +44,7 @@ def main():
     from bert_mgpu import distribute, memory, modeling, optimization, training
     from bert_mgpu.config import BertConfig
 
-    plan = devices.plan_devices(0, 2, 1, ())
+    plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
     overrides, length = MODELS[args.model]
     with strategy.scope():

@@ -81,7 +81,7 @@ def libraries(setup):
     build = {k: v for k, v in tf.sysconfig.get_build_info().items() if "version" in k or k == "is_cuda_build"}
     if setup.gpu:
         trainer = _trainer(setup.strategy(), "tiny", "float32")
-        trainer.train_step(next(trainer.training_batches(_data(setup.plan.global_batch, 32, 1))))
+        trainer.train_step(next(trainer.training_batches(_data(setup.per_tower * setup.plan.towers, 32, 1))))
     with open("/proc/self/maps") as f:
         loaded = sorted({line.split()[-1] for line in f
                          if re.search(r"lib(nccl|cudnn|cudart|cublas)\b[^/]*\.so", line)})

@@ -11,6 +11,7 @@ Example:
 `run_classifier_mgpu.py` is a thin absl-flags wrapper over this class.
 """
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -33,6 +34,7 @@ from bert_mgpu.precision import resolve_precision
 from bert_mgpu.session import Session
 from bert_mgpu.tasks import Example, as_examples
 from bert_mgpu.tokenization import FullTokenizer
+from bert_mgpu.train_config import TrainConfig
 from bert_mgpu.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
@@ -95,6 +97,8 @@ class BertClassifier:
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self.report = None  # the last evaluation's {label: (precision, recall, F1, support)}
         self.metrics = []  # metrics every evaluation adds (--metrics): see metrics.CLASSIFICATION
+        self.train_batch_size = towers.train_batch_size  # per tower, unless fit is given one
+        self.train_config = None  # the last fit's TrainConfig, kept in bert_mgpu.json
         self._predictor = Trainer(towers.strategy, model)
 
     @property
@@ -182,99 +186,86 @@ class BertClassifier:
         return clf
 
     # ------------------------------------------------------------------ training
-    def fit(self, examples: Sequence[Example], output_dir: str, epochs: float = 3.0, learning_rate: float = 5e-5,
-            warmup_proportion: float = 0.1, save_checkpoints_steps: int = 1000, seed: int = 12345,
-            use_xla: bool = False, verbose: bool = True, max_consecutive_skips: int = 10, overwrite: bool = False,
-            settings: dict | None = None, callbacks: Sequence | None = None, log_every: int = 50,
-            gradient_accumulation_steps: int = 1, dev: Sequence[Example] | None = None,
-            evaluation_strategy: str = "no", eval_every_steps: int | None = None, eval_batch_size: int = 8,
-            metric_for_best_model: str | None = None, greater_is_better: bool | None = None,
-            load_best_model_at_end: bool = False, early_stopping_patience: int | None = None,
-            early_stopping_threshold: float = 0.0, save_total_limit: int = 2) -> dict:
+    def fit(self, examples: Sequence[Example], output_dir: str, config: TrainConfig | None = None,
+            dev: Sequence[Example] | None = None, callbacks: Sequence | None = None, settings: dict | None = None,
+            **keywords) -> dict:
         """Fine-tune; rerunning with the same output_dir and settings resumes where the last checkpoint was.
 
-        The resumed run sees the batches the uninterrupted one would have seen (same seed, seen ones
-        skipped). SIGTERM/Ctrl-C stop after the step under way with a checkpoint and set
-        `self.interrupted`. Other settings in an output_dir holding checkpoints are refused unless
-        `overwrite`. `settings` adds the caller's own (the script's flags) to what is compared.
-        `callbacks`: Keras callbacks (see loop.Loop). `gradient_accumulation_steps`: each tower runs that
-        many batches of its per-tower size one after another and the step applies their mean gradient, so
-        the global batch is towers x per-tower batch x this.
+        `config`: a `TrainConfig`; `keywords` are its fields (epochs, learning_rate, train_batch_size,
+        eval_every_steps, ...), given instead of or on top of it. The resumed run sees the batches the
+        uninterrupted one would have seen (same seed, seen ones skipped). SIGTERM/Ctrl-C stop after the
+        step under way with a checkpoint and set `self.interrupted`. Other settings in an output_dir holding
+        checkpoints are refused unless `overwrite`. `settings` adds the caller's own (the script's flags) to
+        what is compared. `callbacks`: Keras callbacks (see loop.Loop). With gradient accumulation each
+        tower runs that many batches one after another and the step applies their mean gradient, so the
+        global batch is towers x per-tower batch x accumulation steps.
 
-        Evaluation while training (evaluation.py): `evaluation_strategy` "steps" (every `eval_every_steps`,
-        which alone implies it) or "epoch", on `dev`; `metric_for_best_model` (default the task's: F1 for
-        MRPC, MCC for CoLA, else accuracy) picks the model kept in `output_dir/best`;
-        `load_best_model_at_end` leaves that model in `self.model`; `early_stopping_patience` evaluations
-        without an improvement above `early_stopping_threshold` stop the run.
+        Evaluation while training (evaluation.py) on `dev`: every `eval_every_steps` or every epoch;
+        `metric_for_best_model` (default the task's: F1 for MRPC, MCC for CoLA, else accuracy) picks the model
+        kept in `output_dir/best`; `load_best_model_at_end` leaves that model in `self.model`;
+        `early_stopping_patience` evaluations without an improvement above `early_stopping_threshold` stop
+        the run.
 
         Returns the history, as Keras' `History.history`: a list per name, the training records' (`step`,
         `loss`, `learning_rate`, ...) and the evaluations' (`eval_step`, `eval_loss`, `eval_accuracy`, ...).
         """
+        config = TrainConfig.make(config, **keywords)
+        config.check()
         examples, dev = as_examples(examples), (None if dev is None else as_examples(dev))
         unlabelled = next((e for e in examples if e.label is None), None)
         if unlabelled is not None:
             raise UserError(f"training example {unlabelled.guid} has no label: fit takes Examples, (text, label) "
                             "rows of a DataFrame, or labelled files")
         self.pairs = any(e.text_b is not None for e in examples)
-        accum = int(gradient_accumulation_steps)
-        if accum < 1:
-            raise UserError(f"--gradient_accumulation_steps={accum}: expected 1 or more")
-        if not (math.isfinite(epochs) and epochs > 0):
-            raise UserError(f"--num_train_epochs={epochs}: must be a finite number above 0")
-        global_batch = self.towers.batch(self.towers.plan.per_tower_batch) * accum
-        num_steps = int(len(examples) / global_batch * epochs)
+        per_tower, accum = int(config.train_batch_size or self.train_batch_size), config.gradient_accumulation_steps
+        global_batch = self.towers.batch(per_tower) * accum
+        num_steps = int(len(examples) / global_batch * config.epochs)
         if num_steps < 1:
             raise UserError(f"{len(examples)} training examples make no step at global batch {global_batch} "
-                            f"x {epochs} epochs")
+                            f"x {config.epochs} epochs")
+        if num_steps >= 2**31:
+            raise UserError(f"--num_train_epochs={config.epochs} makes {num_steps} steps: more than a run can count")
+        self.train_config = dataclasses.replace(config, train_batch_size=per_tower)  # saved as it ran
         self.settings = {
             "train_examples": len(examples), "train_data_sha256": examples_digest(examples),
-            "num_train_epochs": epochs, "learning_rate": learning_rate, "warmup_proportion": warmup_proportion,
-            "per_tower_batch": self.towers.plan.per_tower_batch, "towers": self.towers.count,
-            "max_seq_length": self.max_seq_length, "labels": self.labels, "seed": seed,
+            **config.settings(per_tower), "towers": self.towers.count,
+            "max_seq_length": self.max_seq_length, "labels": self.labels,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **run_dir.vocab_setting(self.tokenizer.vocab_file),
-            **({"task_type": self.task_type} if self.task_type != "classification" else {}),
-            **({"gradient_accumulation_steps": accum} if accum > 1 else {}), **(settings or {})}
-        every = evaluation_every(evaluation_strategy, eval_every_steps, num_steps / epochs)
-        if (every or load_best_model_at_end or early_stopping_patience) and not dev:
+            **({"task_type": self.task_type} if self.task_type != "classification" else {}), **(settings or {})}
+        every = evaluation_every(config.evaluation_strategy, config.eval_every_steps, num_steps / config.epochs)
+        if (every or config.load_best_model_at_end or config.early_stopping_patience) and not dev:
             raise UserError("evaluation during training (--evaluation_strategy, --eval_every_steps, "
                             "--load_best_model_at_end, --early_stopping_patience) needs dev examples")
-        if (load_best_model_at_end or early_stopping_patience) and not every:
-            raise UserError("--load_best_model_at_end and --early_stopping_patience need evaluation during "
-                            "training: --evaluation_strategy=epoch|steps or --eval_every_steps")
-        if not (math.isfinite(learning_rate) and learning_rate > 0):
-            raise UserError(f"--learning_rate={learning_rate}: must be a finite number above 0")
-        if int(max_consecutive_skips) < 0:
-            raise UserError(f"--max_consecutive_skips={max_consecutive_skips}: must be 0 (no limit) or more")
-        if num_steps >= 2**31:
-            raise UserError(f"--num_train_epochs={epochs} makes {num_steps} steps: more than a run can count")
-        choice = BestModel(metric_for_best_model or self.main_metric, greater_is_better, early_stopping_patience,
-                           early_stopping_threshold)
-        if every and metric_for_best_model:  # before any step: an evaluation of a few examples names its keys
-            names = self.evaluate(dev[:eval_batch_size * self.towers.count], eval_batch_size, verbose=False)
+        choice = BestModel(config.metric_for_best_model or self.main_metric, config.greater_is_better,
+                           config.early_stopping_patience, config.early_stopping_threshold)
+        if every and config.metric_for_best_model:  # before any step: an evaluation of a few examples names its keys
+            names = self.evaluate(dev[:config.eval_batch_size * self.towers.count], config.eval_batch_size,
+                                  verbose=False)
             if choice.metric not in names:
                 known = ", ".join(k[len("eval_"):] for k in sorted(names) if k.startswith("eval_")
                                   and not k.startswith("eval_report_") and k != "eval_examples")
-                raise UserError(f"--metric_for_best_model={metric_for_best_model}: the evaluation gives {known}")
-        run = run_dir.Run(output_dir, self.settings, self._write_run, overwrite, chief=self.towers.is_chief,
-                          keep=save_total_limit)
-        warmup = int(num_steps * warmup_proportion)
+                raise UserError(f"--metric_for_best_model={config.metric_for_best_model}: the evaluation gives "
+                                f"{known}")
+        run = run_dir.Run(output_dir, self.settings, self._write_run, config.overwrite, chief=self.towers.is_chief,
+                          keep=config.save_total_limit)
+        warmup = config.warmup_steps(num_steps)
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
-            learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16"), self.objective.loss, accum,
-            use_xla)
+            config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16"), self.objective.loss,
+            accum, config.use_xla)
         start = session.start
         if session.restored:
             log.info("resuming from %s at step %d", session.restored, start)
         if self.towers.is_chief:
             self._write_run(output_dir, start)
         log.info("training: %d examples, %d steps of %d (%d towers x %d x %d accumulation steps), warmup %d, "
-                 "from step %d", len(examples), num_steps, global_batch, self.towers.count,
-                 self.towers.plan.per_tower_batch, accum, warmup, start)
+                 "from step %d", len(examples), num_steps, global_batch, self.towers.count, per_tower, accum,
+                 warmup, start)
         self.interrupted, hooks = None, []
         if every:
             chief = self.towers.is_chief
             watch = DevEvaluation(
-                lambda: {k: v for k, v in self.evaluate(dev, eval_batch_size, verbose=False).items()
+                lambda: {k: v for k, v in self.evaluate(dev, config.eval_batch_size, verbose=False).items()
                          if k.startswith("eval_") and k != "eval_examples"},
                 every, output_dir, choice, self._save_model_dir,
                 tf.summary.create_file_writer(run_dir.check_event_dir(os.path.join(output_dir, "eval"))) if chief
@@ -284,10 +275,9 @@ class BertClassifier:
         if start >= num_steps:
             self.global_step = self.trained_steps = start
             run.close()
-            return self._finish(hooks, load_best_model_at_end, [])
-        dataset = self._data(examples, global_batch, training=True, seed=seed, source="train").skip(start)
-        loop = session.loop(global_batch, hooks, callbacks, log_every, save_checkpoints_steps, max_consecutive_skips,
-                            verbose)
+            return self._finish(hooks, config.load_best_model_at_end, [])
+        dataset = self._data(examples, global_batch, training=True, seed=config.seed, source="train").skip(start)
+        loop = session.loop(global_batch, config, hooks, callbacks)
         try:
             session.train(loop, dataset, until_step=num_steps)
         finally:
@@ -300,7 +290,7 @@ class BertClassifier:
                         self.interrupted, self.global_step, num_steps, run.latest)
         else:
             log.info("trained to step %d (%s); checkpoint %s", self.global_step, loop.stop, run.latest)
-        return self._finish(hooks, load_best_model_at_end and not self.interrupted, loop.history)
+        return self._finish(hooks, config.load_best_model_at_end and not self.interrupted, loop.history)
 
     def _finish(self, hooks, load_best, records):
         """The history as Keras gives it; the best model loaded when asked."""
@@ -333,20 +323,20 @@ class BertClassifier:
 
     def auto_batch_size(self, memory_limit_mb: float | None = None, output_dir: str | None = None,
                         memory_per_tower_mb: float | None = None, use_xla: bool = False) -> int:
-        """Set the per-tower training batch to the largest that fits (see memory.py) and return it.
+        """Set `train_batch_size` (per tower) to the largest that fits (see memory.py) and return it.
 
         A run in output_dir that already found one keeps it, so resuming trains as it started.
         """
         before = ((output_dir and run_dir.read_run(output_dir)) or {}).get("settings") or {}
         if before.get("auto_batch_size") and before.get("per_tower_batch"):
-            self.towers.set_batch(before["per_tower_batch"])
+            self.train_batch_size = int(before["per_tower_batch"])
             log.info("auto batch size: %d per tower, as found for %s", before["per_tower_batch"], output_dir)
             return before["per_tower_batch"]
         best = memory.find_for_model(self.towers, self.model, self.policy,
                                      lambda n: memory.classifier_batch(n, self.max_seq_length),
                                      memory_limit_mb=memory_limit_mb, memory_per_tower_mb=memory_per_tower_mb,
                                      use_xla=use_xla)
-        self.towers.set_batch(best)
+        self.train_batch_size = best
         return best
 
     def _write_run(self, output_dir, step):
@@ -355,7 +345,8 @@ class BertClassifier:
                **self.objective.run_facts(self.threshold),
                "do_lower_case": self.tokenizer.do_lower_case,
                "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
-               "settings": self.settings}
+               "settings": self.settings,
+               **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     def export(self, output_dir: str, format: str = "saved_model", precision: str = "float32",

@@ -217,27 +217,56 @@ def check_numbers(at_least=None, positive=(), fraction=()):
             raise UserError(f"--{name}={value}: must be between 0 and 1")
 
 
-def plan_from_flags(per_tower_batch):
-    """The device plan the tower flags ask for (listing GPUs does not start TensorFlow's runtime)."""
+def plan_from_flags():
+    """(device plan, cluster or None) the tower flags ask for, the cluster resolved once; listing GPUs does not
+    start TensorFlow's runtime."""
     from bert_mgpu import devices
-
-    f = FLAGS
-    visible = devices.discover_visible_gpus() if f.n_gpus else ()
-    job = cluster_from_flags()
-    return devices.plan_devices(f.n_gpus, f.towers_per_gpu, per_tower_batch, visible, job.workers if job else 1)
-
-
-def cluster_from_flags():
-    """The multi-worker cluster the flags name (--worker_hosts/--task_index, --multi_worker), or None."""
     from bert_mgpu.cluster import find_cluster
 
     f = FLAGS
-    return find_cluster(f.worker_hosts, f.task_index, f.multi_worker)
+    job = find_cluster(f.worker_hosts, f.task_index, f.multi_worker)
+    visible = devices.discover_visible_gpus() if f.n_gpus else ()
+    return devices.plan_devices(f.n_gpus, f.towers_per_gpu, visible, job.workers if job else 1), job
 
 
-def towers_from_flags(plan):
-    """`Towers` for a plan from `plan_from_flags`: devices configured, strategy made."""
+def towers_from_flags(plan, cluster, train_batch_size):
+    """`Towers` for the plan and cluster from `plan_from_flags`: devices configured, strategy made."""
     from bert_mgpu.devices import Towers
 
     f = FLAGS
-    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster_from_flags(), f.collective_timeout_seconds or None)
+    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster, f.collective_timeout_seconds or None,
+                            train_batch_size)
+
+
+def _loop_flags():
+    """The LoopConfig fields both scripts' flags give, under the flags' names."""
+    f = FLAGS
+    return dict(learning_rate=f.learning_rate, use_xla=f.use_xla, save_checkpoints_steps=f.save_checkpoints_steps,
+                save_total_limit=f.save_total_limit, log_every=f.log_every_steps,
+                max_consecutive_skips=f.max_consecutive_skips, overwrite=f.overwrite_output_dir)
+
+
+def train_config():
+    """run_classifier_mgpu.py's flags as a TrainConfig. The per-tower batch is the model's (the towers' from
+    --train_batch_size, or what --auto_batch_size found), so it is left to `fit`."""
+    from bert_mgpu.train_config import TrainConfig
+
+    f = FLAGS
+    return TrainConfig(
+        epochs=f.num_train_epochs, warmup_proportion=f.warmup_proportion, num_warmup_steps=f.num_warmup_steps,
+        gradient_accumulation_steps=f.gradient_accumulation_steps, seed=f.seed,
+        evaluation_strategy=f.evaluation_strategy, eval_every_steps=f.eval_every_steps,
+        eval_batch_size=f.eval_batch_size, metric_for_best_model=f.metric_for_best_model,
+        greater_is_better=f.greater_is_better, load_best_model_at_end=f.load_best_model_at_end,
+        early_stopping_patience=f.early_stopping_patience, early_stopping_threshold=f.early_stopping_threshold,
+        **_loop_flags())
+
+
+def pretrain_config():
+    """run_pretraining_mgpu.py's flags as a PretrainConfig (its Budget apart)."""
+    from bert_mgpu.train_config import PretrainConfig
+
+    f = FLAGS
+    return PretrainConfig(train_batch_size=f.train_batch_size, optimizer=f.optimizer, beta_1=f.adam_beta1,
+                          beta_2=f.adam_beta2, epsilon=f.adam_eps, weight_decay=f.weight_decay,
+                          clipnorm=f.max_grad_norm, **_loop_flags())

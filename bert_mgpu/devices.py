@@ -6,8 +6,8 @@ devices, and distribute.py makes the strategy over them (one BERT tower per devi
 variables mirrored on every tower, never all parked on GPU0 as in bert-ad).
 
 Example:
-    plan = plan_devices(n_gpus=0, towers_per_gpu=2, per_tower_batch=16, visible_gpus=[])
-    towers = Towers.from_plan(plan)           # 2 logical CPU towers, global batch 32
+    plan = plan_devices(n_gpus=0, towers_per_gpu=2, visible_gpus=[])
+    towers = Towers.from_plan(plan)           # 2 logical CPU towers
 """
 
 import dataclasses
@@ -23,13 +23,13 @@ from bert_mgpu.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class DevicePlan:
-    """Which devices carry towers, how many towers each, and the resulting global batch."""
+    """Which devices carry towers and how many towers each. The batch is a training setting, not the
+    plan's: `Towers.batch(per_tower)` gives a global batch."""
 
     device_type: str  # "GPU" or "CPU"
     physical_ids: tuple  # indices of the used physical devices among those TensorFlow sees
     visible_names: tuple  # their names as CUDA_VISIBLE_DEVICES gives them (for the log)
     towers_per_device: int
-    per_tower_batch: int
     why: str = ""  # why these devices, for the log
     workers: int = 1  # machines in the job, each with these towers (TensorFlow assumes them alike)
 
@@ -42,10 +42,6 @@ class DevicePlan:
     def job_towers(self):
         """Towers in the whole job: this machine's times the workers."""
         return self.towers * self.workers
-
-    @property
-    def global_batch(self):
-        return self.per_tower_batch * self.job_towers
 
     @property
     def devices(self):
@@ -62,12 +58,14 @@ class DevicePlan:
             return "none"
         return "nccl" if self.device_type == "GPU" and self.towers_per_device == 1 else "ring"
 
-    def describe(self):
+    def describe(self, per_tower_batch=None):
+        """The plan for the log; with `per_tower_batch`, the global batch it makes."""
+        batch = (f", global batch = {per_tower_batch} x {self.towers}"
+                 + (f" x {self.workers} workers" if self.workers > 1 else "")
+                 + f" = {per_tower_batch * self.job_towers}") if per_tower_batch else ""
         lines = [
             f"device plan: {self.towers} tower(s) on {self.device_type}, "
-            f"{self.towers_per_device} per device, all-reduce={self.all_reduce}, "
-            f"global batch = {self.per_tower_batch} x {self.towers}"
-            + (f" x {self.workers} workers" if self.workers > 1 else "") + f" = {self.global_batch}"
+            f"{self.towers_per_device} per device, all-reduce={self.all_reduce}{batch}"
             + (f" ({self.why})" if self.why else "")
         ]
         for t, dev in enumerate(self.devices):
@@ -106,20 +104,17 @@ def visible_gpu_names(num_visible, cuda_visible_devices, smi_gpus=None):
     return listed[:num_visible] if cuda_visible_devices is not None else tuple(str(i) for i in range(num_visible))
 
 
-def plan_devices(n_gpus: int, towers_per_gpu: int, per_tower_batch: int, visible_gpus: Sequence[str],
-                 workers: int = 1) -> DevicePlan:
+def plan_devices(n_gpus: int, towers_per_gpu: int, visible_gpus: Sequence[str], workers: int = 1) -> DevicePlan:
     """Pure: (flags, visible GPU names in order) -> DevicePlan, or UserError saying what is wrong.
 
     n_gpus=-1 means every visible GPU, the CPU when none is visible; n_gpus=0 means the CPU;
     towers_per_gpu=K then makes K logical CPU towers. workers: machines in the job, each planned alike.
     """
-    return dataclasses.replace(_plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus),
-                               workers=int(workers))
+    return dataclasses.replace(_plan_devices(n_gpus, towers_per_gpu, visible_gpus), workers=int(workers))
 
 
-def _plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
-    for name, value, low in (("n_gpus", n_gpus, -1), ("towers_per_gpu", towers_per_gpu, 1),
-                             ("train_batch_size", per_tower_batch, 1)):
+def _plan_devices(n_gpus, towers_per_gpu, visible_gpus):
+    for name, value, low in (("n_gpus", n_gpus, -1), ("towers_per_gpu", towers_per_gpu, 1)):
         if not isinstance(value, int) or value < low:
             raise UserError(f"--{name}={value} is invalid; it must be an integer >= {low}")
     visible_gpus = tuple(visible_gpus)
@@ -131,13 +126,13 @@ def _plan_devices(n_gpus, towers_per_gpu, per_tower_batch, visible_gpus):
         )
     if n_gpus == -1:
         if not visible_gpus:
-            return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, per_tower_batch, "no GPU visible: the CPU")
+            return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, "no GPU visible: the CPU")
         n_gpus, why = len(visible_gpus), "every visible GPU"
     else:
         why = "--n_gpus=0: the CPU, GPUs hidden from TensorFlow" if n_gpus == 0 else f"--n_gpus={n_gpus}"
     if n_gpus == 0:
-        return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, per_tower_batch, why)
-    return DevicePlan("GPU", tuple(range(n_gpus)), visible_gpus[:n_gpus], towers_per_gpu, per_tower_batch, why)
+        return DevicePlan("CPU", (), ("cpu",), towers_per_gpu, why)
+    return DevicePlan("GPU", tuple(range(n_gpus)), visible_gpus[:n_gpus], towers_per_gpu, why)
 
 
 def nvidia_smi_gpus():
@@ -300,7 +295,7 @@ def tower_memory_limit_mb(plan, memory_per_tower_mb=None, gpus=None):
 
 
 class Towers:
-    """A device plan applied: the strategy to build models under and the global batch.
+    """A device plan applied: the strategy to build models under, and the job's workers.
 
     Create it before any TensorFlow op: it splits devices into logical towers and picks the CPU
     allocator, which TensorFlow fixes when it starts.
@@ -309,7 +304,9 @@ class Towers:
         n_gpus: GPUs to use in CUDA_VISIBLE_DEVICES order; -1 every visible GPU (the CPU when none is
             visible); 0 the CPU.
         towers_per_gpu: towers per GPU, or logical CPU towers with n_gpus=0.
-        train_batch_size: the per-tower training batch (google-bert's and bert-ad's name for it).
+        train_batch_size: the per-tower training batch a model built on these towers starts with
+            (google-bert's and bert-ad's name). A model's `fit` and `auto_batch_size` change the model's
+            batch, never the towers'.
         per_tower_batch: the same, named for what it is (wins when given).
         gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
         multi_worker: several machines, the cluster from TF_CONFIG or SLURM (`cluster.find_cluster`).
@@ -330,21 +327,24 @@ class Towers:
         job = find_cluster(worker_hosts, task_index, multi_worker)
         visible = discover_visible_gpus() if n_gpus else ()
         per_tower = per_tower_batch if per_tower_batch is not None else train_batch_size
-        plan = plan_devices(n_gpus, towers_per_gpu, per_tower, visible, job.workers if job else 1)
-        self._apply(plan, gpu_memory_per_tower_mb, job, collective_timeout_seconds)
+        plan = plan_devices(n_gpus, towers_per_gpu, visible, job.workers if job else 1)
+        self._apply(plan, gpu_memory_per_tower_mb, job, collective_timeout_seconds, per_tower)
 
     @classmethod
     def from_plan(cls, plan: DevicePlan, gpu_memory_per_tower_mb: int | None = None,
-                  cluster: Cluster | None = None, collective_timeout_seconds: float | None = None) -> "Towers":
-        """Towers for a plan already made (`plan_devices`): the script's plan, computed once."""
+                  cluster: Cluster | None = None, collective_timeout_seconds: float | None = None,
+                  train_batch_size: int = 32) -> "Towers":
+        """Towers for a plan already made (`plan_devices`) and its cluster: the script's, found once."""
         self = cls.__new__(cls)
-        self._apply(plan, gpu_memory_per_tower_mb, cluster, collective_timeout_seconds)
+        self._apply(plan, gpu_memory_per_tower_mb, cluster, collective_timeout_seconds, train_batch_size)
         return self
 
-    def _apply(self, plan, gpu_memory_per_tower_mb, cluster, timeout=None):
+    def _apply(self, plan, gpu_memory_per_tower_mb, cluster, timeout, train_batch_size):
         if cluster is not None and cluster.workers != plan.workers:
             raise ValueError(f"the plan is for {plan.workers} worker(s), the cluster has {cluster.workers}")
-        self.plan, self.cluster = plan, cluster
+        if not isinstance(train_batch_size, int) or train_batch_size < 1:
+            raise UserError(f"--train_batch_size={train_batch_size} is invalid; it must be an integer >= 1")
+        self.plan, self.cluster, self.train_batch_size = plan, cluster, train_batch_size
         self.gpus = gpu_memory(plan)  # before TensorFlow allocates on them
         configure_devices(plan, gpu_memory_per_tower_mb, self.gpus)
         self.strategy = (distribute.multi_worker_strategy(plan, cluster, timeout) if cluster
@@ -361,19 +361,20 @@ class Towers:
         return self.cluster is None or self.cluster.is_chief
 
     @property
+    def worker(self):
+        """(this worker's index, workers in the job): (0, 1) on one machine."""
+        return (self.cluster.index, self.cluster.workers) if self.cluster else (0, 1)
+
+    @property
     def per_tower_batch(self):
-        """The per-tower training batch."""
-        return self.plan.per_tower_batch
+        """`train_batch_size`, named for what it is."""
+        return self.train_batch_size
 
     @property
     def global_batch(self):
-        """Examples in a training step (before gradient accumulation): per-tower batch x every tower."""
-        return self.batch(self.plan.per_tower_batch)
+        """A step's examples at `train_batch_size` (before gradient accumulation): per-tower x every tower."""
+        return self.batch(self.train_batch_size)
 
     def batch(self, per_tower: int) -> int:
         """The global batch of `per_tower` examples on each tower."""
         return per_tower * self.count
-
-    def set_batch(self, per_tower: int) -> None:
-        """Another per-tower training batch (found by --auto_batch_size) on the same devices."""
-        self.plan = dataclasses.replace(self.plan, per_tower_batch=int(per_tower))

@@ -3,14 +3,13 @@ random seeds, and global batches split onto the towers. The rest of bert_mgpu is
 builds models under `strategy.scope()` and calls what is here.
 
 Example:
-    strategy = make_strategy(plan_devices(n_gpus=0, towers_per_gpu=2, per_tower_batch=16, visible_gpus=[]))
+    strategy = make_strategy(plan_devices(n_gpus=0, towers_per_gpu=2, visible_gpus=[]))
     for batch in distribute_dataset(strategy, dataset):     # per-tower values
         strategy.run(step, args=(batch,))
 """
 
-import weakref
-
 from bert_mgpu import _compat
+from bert_mgpu.cluster import Cluster
 
 
 def make_strategy(plan, devices=None, timeout_seconds=None):
@@ -309,7 +308,6 @@ def multi_worker_strategy(plan, cluster, timeout_seconds=None):
     with _compat.multi_worker_local_devices(plan.device_type, plan.towers):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver(),
                                                              communication_options=comm)
-    _WORKERS[strategy] = (cluster.index, cluster.workers)
     return strategy
 
 
@@ -335,12 +333,15 @@ def communication(plan):
     return "NCCL" if plan.device_type == "GPU" and plan.towers_per_device == 1 else "RING"
 
 
-_WORKERS = weakref.WeakKeyDictionary()
-
-
 def worker_of(strategy):
-    """(this worker's index, workers in the job): (0, 1) on one machine. Worker 0 is the chief."""
-    return _WORKERS.get(strategy, (0, 1))
+    """(this worker's index, workers in the job), read off the strategy's own cluster resolver (TensorFlow's
+    public `Strategy.cluster_resolver`, None on one machine): (0, 1) on one machine. Worker 0 is the chief."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    jobs = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    if not jobs:
+        return 0, 1
+    job = Cluster(jobs, resolver.task_type, int(resolver.task_id), "the strategy")
+    return job.index, job.workers
 
 
 def is_chief(strategy):

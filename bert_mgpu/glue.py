@@ -82,13 +82,13 @@ def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
         data = os.path.join(glue_dir, spec.directory)
         train = task.get_examples(data, "train")
         labels = task.get_labels(data, train)
-        towers.set_batch(batch_size or spec.batch_size)
         clf = BertClassifier.from_pretrained(init_checkpoint, labels=labels, towers=towers, precision=precision,
                                              max_seq_length=max_seq_length, task=name, task_type=task.task_type)
         log.info("GLUE %s: %d training examples, %g epochs at %g", spec.title, len(train),
                  epochs or spec.epochs, learning_rate or spec.learning_rate)
         clf.fit(train, os.path.join(output_dir, name), epochs=epochs or spec.epochs,
-                learning_rate=learning_rate or spec.learning_rate, seed=seed, **fit_args)
+                learning_rate=learning_rate or spec.learning_rate, seed=seed,
+                train_batch_size=batch_size or spec.batch_size, **fit_args)
         if clf.interrupted:
             raise UserError(f"GLUE {spec.title}: interrupted by {clf.interrupted}; rerun to resume")
         evaluated = [name] + (["mnli-mm"] if name == "mnli" else [])

@@ -95,16 +95,16 @@ class Setup:
 
         from bert_mgpu import devices
 
-        self.gpu = bool(tf.config.list_physical_devices("GPU"))
+        self.gpu, self.per_tower = bool(tf.config.list_physical_devices("GPU")), per_tower
         if self.gpu:
             visible = devices.discover_visible_gpus()
-            self.plan = devices.plan_devices(len(visible), towers_per_gpu, per_tower, visible)
+            self.plan = devices.plan_devices(len(visible), towers_per_gpu, visible)
             self.gpus = devices.gpu_memory(self.plan)
             devices.configure_devices(self.plan, gpus=self.gpus)
             self.devices = None
         else:
             gpus = cpu_gpus if towers_per_gpu == 1 else 1
-            self.plan = devices.plan_devices(gpus, towers_per_gpu, per_tower, tuple(str(i) for i in range(gpus)))
+            self.plan = devices.plan_devices(gpus, towers_per_gpu, tuple(str(i) for i in range(gpus)))
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * self.plan.towers)
             self.devices, self.gpus = [f"/cpu:{i}" for i in range(self.plan.towers)], []

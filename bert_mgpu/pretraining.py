@@ -34,6 +34,7 @@ from bert_mgpu.precision import resolve_precision
 from bert_mgpu.pretraining_input import PretrainingData, worker_files
 from bert_mgpu.session import Session
 from bert_mgpu.tokenization import FullTokenizer
+from bert_mgpu.train_config import PretrainConfig
 from bert_mgpu.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
@@ -193,7 +194,7 @@ class BertPretrainer:
         model: the Keras model (`pretraining_model.build_pretrainer`), built under `towers.strategy`.
         tokenizer: a `FullTokenizer`.
         config: the `BertConfig`.
-        towers: the `Towers` it runs on; their per-tower batch is the micro-batch.
+        towers: the `Towers` it runs on; their `train_batch_size` is the first micro-batch.
         policy: the Keras dtype policy it computes in.
         fused_encoder: whether `model` runs the fused encoder.
 
@@ -211,6 +212,8 @@ class BertPretrainer:
         self.stop = None  # why the last fit stopped
         self.settings = None  # what the last fit was run with (compared when an output_dir is reused)
         self.global_step = 0  # the step of the model: of the bert_mgpu checkpoint read, then of the last fit
+        self.micro_batch = towers.train_batch_size  # per tower; fit accumulates micro-batches to its global batch
+        self.train_config = None  # the last fit's PretrainConfig, kept in bert_mgpu.json
 
     @classmethod
     def _build(cls, config, tokenizer, towers, precision, nsp, fused_encoder):
@@ -254,25 +257,24 @@ class BertPretrainer:
         return self
 
     # ------------------------------------------------------------------ training
-    def fit(self, data: PretrainingData, output_dir: str, budget: Budget, train_batch_size: int | None = None,
-            learning_rate: float = 1e-4, optimizer: str = "adamw", beta_1: float = 0.9, beta_2: float = 0.999,
-            epsilon: float = 1e-6, weight_decay: float = 0.01, clipnorm: float | None = 1.0,
-            validation: Validation | None = None, save_checkpoints_steps: int = 1000, log_every: int = 50,
-            use_xla: bool = False, clock: Callable[[], float] | None = None, verbose: bool = True,
-            steps: int | None = None, max_consecutive_skips: int = 10, overwrite: bool = False,
-            settings: dict | None = None, callbacks: Sequence | None = None, save_total_limit: int = 2) -> dict:
+    def fit(self, data: PretrainingData, output_dir: str, budget: Budget, config: PretrainConfig | None = None,
+            validation: Validation | None = None, clock: Callable[[], float] | None = None, steps: int | None = None,
+            settings: dict | None = None, callbacks: Sequence | None = None, **keywords) -> dict:
         """Pretrain until the budget says stop; rerunning with the same output_dir resumes.
 
-        `train_batch_size` is the global batch, reached with the towers' micro-batch and gradient
-        accumulation (default: one micro-batch per tower). `steps` stops this call after that many steps
-        (a notebook can train in chunks; the next call resumes). Returns the last logged statistics.
-        SIGTERM/Ctrl-C stop after the step under way with a checkpoint (`self.stop` says so); an
-        output_dir holding a run with other `settings` is refused unless `overwrite`. `callbacks`: Keras
-        callbacks (see loop.Loop).
+        `config`: a `PretrainConfig`; `keywords` are its fields (train_batch_size, learning_rate, optimizer,
+        ...), given instead of or on top of it. Its `train_batch_size` is the global batch, reached with
+        the micro-batch (`self.micro_batch` per tower) and gradient accumulation (default: one micro-batch
+        per tower). `steps` stops this call after that many steps (a notebook can train in chunks; the
+        next call resumes). Returns the last logged statistics. SIGTERM/Ctrl-C stop after the step under
+        way with a checkpoint (`self.stop` says so); an output_dir holding a run with other `settings` is
+        refused unless `overwrite`. `callbacks`: Keras callbacks (see loop.Loop).
         """
+        config = PretrainConfig.make(config, **keywords)
+        config.check()
         budget.check()
-        micro = self.towers.plan.per_tower_batch
-        global_batch = train_batch_size or self.towers.batch(micro)
+        micro = self.micro_batch
+        global_batch = config.train_batch_size or self.towers.batch(micro)
         if global_batch % self.towers.batch(micro):
             raise UserError(f"--train_batch_size={global_batch} is not a multiple of micro-batch x towers = "
                             f"{micro} x {self.towers.count}")
@@ -280,28 +282,27 @@ class BertPretrainer:
         if self.model.nsp_head is not None and not data.has_nsp:
             raise UserError("next-sentence prediction needs TFRecords from create_pretraining_data; "
                             "raw text input trains masked LM only (--nsp=false)")
+        self.train_config = dataclasses.replace(config, train_batch_size=global_batch)  # saved as it ran
         self.settings = {"budget": {k: v for k, v in dataclasses.asdict(budget).items() if k != "num_warmup_steps"},
                          **({"num_warmup_steps": budget.num_warmup_steps} if budget.num_warmup_steps is not None
-                            else {}), "global_batch": global_batch,
-                         "towers": self.towers.count, "learning_rate": learning_rate, "optimizer": optimizer,
-                         "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay,
-                         "clipnorm": clipnorm, "precision": self.policy,
-                         **run_dir.encoder_setting(self.fused_encoder),
+                            else {}), **config.settings(global_batch), "towers": self.towers.count,
+                         "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
                          **run_dir.vocab_setting(self.tokenizer.vocab_file), **(settings or {})}
         self.settings["budget"]["finetune_time_markers"] = list(budget.finetune_time_markers)
-        run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data), overwrite,
-                          chief=self.towers.is_chief, keep=save_total_limit)
+        run = run_dir.Run(output_dir, self.settings, lambda d, step: self._write_run(d, step, data),
+                          config.overwrite, chief=self.towers.is_chief, keep=config.save_total_limit)
         strategy = self.towers.strategy
         with strategy.scope():
             progress = tf.Variable(0.0, trainable=False, name="progress")
-            schedule = (schedules.TimeBasedDecay(learning_rate, budget.warmup_proportion, budget.curve, progress)
+            schedule = (schedules.TimeBasedDecay(config.learning_rate, budget.warmup_proportion, budget.curve,
+                                                 progress)
                         if budget.lr_schedule == "time" else schedules.WarmupLinearDecay(
-                            learning_rate, budget.num_train_steps, budget.warmup_steps(), budget.decay_power))
+                            config.learning_rate, budget.num_train_steps, budget.warmup_steps(), budget.decay_power))
             elapsed_var = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds")
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
-            schedule=schedule, weight_decay=weight_decay, float16=self.policy == "mixed_float16",
-            optimizer=optimizer, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, clipnorm=clipnorm),
-            pretraining_model.pretraining_loss, accum, use_xla,
+            schedule=schedule, weight_decay=config.weight_decay, float16=self.policy == "mixed_float16",
+            optimizer=config.optimizer, beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon,
+            clipnorm=config.clipnorm), pretraining_model.pretraining_loss, accum, config.use_xla,
             state={"heads": pretraining_model.head_checkpoint_objects(self.model), "elapsed_seconds": elapsed_var})
         trainer, step = session.trainer, session.start
         if session.restored:
@@ -320,10 +321,9 @@ class BertPretrainer:
         marker_dir = lambda m: os.path.join(output_dir, "finetune_checkpoints", f"at_{m:g}")  # noqa: E731
         hooks.append(FinetuneMarkers(budget, marker_dir, lambda d, s: self.save_finetune_checkpoint(d, s, data)))
 
-        loop = session.loop(global_batch, hooks, callbacks, log_every, save_checkpoints_steps, max_consecutive_skips,
-                            verbose, clock, float(elapsed_var.numpy()),
+        loop = session.loop(global_batch, config, hooks, callbacks, clock, float(elapsed_var.numpy()),
                             before_save=lambda loop: elapsed_var.assign(loop.elapsed()))
-        index, workers = distribute.worker_of(strategy)
+        index, workers = self.towers.worker
         if data.by_files(workers):  # each reads its own files
             rows_each = global_batch // workers
             dataset = data.dataset(rows_each, True, step * rows_each, part=(index, workers))
@@ -348,7 +348,7 @@ class BertPretrainer:
     def auto_batch_size(self, global_batch: int, max_seq_length: int, max_predictions_per_seq: int,
                         memory_limit_mb: float | None = None, memory_per_tower_mb: float | None = None,
                         use_xla: bool = False) -> int:
-        """Set the towers' micro-batch to the largest that fits (memory.py) and divides the global batch
+        """Set `micro_batch` (per tower) to the largest that fits (memory.py) and divides the global batch
         into whole accumulation steps; returns it."""
         fits = memory.find_for_model(
             self.towers, self.model, self.policy,
@@ -358,7 +358,7 @@ class BertPretrainer:
         micro = max(m for m in range(1, fits + 1) if global_batch % (m * self.towers.count) == 0)
         log.info("micro-batch %d per tower (%d fits), %d accumulation steps", micro, fits,
                  global_batch // (micro * self.towers.count))
-        self.towers.set_batch(micro)
+        self.micro_batch = micro
         return micro
 
     def evaluate(self, data: PretrainingData, batch_size: int = 32, max_steps: int | None = None) -> dict:
@@ -395,5 +395,6 @@ class BertPretrainer:
     def _write_run(self, directory, step, data=None):
         run = {"kind": "pretraining", "do_lower_case": self.tokenizer.do_lower_case, "global_step": step,
                "max_seq_length": data.max_seq_length if data else None, "nsp": self.model.nsp_head is not None,
-               "settings": self.settings}
+               "settings": self.settings,
+               **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
         checkpoints.write_run_files(directory, run, self.config, self.tokenizer.vocab_file)

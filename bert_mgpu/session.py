@@ -7,7 +7,7 @@ checkpoint holds (pretraining's heads and clock), the hooks, and the dataset fro
 
 Example:
     session = Session(towers, model, run, lambda: create_optimizer(5e-5, 1000, 100), objective.loss)
-    loop = session.loop(global_batch=32, hooks=[], save_every=500)
+    loop = session.loop(global_batch=32, config=TrainConfig(save_checkpoints_steps=500))
     session.train(loop, dataset.skip(session.start), until_step=1000)
 """
 
@@ -46,9 +46,9 @@ class Session:
         self.start = int(self.trainer.step.numpy())
         distribute.check_same_start(towers.strategy, self.start, run.directory)
 
-    def loop(self, global_batch, hooks=(), callbacks=None, log_every=50, save_every=1000, max_consecutive_skips=10,
-             verbose=True, clock=None, elapsed_before=0.0, before_save=None):
-        """The loop over this session's steps; it saves through the run (`before_save(loop)` first)."""
+    def loop(self, global_batch, config, hooks=(), callbacks=None, clock=None, elapsed_before=0.0, before_save=None):
+        """The loop over this session's steps as `config` (train_config.LoopConfig) says; it saves through the
+        run (`before_save(loop)` first)."""
 
         def save():
             if before_save is not None:
@@ -56,9 +56,9 @@ class Session:
             self.run.save(int(self.trainer.step.numpy()))
 
         loop = Loop(self.trainer, global_batch, hooks, callbacks=callbacks, writer=self.run.writer,
-                    log_every=log_every, save=save, save_every=save_every, last_checkpoint=lambda: self.run.latest,
-                    max_consecutive_skips=max_consecutive_skips, clock=clock, elapsed_before=elapsed_before,
-                    verbose=verbose)
+                    log_every=config.log_every, save=save, save_every=config.save_checkpoints_steps,
+                    last_checkpoint=lambda: self.run.latest, max_consecutive_skips=config.max_consecutive_skips,
+                    clock=clock, elapsed_before=elapsed_before, verbose=config.verbose)
         return loop
 
     def train(self, loop, dataset, until_step=None, worker_part=False, reading=None):

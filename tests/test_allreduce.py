@@ -16,7 +16,7 @@ CPU_TOWERS = ["/cpu:0", "/cpu:1"]
 def gpu_strategy(towers_per_gpu=1):
     """What `--n_gpus=2` (or one GPU split in 2 towers) builds, on the two CPU devices."""
     gpus = ("0", "1") if towers_per_gpu == 1 else ("0",)
-    plan = devices.plan_devices(len(gpus), towers_per_gpu, 4, gpus)
+    plan = devices.plan_devices(len(gpus), towers_per_gpu, gpus)
     return plan, distribute.make_strategy(plan, devices=CPU_TOWERS, timeout_seconds=120)
 
 
@@ -79,7 +79,7 @@ def test_the_gpu_step_on_several_towers_per_gpu_runs_on_ring_collectives():
 
 
 def test_float16_gradients_cross_as_float16_but_layer_norms_embeddings_and_the_head_in_float32():
-    with distribute.make_strategy(devices.plan_devices(0, 1, 1, ())).scope():
+    with distribute.make_strategy(devices.plan_devices(0, 1, ())).scope():
         model = modeling.build_classifier(tiny_config(38), 2, "mixed_float16")
     dtypes = dict(zip((v.path for v in model.trainable_variables),
                       training.allreduce_dtypes(model, tf.float16)))
@@ -100,7 +100,7 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
 from bert_mgpu import devices, distribute, optimization, training
 keras.mixed_precision.set_global_policy("mixed_float16")
-strategy = distribute.make_strategy(devices.plan_devices(0, 8, 1, ()))
+strategy = distribute.make_strategy(devices.plan_devices(0, 8, ()))
 with strategy.scope():
     inputs = keras.Input([1])
     model = keras.Model(inputs, keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")(inputs))

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bert_mgpu import distribute
-from bert_mgpu.cluster import find_cluster
+from bert_mgpu.cluster import Cluster, find_cluster
 from bert_mgpu.devices import plan_devices
 from bert_mgpu.errors import UserError
 
@@ -76,11 +76,11 @@ def test_slurm_tasks_make_the_cluster(monkeypatch):
 
 
 def test_the_plan_counts_every_workers_towers_in_the_global_batch():
-    plan = plan_devices(-1, 1, 32, ["0", "1", "2", "3", "4", "5", "6", "7"], workers=2)
-    assert (plan.towers, plan.job_towers, plan.global_batch) == (8, 16, 512)
-    assert "global batch = 32 x 8 x 2 workers = 512" in plan.describe()
-    assert plan_devices(0, 2, 4, [], workers=2).global_batch == 16
-    assert "workers" not in plan_devices(0, 2, 4, []).describe()
+    plan = plan_devices(-1, 1, ["0", "1", "2", "3", "4", "5", "6", "7"], workers=2)
+    assert (plan.towers, plan.job_towers) == (8, 16)
+    assert "global batch = 32 x 8 x 2 workers = 512" in plan.describe(32)
+    assert "global batch = 8 x 2 x 2 workers = 32" in plan_devices(0, 2, [], workers=2).describe(8)
+    assert "workers" not in plan_devices(0, 2, []).describe(8)
 
 
 @pytest.mark.parametrize("n_gpus, towers_per_gpu, visible, kind", [
@@ -90,7 +90,7 @@ def test_the_plan_counts_every_workers_towers_in_the_global_batch():
     (0, 2, [], "RING"),
 ])
 def test_workers_cross_by_nccl_when_every_tower_has_a_gpu(n_gpus, towers_per_gpu, visible, kind):
-    assert distribute.communication(plan_devices(n_gpus, towers_per_gpu, 8, visible, workers=2)) == kind
+    assert distribute.communication(plan_devices(n_gpus, towers_per_gpu, visible, workers=2)) == kind
 
 
 def test_on_one_machine_the_chief_decides_what_it_already_has():
@@ -110,12 +110,12 @@ def test_auto_batch_size_on_cpu_workers_is_refused_before_any_trial():
 
     from bert_mgpu import memory
 
-    class TwoWorkers:  # what multi_worker_strategy registers for worker 1 of 2
-        pass
-
-    strategy = TwoWorkers()
-    distribute._WORKERS[strategy] = (1, 2)
+    # Worker 1 of 2 as a multi-worker strategy tells it: TensorFlow's public Strategy.cluster_resolver.
+    job = Cluster({"worker": ["h1:2222", "h2:2222"]}, "worker", 1, "test")
+    strategy = types.SimpleNamespace(cluster_resolver=job.resolver())
+    assert distribute.worker_of(strategy) == (1, 2) and not distribute.is_chief(strategy)
     trainer = types.SimpleNamespace(strategy=strategy, learning_rate=0.0)
     with pytest.raises(UserError, match="^--auto_batch_size with several workers needs GPUs"):
-        memory.find_batch_size(trainer, None, plan_devices(0, 2, 4, [], workers=2), 1000)
-    assert distribute.ChiefDecides(TwoWorkers()).every(7) == [7.0]  # one machine: its own value
+        memory.find_batch_size(trainer, None, plan_devices(0, 2, [], workers=2), 1000)
+    one_machine = types.SimpleNamespace(cluster_resolver=None)  # MirroredStrategy's
+    assert distribute.ChiefDecides(one_machine).every(7) == [7.0]  # one machine: its own value

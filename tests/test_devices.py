@@ -9,27 +9,30 @@ from bert_mgpu.errors import UserError
 def test_plan_follows_cuda_visible_devices_order():
     visible = devices.visible_gpu_names(6, "1,2,3,4,5,6")
     assert visible == ("1", "2", "3", "4", "5", "6")
-    plan = devices.plan_devices(3, 1, 32, visible)
+    plan = devices.plan_devices(3, 1, visible)
     assert plan.device_type == "GPU"
     assert plan.devices == ("/gpu:0", "/gpu:1", "/gpu:2")
     assert plan.visible_names == ("1", "2", "3")
-    assert (plan.towers, plan.global_batch, plan.all_reduce) == (3, 96, "nccl")
+    assert (plan.towers, plan.all_reduce) == (3, "nccl")
     assert "tower 2: /gpu:2 (CUDA device 3)" in plan.describe()
+    assert "global batch = 32 x 3 = 96" in plan.describe(32) and "global batch" not in plan.describe()
 
 
 def test_towers_per_gpu_multiplies_towers_and_batch():
-    plan = devices.plan_devices(2, 3, 8, ("5", "7"))
-    assert (plan.towers, plan.global_batch, plan.all_reduce) == (6, 48, "ring")  # NCCL: one rank per GPU
-    assert devices.plan_devices(1, 3, 8, ("5",)).all_reduce == "ring"
+    plan = devices.plan_devices(2, 3, ("5", "7"))
+    assert (plan.towers, plan.all_reduce) == (6, "ring")  # NCCL: one rank per GPU
+    assert "global batch = 8 x 6 = 48" in plan.describe(8)
+    assert devices.plan_devices(1, 3, ("5",)).all_reduce == "ring"
     assert plan.devices == tuple(f"/gpu:{i}" for i in range(6))
     assert "tower 4: /gpu:4 (CUDA device 7)" in plan.describe()
 
 
 def test_cpu_plan_makes_logical_towers():
-    plan = devices.plan_devices(0, 4, 16, ())
-    assert (plan.device_type, plan.towers, plan.global_batch) == ("CPU", 4, 64)
+    plan = devices.plan_devices(0, 4, ())
+    assert (plan.device_type, plan.towers) == ("CPU", 4)
+    assert "global batch = 16 x 4 = 64" in plan.describe(16)
     assert plan.devices == ("/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3")
-    assert plan.all_reduce == "ring" and devices.plan_devices(0, 1, 16, ()).all_reduce == "none"
+    assert plan.all_reduce == "ring" and devices.plan_devices(0, 1, ()).all_reduce == "none"
 
 
 @pytest.mark.parametrize("n_gpus, visible, message", [
@@ -39,15 +42,15 @@ def test_cpu_plan_makes_logical_towers():
 ])
 def test_bad_gpu_counts_are_one_clear_error(n_gpus, visible, message):
     with pytest.raises(UserError) as e:
-        devices.plan_devices(n_gpus, 1, 32, visible)
+        devices.plan_devices(n_gpus, 1, visible)
     assert message in str(e.value)
 
 
 def test_bad_towers_and_batch():
     with pytest.raises(UserError, match="--towers_per_gpu=0 is invalid"):
-        devices.plan_devices(0, 0, 32, ())
+        devices.plan_devices(0, 0, ())
     with pytest.raises(UserError, match="--train_batch_size=0 is invalid"):
-        devices.plan_devices(0, 1, 0, ())
+        devices.Towers.from_plan(devices.plan_devices(0, 1, ()), train_batch_size=0)
 
 
 def test_visible_names_empty_and_unset():
@@ -62,7 +65,7 @@ def test_visible_names_empty_and_unset():
 
 
 def test_strategy_on_two_logical_cpus():
-    plan = devices.plan_devices(0, 2, 4, ())
+    plan = devices.plan_devices(0, 2, ())
     devices.configure_devices(plan)  # runtime already started by conftest: reuses its 2 devices
     strategy = distribute.make_strategy(plan)
     assert strategy.num_replicas_in_sync == 2
@@ -73,11 +76,11 @@ def test_strategy_on_two_logical_cpus():
 def test_configure_refuses_more_towers_than_started_devices():
     tf.constant(1.0)  # make sure the runtime has started
     with pytest.raises(UserError, match="already started with 2 logical CPU device"):
-        devices.configure_devices(devices.plan_devices(0, 3, 4, ()))
+        devices.configure_devices(devices.plan_devices(0, 3, ()))
 
 
 def _two_towers():
-    return distribute.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    return distribute.make_strategy(devices.plan_devices(0, 2, ()))
 
 
 def test_distribute_dataset_splits_each_global_batch_across_the_towers():
@@ -141,7 +144,7 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
 
     from bert_mgpu import modeling, run_dir
 
-    strategy = distribute.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    strategy = distribute.make_strategy(devices.plan_devices(0, 2, ()))
     keras.utils.set_random_seed(3)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2, "float32", fused=fused)  # dropout 0.1
@@ -172,7 +175,7 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
     (0, ("3", "5"), "CPU", 1, "--n_gpus=0: the CPU, GPUs hidden from TensorFlow"),
     (1, ("3", "5"), "GPU", 1, "--n_gpus=1")])
 def test_the_default_takes_every_visible_gpu_and_the_log_says_which(n_gpus, visible, kind, towers, why):
-    plan = devices.plan_devices(n_gpus, 1, 8, visible)
+    plan = devices.plan_devices(n_gpus, 1, visible)
     assert (plan.device_type, plan.towers) == (kind, towers)
     assert plan.describe().splitlines()[0].endswith(f"({why})")
     assert devices.Towers.__init__.__defaults__[0] == -1
@@ -182,7 +185,7 @@ def test_a_cpu_plan_hides_the_gpus_from_tensorflow(monkeypatch):
     """With --n_gpus=0 TensorFlow must not map the GPUs' memory nor place unscoped ops on GPU:0."""
     calls = []
     monkeypatch.setattr(tf.config, "set_visible_devices", lambda devs, kind=None: calls.append((list(devs), kind)))
-    devices._apply_plan(tf, devices.plan_devices(0, 1, 8, ("0", "1")), None)
+    devices._apply_plan(tf, devices.plan_devices(0, 1, ("0", "1")), None)
     assert calls == [([], "GPU")]
 
 

@@ -67,6 +67,12 @@ def test_a_classifier_run_directory_resumes_to_the_same_end(tmp_path):
     got = results(d / "out" / "eval_results.txt")
     for key, want in expected["eval"].items():
         assert got[key] == pytest.approx(want, abs=1e-4), key
+    # The resumed run keeps its TrainConfig beside the settings it compared, as it ran: the flags' values.
+    written = json.load(open(d / "out" / "bert_mgpu.json"))
+    config = written["train_config"]
+    assert (config["epochs"], config["learning_rate"], config["train_batch_size"], config["seed"]) == (
+        written["settings"]["num_train_epochs"], written["settings"]["learning_rate"],
+        written["settings"]["per_tower_batch"], written["settings"]["seed"])
 
 
 def test_a_pretraining_run_directory_evaluates_and_resumes_as_it_was_written(tmp_path):

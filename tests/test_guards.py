@@ -60,7 +60,7 @@ training_loss = training.classification_loss
 
 
 def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan, log_every=1):
-    plan = devices.plan_devices(0, 2, 4, ())
+    plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
     with strategy.scope():
@@ -123,7 +123,7 @@ def test_a_real_out_of_memory_names_the_tower_batch_and_length():
     CPU, running out of memory part-way is a crash, as it is under the kernel's OOM killer.)"""
     import resource
 
-    plan = devices.plan_devices(0, 2, 32768, ())
+    plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2)

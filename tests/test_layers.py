@@ -15,7 +15,7 @@ LAYERS = {
              "pretraining_records"),
     "parallel": ("distribute", "devices", "guards"),
     "io": ("checkpoints", "run_dir", "trained", "export", "serving", "outputs", "plot"),
-    "train": ("optimization", "training", "loop", "memory", "evaluation", "session"),
+    "train": ("train_config", "optimization", "training", "loop", "memory", "evaluation", "session"),
     "api": ("classifier", "pretraining", "embeddings", "glue"),
     "cli": ("cli", "gpu_check", "checks_gpu"),
 }

@@ -18,7 +18,7 @@ from bert_mgpu.pretraining import Budget
 
 
 def tiny_trainer(steps=20):
-    strategy = distribute.make_strategy(devices.plan_devices(0, 2, 4, ()))
+    strategy = distribute.make_strategy(devices.plan_devices(0, 2, ()))
     keras.utils.set_random_seed(3)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2)

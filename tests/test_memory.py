@@ -19,7 +19,7 @@ def test_largest_fitting_finds_the_edge_in_few_trials(largest, cap):
 
 
 def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
-    plan = devices.plan_devices(0, 2, 1, ())
+    plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -62,7 +62,7 @@ def test_cpu_peak_sees_the_memory_of_xla_compiled_kernels():
     """The allocator this process has keeps statistics whether TensorFlow runs oneDNN or not (.ci/run runs
     this file with TF_ENABLE_ONEDNN_OPTS=0 and =1); XLA's CPU kernels allocate from it, so the peak sees
     their temporaries, and a smaller step after a larger one reads its own peak."""
-    peaks = _sort_peaks(memory.peak_meter(devices.plan_devices(0, 1, 1, ())))
+    peaks = _sort_peaks(memory.peak_meter(devices.plan_devices(0, 1, ())))
     assert 2 * 32 <= peaks[32] <= 8 * 32 and 2 * 8 <= peaks[8] <= 8 * 8, peaks
 
 
@@ -98,12 +98,12 @@ def test_without_statistics_auto_batch_says_so_in_one_line(monkeypatch):
 
     monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", no_stats)
     with pytest.raises(UserError, match="keeps no memory statistics in this process.*TF_CPU_ALLOCATOR_USE_BFC"):
-        memory.peak_meter(devices.plan_devices(0, 1, 1, ()))
+        memory.peak_meter(devices.plan_devices(0, 1, ()))
 
 
 def test_cpu_needs_a_memory_limit():
     with pytest.raises(UserError, match="--auto_batch_size on CPU needs --memory_limit_mb"):
-        memory.default_limit_mb(devices.plan_devices(0, 2, 1, ()))
+        memory.default_limit_mb(devices.plan_devices(0, 2, ()))
 
 
 @pytest.mark.parametrize("free, cc, env, cap", [
@@ -116,12 +116,12 @@ def test_gpu_limit_is_95_percent_of_what_tensorflow_lets_a_tower_take(free, cc, 
 
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    plan = devices.plan_devices(1, 1, 8, ("0",))
+    plan = devices.plan_devices(1, 1, ("0",))
     gpus = [devices.GpuMemory("0", free, 2 * free, cc[0])]
     with caplog.at_level(logging.INFO, "bert_mgpu"):
         assert memory.default_limit_mb(plan, gpus=gpus) == pytest.approx(0.95 * cap)
     assert f"may take {cap:.0f} MiB on a tower of CUDA device 0; the limit keeps 5% of it free" in caplog.text
-    split = devices.plan_devices(1, 2, 8, ("0",))
+    split = devices.plan_devices(1, 2, ("0",))
     assert memory.default_limit_mb(split, gpus=gpus) == pytest.approx(0.95 * int(cap / 2))
     assert memory.default_limit_mb(split, memory_per_tower_mb=5000) == pytest.approx(0.95 * 5000)
 
@@ -139,17 +139,17 @@ def test_gpu_limits_come_from_the_gpu_with_least_free_memory_as_it_was_before_th
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    plan = devices.plan_devices(2, 2, 8, ("0", "1"))
+    plan = devices.plan_devices(2, 2, ("0", "1"))
     gpus = devices.gpu_memory(plan)
     assert [(g.name, g.free_mb, g.total_mb, g.cc_major) for g in gpus] == [("0", 80000, 81920, 8),
                                                                            ("1", 10000, 24576, 8)]
     assert devices.smallest_gpu(plan, gpus).name == "1"
     assert devices.tower_memory_limit_mb(plan, gpus=gpus) == int((10000 - 1536) / 2)  # not 92% of 81920 / 2
     assert memory.default_limit_mb(plan, gpus=gpus) == pytest.approx(0.95 * int((10000 - 1536) / 2))
-    one_each = devices.plan_devices(2, 1, 8, ("0", "1"))
+    one_each = devices.plan_devices(2, 1, ("0", "1"))
     assert memory.default_limit_mb(one_each, gpus=gpus) == pytest.approx(0.95 * (10000 - 1536))
     with pytest.raises(UserError, match="cannot read the memory of CUDA device.s. 2 with nvidia-smi"):
-        devices.tower_memory_limit_mb(devices.plan_devices(2, 2, 8, ("0", "2")))
+        devices.tower_memory_limit_mb(devices.plan_devices(2, 2, ("0", "2")))
 
 
 FRESH_PROCESS = """
@@ -159,7 +159,7 @@ from conftest import tiny_config
 from bert_mgpu import devices, distribute, memory, modeling, optimization, training
 from bert_mgpu.loop import Hook, Loop
 
-plan = devices.plan_devices(0, 2, 1, ())
+plan = devices.plan_devices(0, 2, ())
 strategy = distribute.make_strategy(plan)
 keras.utils.set_random_seed(0)
 make = lambda n: memory.classifier_batch(n, 64)
@@ -237,7 +237,7 @@ def test_gpu_trials_run_one_tower_alone_with_the_update_and_change_no_weight(mon
     is a forward, backward and optimizer update on the first tower alone, with learning rate 0."""
     import dataclasses
 
-    cpu_plan = devices.plan_devices(0, 2, 1, ())
+    cpu_plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(cpu_plan)
     keras.utils.set_random_seed(0)
     with strategy.scope():
@@ -256,7 +256,7 @@ def test_gpu_trials_run_one_tower_alone_with_the_update_and_change_no_weight(mon
 
 
 def test_cpu_trials_refuse_an_optimizer_that_would_train():
-    plan = devices.plan_devices(0, 1, 1, ())
+    plan = devices.plan_devices(0, 1, ())
     strategy = distribute.make_strategy(plan)
     with strategy.scope():
         model = modeling.build_classifier(tiny_config(38), 2)

@@ -292,7 +292,7 @@ import sys
 sys.path.insert(0, {root!r})
 from bert_mgpu import cluster, devices, distribute
 job = cluster.find_cluster(sys.argv[1], int(sys.argv[2]))
-plan = devices.plan_devices(0, 2, 4, (), workers=job.workers)
+plan = devices.plan_devices(0, 2, (), workers=job.workers)
 devices.configure_devices(plan)
 decide = distribute.ChiefDecides(distribute.multi_worker_strategy(plan, job))
 print("chief's", decide([100.0 + job.index, float(job.index == 1)], any_of=(1,)))

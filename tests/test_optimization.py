@@ -20,7 +20,7 @@ def _steps(opt_class, towers=None, steps=3, poison=(), drop=(), graphs=None):
     for i in poison:
         grads[i][0][1, 2], grads[i][1][0] = np.nan, np.inf
     grads = [g for i, g in enumerate(grads) if i not in drop]
-    plan = devices.plan_devices(0, towers, 1, ()) if towers else None
+    plan = devices.plan_devices(0, towers, ()) if towers else None
     strategy = distribute.make_strategy(plan) if towers else tf.distribute.get_strategy()
     with strategy.scope():
         variables = [keras.Variable(w) for w in init]

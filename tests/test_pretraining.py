@@ -259,12 +259,13 @@ def test_auto_batch_size_picks_a_micro_batch_that_fits_and_divides(text, caplog,
     with caplog.at_level(logging.INFO, "bert_mgpu"):
         micro = pre.auto_batch_size(global_batch=24, max_seq_length=32, max_predictions_per_seq=6,
                                     memory_limit_mb=1e6)  # real trials; no limit: the cap (24 / 2 towers) fits
-    assert micro == 12 and pre.towers.plan.per_tower_batch == 12
+    assert micro == 12 and pre.micro_batch == 12
     assert "micro-batch 12 per tower (12 fits), 1 accumulation steps" in caplog.text
     trials = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto batch size")][-1]
     assert "trials 1: " in trials and "12: " in trials
     monkeypatch.setattr(memory, "find_batch_size", lambda *a, **k: (5, []))  # say 5 fit: 12 = 3 x 4
-    assert pre.auto_batch_size(24, 32, 6, memory_limit_mb=1.0) == 4 and pre.towers.plan.per_tower_batch == 4
+    assert pre.auto_batch_size(24, 32, 6, memory_limit_mb=1.0) == 4 and pre.micro_batch == 4
+    assert pre.towers.train_batch_size == 1  # the model's batch changed, not the devices'
 
 
 @pytest.mark.parametrize("policy, tol", [("float32", 1e-5), ("mixed_bfloat16", 1e-2)])

@@ -2,6 +2,7 @@
 
 import os
 import re
+import types
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import tensorflow as tf
 from conftest import WORDS, run_script, write_vocab
 
 from bert_mgpu import pretraining_input, pretraining_records
+from bert_mgpu.cluster import Cluster
 from bert_mgpu.errors import UserError
 from bert_mgpu.tokenization import FullTokenizer
 
@@ -249,17 +251,15 @@ def test_workers_rows_put_together_are_the_global_batch(corpus, kind):
     from bert_mgpu import distribute
     from bert_mgpu.pretraining_input import PretrainingData
 
-    class Worker:  # what multi_worker_strategy registers
-        pass
-
     inputs = make(corpus, "rows")[0] if kind == "records" else [corpus[2]]
     data = PretrainingData(kind, inputs, corpus[1], max_seq_length=32 if kind == "text" else 128,
                            max_predictions_per_seq=20)
     whole = list(data.dataset(8, True, start=16).take(3).as_numpy_iterator())
     halves = []
     for index in range(2):
-        worker = Worker()
-        distribute._WORKERS[worker] = (index, 2)
+        # worker `index` of 2, as a multi-worker strategy's public cluster_resolver says
+        worker = types.SimpleNamespace(cluster_resolver=Cluster({"worker": ["h1:1", "h2:2"]}, "worker", index,
+                                                                "test").resolver())
         halves.append(list(data.dataset(4, True, start=16, rows=lambda ds, w=worker: distribute.worker_rows(
             ds, 8, w)).take(3).as_numpy_iterator()))
     for step in range(3):

@@ -23,7 +23,7 @@ def batch(n=8, length=12, seed=0):
 
 
 def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, use_xla=False, accum_steps=1):
-    plan = devices.plan_devices(0, towers, 8 // towers, ())
+    plan = devices.plan_devices(0, towers, ())
     strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
     with strategy.scope():
@@ -125,7 +125,7 @@ def test_float16_models_all_reduce_in_float16_and_still_match():
     close to the float32 all-reduce."""
     trainer, before, half, _ = one_step(2, steps=1, policy="mixed_float16")
     assert trainer.allreduce_dtype == tf.float16
-    plan = devices.plan_devices(0, 2, 4, ())
+    plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
     keras.utils.set_random_seed(1)
     with strategy.scope():

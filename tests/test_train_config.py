@@ -1,0 +1,67 @@
+"""TrainConfig and PretrainConfig: fit's keywords and the config are one thing, warmup travels as steps,
+and the settings a resumed run compares keep the keys run directories have always recorded."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+from conftest import ROOT
+
+from bert_mgpu.errors import UserError
+from bert_mgpu.train_config import PretrainConfig, TrainConfig
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+
+
+def test_keywords_make_the_same_config_and_an_unknown_one_is_a_type_error():
+    config = TrainConfig(epochs=2.0, learning_rate=3e-5, eval_every_steps=10)
+    assert TrainConfig.make(None, epochs=2.0, learning_rate=3e-5, eval_every_steps=10) == config
+    assert TrainConfig.make(config, seed=1) == dataclasses.replace(config, seed=1)  # keywords on top of a config
+    assert config.seed == 12345  # ... which stays as it was
+    with pytest.raises(TypeError, match="TrainConfig has no epoch, lr"):
+        TrainConfig.make(None, epoch=2, lr=1e-3)
+    assert PretrainConfig().learning_rate == 1e-4 and TrainConfig().learning_rate == 5e-5
+
+
+def test_warmup_given_as_steps_is_those_steps():
+    """29 warmup steps of 100 were 28 when they travelled as a proportion (int(100 x 0.29) = 28)."""
+    assert int(100 * (29 / 100)) == 28
+    assert TrainConfig(num_warmup_steps=29).warmup_steps(100) == 29
+    assert TrainConfig(warmup_proportion=0.1).warmup_steps(1000) == 100  # google-bert's int(steps x proportion)
+    assert TrainConfig(warmup_proportion=0.1, num_warmup_steps=0).warmup_steps(1000) == 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"learning_rate": float("nan")}, "--learning_rate=nan: must be a finite number above 0"),
+    ({"epochs": 0.0}, "--num_train_epochs=0.0: must be a finite number above 0"),
+    ({"gradient_accumulation_steps": 0}, "--gradient_accumulation_steps=0: expected 1 or more"),
+    ({"max_consecutive_skips": -1}, "--max_consecutive_skips=-1: must be 0 (no limit) or more"),
+    ({"num_warmup_steps": -3}, "--num_warmup_steps=-3: must be 0 or more"),
+    ({"save_total_limit": 0}, "--save_total_limit=0: must be 1 or more"),
+    ({"load_best_model_at_end": True}, "--load_best_model_at_end and --early_stopping_patience need evaluation"),
+])
+def test_a_setting_no_run_can_use_is_one_line_naming_its_flag(fields, message):
+    with pytest.raises(UserError) as e:
+        TrainConfig(**fields).check()
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("kind", ["classifier", "pretraining"])
+def test_settings_keep_the_keys_and_values_old_run_directories_recorded(kind):
+    """The golden run directories were written before TrainConfig: the config rebuilt from their flags gives
+    the same settings under the same keys, so they resume (tests/test_golden.py resumes them)."""
+    recorded = json.load(open(os.path.join(GOLDEN, kind, "out", "bert_mgpu.json")))["settings"]
+    if kind == "classifier":
+        config = TrainConfig(epochs=recorded["num_train_epochs"], learning_rate=recorded["learning_rate"],
+                             warmup_proportion=recorded["warmup_proportion"], seed=recorded["seed"])
+        mine = config.settings(recorded["per_tower_batch"])
+    else:
+        config = PretrainConfig(**{k: recorded[k] for k in ("learning_rate", "optimizer", "beta_1", "beta_2",
+                                                           "epsilon", "weight_decay", "clipnorm")})
+        mine = config.settings(recorded["global_batch"])
+    assert {k: recorded[k] for k in mine} == mine
+    # A field left at its default adds no key an old run lacks (gradient accumulation 1, no warmup steps).
+    assert "num_warmup_steps" not in mine and "gradient_accumulation_steps" not in mine
+    assert TrainConfig(gradient_accumulation_steps=4, num_warmup_steps=7).settings(8) == {
+        **TrainConfig().settings(8), "gradient_accumulation_steps": 4, "num_warmup_steps": 7}
