@@ -28,12 +28,11 @@ from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.input_pipeline import make_dataset
+from bert_mgpu.loading import open_checkpoint
 from bert_mgpu.modeling import build_classifier
 from bert_mgpu.objectives import objective
-from bert_mgpu.precision import resolve_precision
 from bert_mgpu.session import Session
 from bert_mgpu.tasks import Example, as_examples
-from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.train_config import TrainConfig
 from bert_mgpu.training import Trainer
 
@@ -132,36 +131,19 @@ class BertClassifier:
         fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
         tested against, and slower; the variables and checkpoints are the same.
         """
-        towers = towers or Towers()
-        pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file, config_alone=True)
-        run = pre.run or {}
+        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
+                                 max_seq_length, config_alone=True)
+        pre, run = opened.pretrained, opened.pretrained.run or {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         kind = objective(task_type)
         labels = list(labels or run.get("labels") or pre.labels or []) if kind.has_classes else []
         if not labels and kind.has_classes:
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
-        if do_lower_case is None:
-            do_lower_case = pre.lower_case()
-        elif pre.do_lower_case is not None and bool(pre.do_lower_case) != bool(do_lower_case):
-            log.warning("--do_lower_case=%s but %s was trained with do_lower_case=%s",
-                        do_lower_case, init_checkpoint, pre.do_lower_case)
-        config = pre.config
-        config.check_seq_length(max_seq_length)
-        tokenizer = FullTokenizer(pre.vocab_file, do_lower_case)
-        config.check_vocab(pre.vocab_file, tokenizer.vocab_size)
-
-        policy, why = resolve_precision(precision, towers.plan)
-        log.info("precision: %s (%s)", policy, why)
-        with towers.strategy.scope():
-            model = build_classifier(config, kind.width(labels), policy, fused=fused_encoder)
-        if pre.kind == "config":
-            unused = []
+        model, unused = opened.build(lambda config, policy: build_classifier(config, kind.width(labels), policy,
+                                                                             fused=fused_encoder))
+        if not opened.has_weights:
             log.warning("no --init_checkpoint: the encoder starts from random weights (%s). Fine-tuning needs a "
                         "pretrained BERT to learn much; run_pretraining_mgpu.py makes one", pre.path)
-        else:
-            unused = checkpoints.assign_encoder(model.backbone, pre.weights, init_checkpoint)
-            log.info("loaded %s checkpoint %s (%d encoder tensors)", pre.kind, init_checkpoint,
-                     len(model.backbone.weights))
         if unused:
             log.info("not used by a classifier: %s", ", ".join(unused))
         if pre.kind == "bert_mgpu" and run.get("labels") == labels and \
@@ -176,7 +158,8 @@ class BertClassifier:
         else:
             log.info("%s head (%s) is freshly initialized", task_type,
                      f"{len(labels)} labels" if labels else "one score")
-        clf = cls(model, tokenizer, labels, config, towers, policy, max_seq_length, task, fused_encoder, task_type)
+        clf = cls(model, opened.tokenizer, labels, opened.config, opened.towers, opened.policy, max_seq_length, task,
+                  fused_encoder, task_type)
         own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
         # The step of the checkpoint read: an older one than the run file names when the newest is damaged.
         used = re.search(r"ckpt-(\d+)$", str(getattr(pre, "ckpt_prefix", "") or ""))

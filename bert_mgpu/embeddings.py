@@ -17,10 +17,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.input_pipeline import make_dataset, pair_kind, traced_encode
+from bert_mgpu.loading import open_checkpoint
 from bert_mgpu.modeling import build_backbone
 from bert_mgpu.tasks import as_examples
 from bert_mgpu.tokenization import FullTokenizer
@@ -88,16 +88,10 @@ class Encoder:
     def from_pretrained(cls, init_checkpoint, towers=None, precision="float32", max_seq_length=128,
                         do_lower_case=None, bert_config_file=None, vocab_file=None):
         """The encoder of any checkpoint bert_mgpu reads (heads are not needed)."""
-        from bert_mgpu.precision import resolve_precision
-
-        towers = towers or Towers()
-        pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
-        pre.config.check_seq_length(max_seq_length)
-        policy, _ = resolve_precision(precision, towers.plan)
-        with towers.strategy.scope():
-            backbone = build_backbone(pre.config, policy)
-        checkpoints.assign_encoder(backbone, pre.weights, init_checkpoint)
-        return cls(backbone, FullTokenizer(pre.vocab_file, pre.lower_case(do_lower_case)), towers, max_seq_length)
+        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
+                                 max_seq_length)
+        backbone, _ = opened.build(build_backbone, encoder=lambda backbone: backbone)
+        return cls(backbone, opened.tokenizer, opened.towers, max_seq_length)
 
     def _run(self, model, examples, batch_size):
         examples = [dataclasses.replace(e, label=None) for e in as_examples(examples)]

@@ -28,12 +28,11 @@ from bert_mgpu import checkpoints, distribute, memory, optimization, pretraining
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
+from bert_mgpu.loading import open_checkpoint, open_config
 from bert_mgpu.loop import Evaluation, Hook
 from bert_mgpu.outputs import write_eval_results
-from bert_mgpu.precision import resolve_precision
 from bert_mgpu.pretraining_input import PretrainingData, worker_files
 from bert_mgpu.session import Session
-from bert_mgpu.tokenization import FullTokenizer
 from bert_mgpu.train_config import PretrainConfig
 from bert_mgpu.training import Trainer
 
@@ -216,14 +215,10 @@ class BertPretrainer:
         self.train_config = None  # the last fit's PretrainConfig, kept in bert_mgpu.json
 
     @classmethod
-    def _build(cls, config, tokenizer, towers, precision, nsp, fused_encoder):
-        towers = towers or Towers()
-        config.check_vocab(tokenizer.vocab_file, tokenizer.vocab_size)
-        policy, why = resolve_precision(precision, towers.plan)
-        log.info("precision: %s (%s)", policy, why)
-        with towers.strategy.scope():
-            model = pretraining_model.build_pretrainer(config, policy, nsp, fused=fused_encoder)
-        return cls(model, tokenizer, config, towers, policy, fused_encoder)
+    def _build(cls, opened, nsp, fused_encoder):
+        model, _ = opened.build(lambda config, policy: pretraining_model.build_pretrainer(config, policy, nsp,
+                                                                                          fused=fused_encoder))
+        return cls(model, opened.tokenizer, opened.config, opened.towers, opened.policy, fused_encoder)
 
     @classmethod
     def from_config(cls, bert_config: BertConfig | str, vocab_file: str, do_lower_case: bool = True,
@@ -235,19 +230,17 @@ class BertPretrainer:
         `from_pretrained`.
         """
         config = bert_config if isinstance(bert_config, BertConfig) else BertConfig.from_json_file(bert_config)
-        return cls._build(config, FullTokenizer(vocab_file, do_lower_case), towers, precision, nsp, fused_encoder)
+        return cls._build(open_config(config, vocab_file, do_lower_case, towers, precision), nsp, fused_encoder)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, towers: Towers | None = None, precision: str = "auto",
                         nsp: bool = True, do_lower_case: bool | None = None, bert_config_file: str | None = None,
                         vocab_file: str | None = None, fused_encoder: bool = True) -> "BertPretrainer":
         """Continue pretraining any checkpoint the classifier reads; heads it lacks start fresh (logged)."""
-        pre = checkpoints.load_pretrained(init_checkpoint, bert_config_file, vocab_file)
-        self = cls._build(pre.config, FullTokenizer(pre.vocab_file, pre.lower_case(do_lower_case)), towers, precision,
-                          nsp, fused_encoder)
-        checkpoints.assign_encoder(self.model.backbone, pre.weights, init_checkpoint)
+        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file)
+        self, pre = cls._build(opened, nsp, fused_encoder), opened.pretrained
         fresh = pretraining_model.assign_heads(self.model, pre.weights, init_checkpoint)
-        log.info("loaded %s checkpoint %s; heads loaded: %s", pre.kind, init_checkpoint,
+        log.info("heads loaded from %s: %s", init_checkpoint,
                  ", ".join(sorted(set(pretraining_model.head_variables(self.model)) - set(fresh))) or "none")
         if fresh:
             log.warning("not in %s, initialized fresh: %s", init_checkpoint, ", ".join(fresh))

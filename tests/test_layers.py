@@ -14,7 +14,7 @@ LAYERS = {
     "data": ("tokenization", "vocab", "tasks", "glue_tasks", "input_pipeline", "pretraining_input",
              "pretraining_records"),
     "parallel": ("distribute", "devices", "guards"),
-    "io": ("checkpoints", "run_dir", "trained", "export", "serving", "outputs", "plot"),
+    "io": ("checkpoints", "loading", "run_dir", "trained", "export", "serving", "outputs", "plot"),
     "train": ("train_config", "optimization", "training", "loop", "memory", "evaluation", "session"),
     "api": ("classifier", "pretraining", "embeddings", "glue"),
     "cli": ("cli", "gpu_check", "checks_gpu"),
