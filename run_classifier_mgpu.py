@@ -90,49 +90,21 @@ flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 
 
 def run():
     import bert_mgpu
-    from bert_mgpu import cli, outputs, precision, run_dir, storage
+    from bert_mgpu import cli, outputs, precision, storage
 
     started = time.monotonic()
-    if FLAGS.use_tpu:
-        raise bert_mgpu.UserError("--use_tpu is not supported; use --n_gpus")
     cli.check_numbers(
         at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
                   "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
                   "num_warmup_steps": 0, "eval_every_steps": 1, "early_stopping_patience": 1,
                   "max_consecutive_skips": 0, "seed": 0, "save_total_limit": 1},
         positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion", "threshold"))
-    plan, cluster = cli.plan_from_flags()
-    if FLAGS.dry_run:
-        policy, why = precision.resolve_precision(FLAGS.precision, plan)
-        print(plan.describe(FLAGS.train_batch_size))
-        print(f"precision: {policy} ({why})")
+    begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
+                        lambda plan: FLAGS.train_batch_size,
+                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    if begun is None:
         return
-    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict or FLAGS.do_export):
-        raise bert_mgpu.UserError("at least one of --do_train, --do_eval, --do_predict or --do_export must be true")
-    exports = cli.export_targets(FLAGS.output_dir)
-    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):  # export alone: no data, no towers
-        source = FLAGS.init_checkpoint or FLAGS.output_dir
-        if not source:
-            raise bert_mgpu.UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
-        cli.run_exports(source, exports)
-        return
-    for name in ("task_name", "data_dir", "output_dir"):
-        if not getattr(FLAGS, name):
-            raise bert_mgpu.UserError(f"--{name} is required")
-    import keras
-    import tensorflow as tf
-
-    keras.utils.set_random_seed(FLAGS.seed)
-    if FLAGS.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
-    towers = cli.towers_from_flags(plan, cluster, FLAGS.train_batch_size)
-    logging.info("%s", plan.describe(FLAGS.train_batch_size))
-    if towers.cluster:
-        logging.info("%s", towers.cluster.describe())
-    if towers.is_chief:
-        run_dir.check_output_dir(FLAGS.output_dir)
-        run_dir.lock_output_dir(FLAGS.output_dir)  # for all this command writes there
+    towers, exports = begun
     task = bert_mgpu.get_task(
         FLAGS.task_name, text_column=FLAGS.text_column, label_column=FLAGS.label_column,
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
@@ -194,15 +166,12 @@ def run():
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
         rates = [r["examples_per_second"] for r in clf.history if "examples_per_second" in r]
-        where = f"{towers.count} on {towers.plan.device_type}" + (
-            f", {towers.cluster.workers} workers" if towers.cluster else "")
-        facts = {"task": task.name, "towers": where, "precision": clf.policy,
-                 "trained": f"{clf.trained_steps} steps ({clf.stop})" if FLAGS.do_train and clf.stop else None,
-                 "best model": f"step {clf.best_step}" if clf.best_step is not None else None,
-                 "examples/s": rates[-1] if rates else None,
-                 **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")},
-                 "wall time": f"{time.monotonic() - started:.0f} s"}
-        print(outputs.summary("run_classifier_mgpu.py", facts, FLAGS.output_dir))
+        print(cli.summary("run_classifier_mgpu.py", towers, clf, {
+            "task": task.name,
+            "trained": f"{clf.trained_steps} steps ({clf.stop})" if FLAGS.do_train and clf.stop else None,
+            "best model": f"step {clf.best_step}" if clf.best_step is not None else None,
+            "examples/s": rates[-1] if rates else None,
+            **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")}}, started))
 
 
 def _console():

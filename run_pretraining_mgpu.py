@@ -14,7 +14,6 @@ A thin wrapper over `bert_mgpu.BertPretrainer`; rerun the same command to resume
 """
 
 import dataclasses
-import logging
 import os
 
 from absl import app, flags
@@ -126,11 +125,8 @@ def run():
     from bert_mgpu.errors import UserError
     from bert_mgpu.pretraining import Budget, Validation
     from bert_mgpu.pretraining_input import expand_files
-    from bert_mgpu.run_dir import check_output_dir, lock_output_dir
 
     started = time.monotonic()
-    if FLAGS.use_tpu:
-        raise UserError("--use_tpu is not supported; use --n_gpus")
     cli.check_numbers(
         at_least={"max_seq_length": 3, "max_predictions_per_seq": 1, "train_batch_size": 1, "eval_batch_size": 1,
                   "num_train_steps": 1, "num_warmup_steps": 0, "save_checkpoints_steps": 1, "max_eval_steps": 1,
@@ -140,40 +136,17 @@ def run():
                   "validation_epochs_begin", "validation_epochs_end", "adam_eps", "max_grad_norm"),
         fraction=("masked_lm_prob", "warmup_proportion", "adam_beta1", "adam_beta2", "validation_begin_proportion",
                   "validation_end_proportion"))
-    # One micro-batch per tower unless told: the global batch split evenly over every worker's towers.
-    plan, cluster = cli.plan_from_flags()
-    micro = FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
-    if FLAGS.dry_run:
-        print(plan.describe(micro))
-        print(f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch "
-              f"{FLAGS.train_batch_size} = {plan.job_towers} towers x {micro} x "
-              f"{FLAGS.train_batch_size / (plan.job_towers * micro):g} accumulation steps")
-        return
-    if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_export):
-        raise UserError("at least one of --do_train, --do_eval or --do_export must be true")
-    exports = cli.export_targets(FLAGS.output_dir)
-    if not (FLAGS.do_train or FLAGS.do_eval):  # export alone: the model in --init_checkpoint or --output_dir
-        source = FLAGS.init_checkpoint or FLAGS.output_dir
-        if not source:
-            raise UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
-        cli.run_exports(source, exports)
-        return
-    for name in ("input_file", "output_dir"):
-        if not getattr(FLAGS, name):
-            raise UserError(f"--{name} is required")
-    import keras
-    import tensorflow as tf
 
-    keras.utils.set_random_seed(FLAGS.seed)
-    if FLAGS.deterministic:
-        tf.config.experimental.enable_op_determinism()
-    towers = cli.towers_from_flags(plan, cluster, micro)
-    logging.info("%s", plan.describe(micro))
-    if towers.cluster:
-        logging.info("%s", towers.cluster.describe())
-    if towers.is_chief:
-        check_output_dir(FLAGS.output_dir)
-        lock_output_dir(FLAGS.output_dir)  # for all this command writes there
+    def micro(plan):  # one micro-batch per tower unless told: the global batch split over every worker's towers
+        return FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
+
+    begun = cli.prelude(("do_train", "do_eval"), ("input_file", "output_dir"), micro, lambda plan: (
+        f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch {FLAGS.train_batch_size}"
+        f" = {plan.job_towers} towers x {micro(plan)} x "
+        f"{FLAGS.train_batch_size / (plan.job_towers * micro(plan)):g} accumulation steps"))
+    if begun is None:
+        return
+    towers, exports = begun
     pre = _pretrainer(towers)
     pre.config.check_seq_length(FLAGS.max_seq_length)
     if FLAGS.auto_batch_size and FLAGS.do_train:
@@ -229,14 +202,11 @@ def run():
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
         logged = [r for r in pre.history if "examples_per_second" in r]
-        where = f"{towers.count} on {towers.plan.device_type}" + (
-            f", {towers.cluster.workers} workers" if towers.cluster else "")
-        facts = {"towers": where, "precision": pre.policy,
-                 "trained": f"{step} steps ({pre.stop})" if FLAGS.do_train else None,
-                 "sequences/s": logged[-1]["examples_per_second"] if logged else None,
-                 "tokens/s": logged[-1].get("tokens_per_second") if logged else None,
-                 **dict(sorted(results.items())), "wall time": f"{time.monotonic() - started:.0f} s"}
-        print(outputs.summary("run_pretraining_mgpu.py", facts, FLAGS.output_dir))
+        print(cli.summary("run_pretraining_mgpu.py", towers, pre, {
+            "trained": f"{step} steps ({pre.stop})" if FLAGS.do_train else None,
+            "sequences/s": logged[-1]["examples_per_second"] if logged else None,
+            "tokens/s": logged[-1].get("tokens_per_second") if logged else None, **dict(sorted(results.items()))},
+            started))
 
 
 def _console():

@@ -270,3 +270,66 @@ def pretrain_config():
     return PretrainConfig(train_batch_size=f.train_batch_size, optimizer=f.optimizer, beta_1=f.adam_beta1,
                           beta_2=f.adam_beta2, epsilon=f.adam_eps, weight_decay=f.weight_decay,
                           clipnorm=f.max_grad_norm, **_loop_flags())
+
+
+def prelude(actions, required, batch, dry_run_note):
+    """What every training script does before its work, in this order: refuse --use_tpu, plan the devices
+    (the cluster resolved once), answer --dry_run (the plan, then `dry_run_note(plan)`), refuse a run with
+    nothing to do, export alone when that is all it does, require `required` flags, seed, make the towers,
+    and lock --output_dir on the chief.
+
+    actions: the script's --do_* flags besides --do_export. batch(plan): the per-tower training batch.
+    Returns (towers, export targets), or None when the script has nothing more to do (a dry run, an export
+    alone).
+    """
+    from bert_mgpu import run_dir
+    from bert_mgpu.errors import UserError
+
+    if FLAGS.use_tpu:
+        raise UserError("--use_tpu is not supported; use --n_gpus")
+    plan, cluster = plan_from_flags()
+    per_tower_batch = batch(plan)
+    if FLAGS.dry_run:
+        print(plan.describe(per_tower_batch))
+        print(dry_run_note(plan))
+        return None
+    if not any(getattr(FLAGS, a) for a in (*actions, "do_export")):
+        names = [f"--{a}" for a in (*actions, "do_export")]
+        raise UserError(f"at least one of {', '.join(names[:-1])} or {names[-1]} must be true")
+    exports = export_targets(FLAGS.output_dir)
+    if not any(getattr(FLAGS, a) for a in actions):  # export alone: the model in --init_checkpoint or --output_dir
+        source = FLAGS.init_checkpoint or FLAGS.output_dir
+        if not source:
+            raise UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
+        run_exports(source, exports)
+        return None
+    for name in required:
+        if not getattr(FLAGS, name):
+            raise UserError(f"--{name} is required")
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
+    towers = towers_from_flags(plan, cluster, per_tower_batch)
+    logging.getLogger("bert_mgpu").info("%s", plan.describe(per_tower_batch))
+    if towers.cluster:
+        logging.getLogger("bert_mgpu").info("%s", towers.cluster.describe())
+    if towers.is_chief:
+        run_dir.check_output_dir(FLAGS.output_dir)
+        run_dir.lock_output_dir(FLAGS.output_dir)  # for all this command writes there
+    return towers, exports
+
+
+def summary(script, towers, model, facts, started):
+    """The block a script ends with (outputs.summary): where it ran, its precision, `facts`, the wall time."""
+    import time
+
+    from bert_mgpu import outputs
+
+    where = f"{towers.count} on {towers.plan.device_type}" + (
+        f", {towers.cluster.workers} workers" if towers.cluster else "")
+    facts = {"towers": where, "precision": model.policy, **facts, "wall time": f"{time.monotonic() - started:.0f} s"}
+    return outputs.summary(script, facts, FLAGS.output_dir)
