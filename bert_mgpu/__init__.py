@@ -20,14 +20,15 @@ _HOMES = {"BertClassifier": "classifier", "BertConfig": "config", "DevicePlan": 
           "plan_devices": "devices", "make_strategy": "distribute", "UserError": "errors",
           "BertPretrainer": "pretraining", "Budget": "pretraining", "Validation": "pretraining",
           "PretrainingData": "pretraining_input", "Example": "tasks", "get_task": "tasks",
-          "FullTokenizer": "tokenization", "export_model": "export"}
+          "FullTokenizer": "tokenization", "export_model": "export", "TrainConfig": "train_config",
+          "PretrainConfig": "train_config"}
 __all__ = sorted(_HOMES)
 
 
 def __getattr__(name):
     if name not in _HOMES:
         raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
-    if _HOMES[name] not in ("errors", "config"):  # the others load TensorFlow: quietly, as scripts do
+    if _HOMES[name] not in ("errors", "config", "train_config"):  # the others load TensorFlow: quietly, as scripts do
         quiet = importlib.import_module("bert_mgpu.quiet")
         quiet.start_tensorflow_quietly()
         quiet.console_logging()
