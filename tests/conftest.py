@@ -101,10 +101,10 @@ def run_python(code, env=None, timeout=300, check=True):
 
 
 def _run(argv, name, check, env, timeout):
-    import subprocess
+    import script_runner
 
     env = {k: v for k, v in {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}.items() if v is not None}
-    proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)
+    proc = script_runner.run(argv, env, timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc
