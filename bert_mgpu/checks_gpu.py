@@ -177,7 +177,7 @@ def failing_tower(setup, timeout_seconds=120):
 
 def auto_batch_size(setup):
     """--auto_batch_size: the largest per-tower batch whose step fits (GPUs: TensorFlow's cap of the GPU with
-    the least free memory; without GPUs a 1 GiB limit), found by real trials."""
+    the least free memory; without GPUs a 1 GiB limit, 256 MiB with --quick), found by real trials."""
     import types
 
     from bert_mgpu import memory, modeling
@@ -191,7 +191,8 @@ def auto_batch_size(setup):
                                           "mixed_float16" if setup.gpu else "float32")
     best = memory.find_for_model(towers, model, "mixed_float16" if setup.gpu else "float32",
                                  lambda n: memory.classifier_batch(n, SEQ),
-                                 memory_limit_mb=None if setup.gpu else 1024, cap=256)
+                                 memory_limit_mb=None if setup.gpu else 256 if getattr(setup, "quick", False)
+                                 else 1024, cap=256)
     how = "BERT-base, first tower alone" if setup.gpu else "tiny, CPU trials of every tower's real step"
     return {"ok": best >= 1, "per_tower_batch": best, "summary": f"{best} sequences of {SEQ} tokens per tower fit "
                                                                   f"({how})"}
