@@ -23,8 +23,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, memory, optimization, run_dir
+from bert_mgpu import checkpoints, export, memory, optimization, run_dir
 from bert_mgpu.devices import Towers
+from bert_mgpu.embeddings import Encoder
 from bert_mgpu.errors import UserError
 from bert_mgpu.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.input_pipeline import make_dataset
@@ -338,8 +339,6 @@ class BertClassifier:
         raw text in), "hf" (transformers' BertForSequenceClassification), "google" (google-bert's
         bert_model.ckpt) or "keras_hub" (a BertTextClassifier preset; see `export.write_keras_hub` for
         `allow_approximate` and `texts`). Each reads back through `from_pretrained`."""
-        from bert_mgpu import export
-
         trained = export.from_classifier(self)
         return export.export_model(trained, output_dir, format, precision, allow_approximate, texts)
 
@@ -368,8 +367,6 @@ class BertClassifier:
 
     def embed(self, texts, pooling: str = "mean", batch_size: int = 32) -> np.ndarray:
         """Sentence embeddings [N, hidden] from this model's encoder (see `embeddings.Encoder.embed`)."""
-        from bert_mgpu.embeddings import Encoder
-
         return Encoder(self.model.backbone, self.tokenizer, self.towers, self.max_seq_length).embed(
             texts, pooling, batch_size)
 

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Sequence
 
-from bert_mgpu import distribute
+from bert_mgpu import _compat, distribute
 from bert_mgpu.cluster import Cluster, find_cluster
 from bert_mgpu.errors import UserError
 
@@ -221,8 +221,6 @@ def keep_cpu_memory_statistics(environ=None):
     them). Where oneDNN is off, TensorFlow's default CPU allocator keeps none; its BFC allocator
     (TF_CPU_ALLOCATOR_USE_BFC) does, capped at the machine's memory instead of its default 64 GiB. Where
     oneDNN is on, its own allocator keeps them. A user's own setting is left alone."""
-    from bert_mgpu import _compat
-
     env = os.environ if environ is None else environ
     if "TF_CPU_ALLOCATOR_USE_BFC" in env or _compat.onednn_enabled():
         return

@@ -10,6 +10,7 @@ Example:
 
 from bert_mgpu import _compat
 from bert_mgpu.cluster import Cluster
+from bert_mgpu.errors import RunError
 
 
 def make_strategy(plan, devices=None, timeout_seconds=None):
@@ -354,8 +355,6 @@ def check_same_start(strategy, step, output_dir):
     (each its own local --output_dir) would run different steps and wait on each other forever."""
     every = [int(s) for s in ChiefDecides(strategy).every(step)]
     if len(set(every)) > 1:
-        from bert_mgpu.errors import RunError
-
         raise RunError(f"the workers found different checkpoints in {output_dir} (steps "
                        f"{', '.join(f'worker {i}: {s}' for i, s in enumerate(every))}); --output_dir must be "
                        "storage every worker reads, a shared file system or gs://")

@@ -18,7 +18,10 @@ import numpy as np
 
 from bert_mgpu import checkpoints, storage, weight_names
 from bert_mgpu.errors import UserError
+from bert_mgpu.input_pipeline import encode
 from bert_mgpu.objectives import objective
+from bert_mgpu.serving import write_saved_model
+from bert_mgpu.tokenization import FullTokenizer, read_vocab
 from bert_mgpu.trained import (  # noqa: F401 (export.Trained, export.from_classifier, ... as before)
     Trained,
     as_trained,
@@ -61,8 +64,6 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
         raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
                         "express (its BERT is post-LN); export it as saved_model")
-    from bert_mgpu.serving import write_saved_model
-
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
@@ -155,8 +156,6 @@ def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
     """
     import keras_hub
 
-    from bert_mgpu.tokenization import read_vocab
-
     c = trained.config
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=c.vocab_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
@@ -201,9 +200,6 @@ def _keras_hub_difference(trained, directory, texts):
     probabilities (scores for a regression) of a classifier, the pooled output of an encoder."""
     import keras_hub
     import tensorflow as tf
-
-    from bert_mgpu.input_pipeline import encode
-    from bert_mgpu.tokenization import FullTokenizer
 
     texts = tf.constant(texts)
     ours_tok = FullTokenizer(trained.vocab_file, trained.do_lower_case)

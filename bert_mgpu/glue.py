@@ -9,10 +9,16 @@ Example:
 import logging
 import os
 
+from bert_mgpu import storage
+from bert_mgpu.classifier import BertClassifier
+from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
 from bert_mgpu.glue_tasks import ALIASES, ENTAILMENT, NLI, TASKS, GlueTask  # noqa: F401 (glue.NLI, ... as before)
+from bert_mgpu.tasks import get_task
 
 log = logging.getLogger("bert_mgpu")
+
+
 def score(task, results):
     """A task's GLUE score: the mean of its official metrics, x 100."""
     values = [results[m] for m in TASKS[task].metrics if m in results]
@@ -66,11 +72,6 @@ def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
     With `do_predict`, the leaderboard files go to `output_dir/submission/`. Writes `glue_results.md`
     (`table`) and `glue_results.tsv` (every metric) in output_dir.
     """
-    from bert_mgpu import storage
-    from bert_mgpu.classifier import BertClassifier
-    from bert_mgpu.devices import Towers
-    from bert_mgpu.tasks import get_task
-
     names = [ALIASES.get(t, t) for t in (tasks or [t for t in TASKS if t not in ("mnli-mm", "ax")])]
     unknown = [t for t in names if t not in TASKS]
     if unknown:

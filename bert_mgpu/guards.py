@@ -14,6 +14,7 @@ import re
 import signal
 import threading
 
+from bert_mgpu import _compat, distribute
 from bert_mgpu.errors import RunError
 
 log = logging.getLogger("bert_mgpu")
@@ -88,8 +89,6 @@ class Preemption:
 
     def __enter__(self):
         if self.workers > 1:
-            from bert_mgpu import distribute
-
             self._handler = distribute.preemption_handler(self.strategy, self._watch, self._save, self._stopped)
         return self
 
@@ -98,8 +97,6 @@ class Preemption:
         if self._handler is None:
             return self.requested
         import tensorflow as tf
-
-        from bert_mgpu import _compat
 
         try:
             _compat.save_if_preempted(self._handler)
@@ -114,8 +111,6 @@ class Preemption:
         # After a worker is lost its watcher may wait on the coordination service forever: left to
         # die with the process (a daemon thread).
         if self._handler is not None and exc_type is None:
-            from bert_mgpu import _compat
-
             self._wake.set()
             _compat.stop_preemption_watchers(self._handler)
         self._handler = None

@@ -33,7 +33,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import devices, distribute
+from bert_mgpu import devices, distribute, fused_encoder, optimization, training
 from bert_mgpu.errors import UserError
 
 log = logging.getLogger("bert_mgpu")
@@ -130,8 +130,6 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
                    memory_per_tower_mb=None, cap=4096, use_xla=False):
     """`find_batch_size` for a model on its towers, with a throwaway optimizer (the Trainer builds it, and its
     slots take memory during training too). Returns the largest per-tower batch that fits."""
-    from bert_mgpu import optimization, training
-
     limit = memory_limit_mb
     if limit is None:
         limit = default_limit_mb(towers.plan, memory_per_tower_mb, getattr(towers, "gpus", None))
@@ -155,8 +153,6 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     rate 0. On GPUs a trial runs on the first tower alone, with no collective: every tower needs the same
     memory, and an out-of-memory trial then aborts no collective of the others.
     """
-    from bert_mgpu import fused_encoder
-
     strategy, trials, usable = trainer.strategy, [], RUN_MARGIN * limit_mb
     alone = plan.device_type == "GPU"
     if not alone and distribute.worker_of(strategy)[1] > 1:  # trials with collectives could differ by worker

@@ -5,14 +5,13 @@ prediction files hold is each head kind's (objectives.py); they are written as o
 
 import os
 
+from bert_mgpu import storage
 from bert_mgpu.storage import write_atomic
 
 
 def summary(title, facts, output_dir):
     """The block a run ends with: `facts` (name -> value, None left out), then every file and directory
     in `output_dir` with what it is."""
-    from bert_mgpu import storage
-
     width = max(len(k) for k in facts) if facts else 0
     lines = [f"== {title} =="]
     lines += [f"  {k.ljust(width)}  {v:.4g}" if isinstance(v, float) else f"  {k.ljust(width)}  {v}"
@@ -28,8 +27,6 @@ def summary(title, facts, output_dir):
 
 
 def _is_dir(directory, name):
-    from bert_mgpu import storage
-
     return " " not in name and storage.isdir(os.path.join(directory, name))
 
 

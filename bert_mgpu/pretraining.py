@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
-from bert_mgpu import checkpoints, distribute, memory, optimization, pretraining_model, run_dir, schedules
+from bert_mgpu import checkpoints, distribute, export, memory, optimization, pretraining_model, run_dir, schedules
 from bert_mgpu.config import BertConfig
 from bert_mgpu.devices import Towers
 from bert_mgpu.errors import UserError
@@ -372,8 +372,6 @@ class BertPretrainer:
         """Write the encoder and heads as they are now to the new directory output_dir: "saved_model" (raw
         text in, the encoder's outputs out), "hf" (BertForPreTraining, or BertForMaskedLM without NSP),
         "google" (`cls/...` heads) or "keras_hub" (BertBackbone and tokenizer). See `bert_mgpu.export`."""
-        from bert_mgpu import export
-
         return export.export_model(export.from_pretrainer(self, max_seq_length), output_dir, format, precision,
                              allow_approximate)
 

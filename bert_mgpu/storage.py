@@ -13,6 +13,8 @@ import os
 import shutil
 import tempfile
 
+from bert_mgpu.errors import UserError
+
 
 def is_remote(path):
     return "://" in str(path)
@@ -70,8 +72,6 @@ def read_json(path, what="JSON"):
     """A JSON file's value; a UserError naming the file and the line for one that cannot be read or parsed
     (a file cut short by a crash or an editor)."""
     import json
-
-    from bert_mgpu.errors import UserError
 
     try:
         return json.loads(read_text(path))

@@ -11,7 +11,9 @@ import numpy as np
 from bert_mgpu import checkpoints
 from bert_mgpu.config import BertConfig
 from bert_mgpu.errors import UserError
+from bert_mgpu.modeling import build_backbone, build_classifier
 from bert_mgpu.objectives import objective
+from bert_mgpu.pretraining_model import head_weights
 
 
 @dataclasses.dataclass
@@ -53,8 +55,6 @@ def from_classifier(clf):
 
 def from_pretrainer(pretrainer, max_seq_length=128):
     """A `BertPretrainer`'s encoder and heads as they are now."""
-    from bert_mgpu.pretraining_model import head_weights
-
     weights = {**checkpoints.encoder_weights(pretrainer.model.backbone), **head_weights(pretrainer.model)}
     return Trained("pretrainer", pretrainer.config, pretrainer.tokenizer.vocab_file,
                    pretrainer.tokenizer.do_lower_case, weights, max_seq_length=max_seq_length)
@@ -86,8 +86,6 @@ def read_trained(path):
 
 def build_model(trained, precision="float32"):
     """The reference (unfused) Keras model of `trained` with its weights: the classifier, or the encoder."""
-    from bert_mgpu.modeling import build_backbone, build_classifier
-
     if trained.kind != "classifier":
         backbone = build_backbone(trained.config, precision)
         checkpoints.assign_encoder(backbone, trained.weights, "export")

@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu import distribute, fused_encoder, guards
+from bert_mgpu import _compat, distribute, fused_encoder, guards
 from bert_mgpu.objectives import Classification
 
 classification_loss = Classification().loss  # the Trainer's default loss; each head kind's is its objective's
@@ -30,8 +30,6 @@ def allreduce_dtypes(model, default):
     for variables of layers that compute in float32 (the classifier head), LayerNorms and embeddings, whose
     gradients need float32's precision or range and which Keras keeps in float32 math anyway."""
     import keras_hub
-
-    from bert_mgpu import _compat
 
     owner = {}
     for layer in _compat.sublayers(model):  # outer layers first: the innermost owner wins

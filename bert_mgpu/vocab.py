@@ -15,6 +15,7 @@ import os
 
 import tensorflow as tf
 
+from bert_mgpu import storage
 from bert_mgpu.errors import UserError
 from bert_mgpu.pretraining_input import expand_files
 from bert_mgpu.tokenization import SPECIAL_TOKENS, normalize
@@ -28,8 +29,6 @@ def build_vocab(input_files, vocab_size, output_file, do_lower_case=True, invali
     invalid_utf8: "error" (name the file and line) or "replace" (U+FFFD, lines counted).
     """
     import keras_hub
-
-    from bert_mgpu import storage
 
     if storage.isdir(output_file):
         raise UserError(f"--output_file={output_file} is a directory; give the vocab.txt file to write")

@@ -69,3 +69,25 @@ def test_no_import_cycle():
     for module in sorted(graph):
         visit(module)
     assert cycles == []
+
+
+# Modules that import bert_mgpu modules inside functions, and why: every other import is at the top.
+DEFERRED = {
+    "cli": "scripts import it to define flags before TensorFlow loads, quietly (quiet.py)",
+    "gpu_check": "its parent process never loads TensorFlow: each check runs in a child",
+    "checks_gpu": "each check, in its own child process, loads only what it tests",
+    "config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
+    "outputs": "plot loads matplotlib, an optional dependency",
+}
+
+
+def test_bert_mgpu_imports_are_at_the_top_but_where_a_reason_is_given():
+    deferred = set()
+    for name in sorted(f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py") and f != "__init__.py"):
+        tree = ast.parse(open(os.path.join(PACKAGE, name + ".py")).read())
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(function):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bert_mgpu":
+                    deferred.add(name)
+    assert sorted(deferred - set(DEFERRED)) == [], "import it at the top, or say in DEFERRED why not"
+    assert sorted(set(DEFERRED) - deferred) == [], "no longer deferred: drop it from DEFERRED"
