@@ -87,24 +87,26 @@ def sentiment_data(tmp_path_factory):
     return d
 
 
-def run_script(name, *args, check=True, env=None):
+def run_script(name, *args, check=True, env=None, fresh=False):
     """Run a top-level script as a user does (no GPU visible); on an unexpected failure show its stderr.
-    `env` adds variables; one set to None is removed."""
-    return _run([os.path.join(ROOT, name), *args], name, check, env, timeout=600)
+    `env` adds variables; one set to None is removed. A process of its own, forked from one that has
+    imported TensorFlow (tests/script_runner.py); `fresh`: a new interpreter, for what its start decides."""
+    return _run([os.path.join(ROOT, name), *args], name, check, env, 600, fresh)
 
 
-def run_python(code, env=None, timeout=300, check=True):
-    """Run `code` in a fresh Python process (no GPU visible) that imports bert_mgpu and conftest, for what
-    needs TensorFlow configured before it starts; its stderr shown unless it exits 0. `env` as run_script."""
+def run_python(code, env=None, timeout=300, check=True, fresh=False):
+    """Run `code` in a Python process of its own (no GPU visible) that imports bert_mgpu and conftest, for
+    what needs TensorFlow configured before it starts; its stderr shown unless it exits 0. `env` and
+    `fresh` as run_script."""
     path = {"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), ROOT])}
-    return _run(["-c", code], "python -c", check, {**path, **(env or {})}, timeout)
+    return _run(["-c", code], "python -c", check, {**path, **(env or {})}, timeout, fresh)
 
 
-def _run(argv, name, check, env, timeout):
+def _run(argv, name, check, env, timeout, fresh=False):
     import script_runner
 
     env = {k: v for k, v in {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}.items() if v is not None}
-    proc = script_runner.run(argv, env, timeout)
+    proc = script_runner.run(argv, env, timeout, fresh)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc

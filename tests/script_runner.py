@@ -133,12 +133,12 @@ class ForkServer:
 _server = None
 
 
-def run(argv, env, timeout):
-    """`python *argv` in `env`: a fork of this worker's server where that stands for a fresh interpreter,
-    else a fresh one."""
+def run(argv, env, timeout, fresh=False):
+    """`python *argv` in `env`: a fork of this worker's server where that stands for a fresh interpreter
+    (unless `fresh`), else a fresh one."""
     global _server
-    if _server is None:
+    if _server is None and not fresh:
         _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    if _server.fits(env):
+    if not fresh and _server.fits(env):
         return _server.run(argv, env, timeout)
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)

@@ -243,7 +243,7 @@ def test_cuda_numbers_gpus_as_nvidia_smi_from_the_first_import_whatever_the_log_
     code = ("import os; import bert_mgpu.cli; print('order', os.environ.get('CUDA_DEVICE_ORDER')); "
             "import sys; print('tensorflow loaded', 'tensorflow' in sys.modules)")
     for level in (None, "2"):
-        out = run_python(code, env={"CUDA_DEVICE_ORDER": None, "TF_CPP_MIN_LOG_LEVEL": level}).stdout
+        out = run_python(code, env={"CUDA_DEVICE_ORDER": None, "TF_CPP_MIN_LOG_LEVEL": level}, fresh=True).stdout
         assert "order PCI_BUS_ID" in out and "tensorflow loaded False" in out, out
-    own = run_python(code, env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}).stdout
+    own = run_python(code, env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, fresh=True).stdout
     assert "order FASTEST_FIRST" in own
