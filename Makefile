@@ -125,7 +125,7 @@ lint: $(VENV)/.installed
 # For the first person with GPUs: devices, plan, bit-equal towers, fused vs keras-hub in fp16, XLA, scaling.
 gpu-check: venv
 	mkdir -p output
-	$(PY) -m bert_mgpu.gpu_check --out output/gpu_check.json
+	$(PY) -m bert_mgpu.cli.gpu_check --out output/gpu_check.json
 
 # The GLUE suite and its table: GLUE_DIR holds GLUE's download (never fetched here), GLUE_MODEL any checkpoint.
 GLUE_DIR ?= glue_data

@@ -16,8 +16,8 @@ flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 
 
 
 def run():
-    from bert_mgpu.errors import UserError
-    from bert_mgpu.vocab import build_vocab
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data.vocab import build_vocab
 
     for name in ("input_file", "output_file"):
         if not getattr(FLAGS, name):

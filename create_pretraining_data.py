@@ -5,7 +5,7 @@
         --masked_lm_prob=0.15 --random_seed=12345 --dupe_factor=5 --num_output_shards=4
 
 Input: one sentence per line, a blank line between documents. The corpus is streamed (see
-bert_mgpu/pretraining_records.py); the same input and flags give the same bytes.
+bert_mgpu/data/pretraining_records.py); the same input and flags give the same bytes.
 """
 
 import logging
@@ -30,10 +30,10 @@ flags.DEFINE_integer("documents_per_buffer", 100_000, "Documents held in memory 
 
 
 def run():
-    from bert_mgpu import pretraining_records
-    from bert_mgpu.errors import UserError
-    from bert_mgpu.pretraining_input import expand_files
-    from bert_mgpu.tokenization import FullTokenizer
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data import pretraining_records
+    from bert_mgpu.data.pretraining_input import expand_files
+    from bert_mgpu.data.tokenization import FullTokenizer
 
     for name in ("input_file", "output_file", "vocab_file"):
         if not getattr(FLAGS, name):

@@ -7,7 +7,7 @@ embeddings as a .npy.
 
 One input a line; `text_a ||| text_b` is a pair, as google-bert reads it. The JSON lines are google-bert's:
 {"linex_index": i, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]}, ...]}, ...]}.
-A thin wrapper over `bert_mgpu.embeddings.Encoder`.
+A thin wrapper over `bert_mgpu.api.embeddings.Encoder`.
 """
 
 import io
@@ -36,9 +36,9 @@ flags.FLAGS.set_default("precision", "float32")
 
 
 def read_inputs(path):
-    from bert_mgpu.errors import UserError
-    from bert_mgpu.tasks import Example
-    from bert_mgpu.text_files import read_lines
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data.tasks import Example
+    from bert_mgpu.data.text_files import read_lines
 
     examples = []
     for line, text in read_lines(path):
@@ -54,9 +54,10 @@ def read_inputs(path):
 def run():
     import numpy as np
 
-    from bert_mgpu import cli, storage
-    from bert_mgpu.embeddings import Encoder
-    from bert_mgpu.errors import UserError
+    from bert_mgpu import cli
+    from bert_mgpu.api.embeddings import Encoder
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
 
     cli.check_numbers(at_least={"max_seq_length": 3, "batch_size": 1})
     for name in ("input_file", "init_checkpoint"):

@@ -90,7 +90,10 @@ flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 
 
 def run():
     import bert_mgpu
-    from bert_mgpu import cli, outputs, precision, storage
+    from bert_mgpu import cli
+    from bert_mgpu.core import storage
+    from bert_mgpu.io import outputs
+    from bert_mgpu.parallel import precision
 
     started = time.monotonic()
     cli.check_numbers(
@@ -110,7 +113,7 @@ def run():
         text_b_column=FLAGS.text_b_column, labels=FLAGS.labels, tfds_name=FLAGS.tfds_name,
         tfds_data_dir=FLAGS.tfds_data_dir, xnli_language=FLAGS.xnli_language, tfds_splits=tuple(FLAGS.tfds_splits),
         invalid_utf8=FLAGS.invalid_utf8, task_type=FLAGS.task_type, label_separator=FLAGS.label_separator)
-    from bert_mgpu.objectives import objective
+    from bert_mgpu.model.objectives import objective
 
     objective(task.task_type).check_metrics(FLAGS.metrics)
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None

@@ -6,7 +6,7 @@
 `--glue_dir` holds GLUE's download (CoLA/, SST-2/, MRPC/, STS-B/, QQP/, MNLI/, QNLI/, RTE/, WNLI/,
 diagnostic/). Writes OUTPUT_DIR/<task>/ (a run directory each; rerun to resume), glue_results.md and
 glue_results.tsv, and with --do_predict the leaderboard files in OUTPUT_DIR/submission/. A thin wrapper over
-`bert_mgpu.glue.run`.
+`bert_mgpu.api.glue.run`.
 """
 
 import logging
@@ -36,7 +36,8 @@ define_tower_flags()
 
 def run():
     import bert_mgpu
-    from bert_mgpu import cli, glue
+    from bert_mgpu import cli
+    from bert_mgpu.api import glue
 
     started = time.monotonic()
     cli.check_numbers(at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1,

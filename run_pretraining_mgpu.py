@@ -86,7 +86,7 @@ define_export_flags()
 
 
 def _data(files, tokenizer):
-    from bert_mgpu.pretraining_input import PretrainingData
+    from bert_mgpu.data.pretraining_input import PretrainingData
 
     return PretrainingData(FLAGS.input_format, files, tokenizer, max_seq_length=FLAGS.max_seq_length,
                            max_predictions_per_seq=FLAGS.max_predictions_per_seq,
@@ -95,8 +95,8 @@ def _data(files, tokenizer):
 
 def _pretrainer(towers):
     import bert_mgpu
-    from bert_mgpu import storage
-    from bert_mgpu.errors import UserError
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
 
     resume = storage.exists(os.path.join(FLAGS.output_dir, "checkpoint"))
     init = FLAGS.init_checkpoint or (FLAGS.output_dir if resume or not FLAGS.do_train else None)
@@ -121,10 +121,12 @@ def _pretrainer(towers):
 def run():
     import time
 
-    from bert_mgpu import cli, outputs, precision
-    from bert_mgpu.errors import UserError
-    from bert_mgpu.pretraining import Budget, Validation
-    from bert_mgpu.pretraining_input import expand_files
+    from bert_mgpu import cli
+    from bert_mgpu.api.pretraining import Budget, Validation
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data.pretraining_input import expand_files
+    from bert_mgpu.io import outputs
+    from bert_mgpu.parallel import precision
 
     started = time.monotonic()
     cli.check_numbers(
@@ -196,7 +198,7 @@ def run():
             print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
     if towers.is_chief:
         if exports:
-            from bert_mgpu.export import from_pretrainer
+            from bert_mgpu.io.export import from_pretrainer
 
             cli.run_exports(from_pretrainer(pre, FLAGS.max_seq_length), exports)
         if FLAGS.do_train:

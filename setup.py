@@ -35,7 +35,7 @@ setup(
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.
         "reference": ["torch==2.13.0", "transformers>=5,<6"],
-        # learning_curves.png and confusion_matrix.png (bert_mgpu.plot); training never needs it.
+        # learning_curves.png and confusion_matrix.png (bert_mgpu.io.plot); training never needs it.
         "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": [f"{m}={m}:_console" for m in SCRIPTS]},

@@ -19,7 +19,8 @@ def main():
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_mgpu import _compat, checks_gpu
+    from bert_mgpu.cli import checks_gpu
+    from bert_mgpu.core import _compat
 
     devices = ["/cpu:0", "/cpu:1"]
     kinds = {

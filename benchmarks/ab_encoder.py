@@ -5,7 +5,7 @@ wake-ups), so a change is measured against the version before it in the same pro
 on the same backbone and batch: the ratio of medians is what the change is worth.
 
 Usage:
-    git show HEAD:bert_mgpu/fused_encoder.py > /tmp/before.py
+    git show HEAD:bert_mgpu/model/fused_encoder.py > /tmp/before.py
     python benchmarks/ab_encoder.py /tmp/before.py [--shape minilm] [--length 128] [--reps 12] [--inference]
                                                    [--dev-set]
 
@@ -43,7 +43,7 @@ def load_other(path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("other", help="another version of bert_mgpu/fused_encoder.py")
+    ap.add_argument("other", help="another version of bert_mgpu/model/fused_encoder.py")
     ap.add_argument("--shape", default="minilm", choices=sorted(common.SHAPES))
     ap.add_argument("--length", type=int, default=common.SEQ)
     ap.add_argument("--reps", type=int, default=12)
@@ -52,9 +52,9 @@ def main():
     args = ap.parse_args()
     import tensorflow as tf
 
-    from bert_mgpu import fused_encoder
-    from bert_mgpu.config import BertConfig
-    from bert_mgpu.modeling import build_backbone
+    from bert_mgpu.model import fused_encoder
+    from bert_mgpu.model.config import BertConfig
+    from bert_mgpu.model.modeling import build_backbone
 
     shape = common.SHAPES[args.shape]
     config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],

@@ -6,7 +6,7 @@ since separate processes differ by up to 2x here). Each call is a whole predicti
 ratio of time per example.
 
 Usage:
-    git show HEAD:bert_mgpu/input_pipeline.py > /tmp/before.py
+    git show HEAD:bert_mgpu/data/input_pipeline.py > /tmp/before.py
     python benchmarks/ab_input.py b|eb /tmp/before.py [--reps 8] [--steps 30] [--reuse]
 """
 
@@ -22,14 +22,14 @@ import common  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("case", choices=["b", "eb"])
-    ap.add_argument("other", help="another version of bert_mgpu/input_pipeline.py")
+    ap.add_argument("other", help="another version of bert_mgpu/data/input_pipeline.py")
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--reuse", action="store_true", help="eb: make each dataset once and iterate it every pass")
     args = ap.parse_args()
     import bench_bert_mgpu
 
-    from bert_mgpu.distribute import distribute_dataset
+    from bert_mgpu.parallel.distribute import distribute_dataset
 
     spec = importlib.util.spec_from_file_location("other_input_pipeline", args.other)
     other = importlib.util.module_from_spec(spec)

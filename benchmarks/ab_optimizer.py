@@ -6,7 +6,7 @@ training step does (benchmarks/NOTES.md, item 15). With `--case a|b|c`, whole tr
 benchmark case instead: two trainers over one model, one per optimizer, `--steps` steps a call.
 
 Usage:
-    git show HEAD:bert_mgpu/optimization.py > /tmp/before.py
+    git show HEAD:bert_mgpu/train/optimization.py > /tmp/before.py
     python benchmarks/ab_optimizer.py /tmp/before.py [--reps 30] [--optimizer lamb] [--case b --steps 20]
 """
 
@@ -23,7 +23,7 @@ import common  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("other", help="another version of bert_mgpu/optimization.py")
+    ap.add_argument("other", help="another version of bert_mgpu/train/optimization.py")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--case", choices=["a", "b", "c"], help="time training steps of this case instead")
     ap.add_argument("--steps", type=int, default=20)
@@ -32,9 +32,9 @@ def main():
     import numpy as np
     import tensorflow as tf
 
-    from bert_mgpu import optimization
-    from bert_mgpu.config import BertConfig
-    from bert_mgpu.modeling import build_backbone
+    from bert_mgpu.model.config import BertConfig
+    from bert_mgpu.model.modeling import build_backbone
+    from bert_mgpu.train import optimization
 
     spec = importlib.util.spec_from_file_location("other_optimization", args.other)
     other = importlib.util.module_from_spec(spec)
@@ -67,8 +67,8 @@ def compare_steps(other, args):
     """Training steps of a benchmark case, the other optimizer's trainer against this one's."""
     import bench_bert_mgpu
 
-    from bert_mgpu.distribute import distribute_dataset
-    from bert_mgpu.training import Trainer
+    from bert_mgpu.parallel.distribute import distribute_dataset
+    from bert_mgpu.train.training import Trainer
 
     tw, model, this_trainer, ds = bench_bert_mgpu.build(args.case)
     with tw.strategy.scope():

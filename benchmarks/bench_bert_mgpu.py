@@ -10,13 +10,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
 
-from bert_mgpu.distribute import distribute_dataset  # noqa: E402  (input as the library distributes it)
+from bert_mgpu.parallel.distribute import distribute_dataset  # noqa: E402  (input as the library distributes it)
 
 
 def rt_dataset(case, make_dataset=None):
     """Rotten Tomatoes for a case, through bert_mgpu's input pipeline (or another make_dataset)."""
-    from bert_mgpu import input_pipeline
-    from bert_mgpu.tasks import Example
+    from bert_mgpu.data import input_pipeline
+    from bert_mgpu.data.tasks import Example
 
     spec = common.CASES[case]
     split = "dev" if spec["mode"] == "predict" else "train"
@@ -30,7 +30,7 @@ def rt_dataset(case, make_dataset=None):
 @functools.lru_cache(maxsize=None)
 def _tokenizer():
     """One, as an application keeps its tokenizer."""
-    from bert_mgpu.tokenization import FullTokenizer
+    from bert_mgpu.data.tokenization import FullTokenizer
 
     return FullTokenizer(common.VOCAB, do_lower_case=True)
 
@@ -39,17 +39,17 @@ def build(case, towers=1, fused=True):
     """(towers, model, trainer, dataset) for a case: the model, optimizer and input of the benchmark."""
     spec = common.CASES[case]
     shape = common.SHAPES[spec["shape"]]
-    from bert_mgpu.devices import Towers
+    from bert_mgpu.parallel.devices import Towers
 
     tw = Towers(n_gpus=0, towers_per_gpu=towers, train_batch_size=common.BATCH // towers)
     import numpy as np
     import tensorflow as tf
 
-    from bert_mgpu import optimization
-    from bert_mgpu.config import BertConfig
-    from bert_mgpu.modeling import build_classifier
-    from bert_mgpu.pretraining_model import build_pretrainer, pretraining_loss
-    from bert_mgpu.training import Trainer, classification_loss
+    from bert_mgpu.model.config import BertConfig
+    from bert_mgpu.model.modeling import build_classifier
+    from bert_mgpu.model.pretraining_model import build_pretrainer, pretraining_loss
+    from bert_mgpu.train import optimization
+    from bert_mgpu.train.training import Trainer, classification_loss
 
     policy = "mixed_bfloat16" if common.precision() == "bf16" else "float32"
     config = BertConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],

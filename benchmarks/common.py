@@ -22,7 +22,7 @@ def precision():
     it). bench.py decides once and passes BENCH_PRECISION to every process."""
     if os.environ.get("BENCH_PRECISION") in ("bf16", "fp32"):
         return os.environ["BENCH_PRECISION"]
-    from bert_mgpu.precision import choose_precision, cpu_flags
+    from bert_mgpu.parallel.precision import choose_precision, cpu_flags
 
     return "bf16" if choose_precision("auto", [], cpu_flags())[0] == "mixed_bfloat16" else "fp32"
 

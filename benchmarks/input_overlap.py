@@ -28,8 +28,10 @@ def main():
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_mgpu import devices, distribute, memory, modeling, optimization, training
-    from bert_mgpu.config import BertConfig
+    from bert_mgpu.model import modeling
+    from bert_mgpu.model.config import BertConfig
+    from bert_mgpu.parallel import devices, distribute
+    from bert_mgpu.train import memory, optimization, training
 
     plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)

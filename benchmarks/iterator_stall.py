@@ -33,7 +33,7 @@ def one_run(towers, via):
                                               args=(b,)))
     if via == "bert_mgpu":
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        from bert_mgpu.distribute import distribute_dataset
+        from bert_mgpu.parallel.distribute import distribute_dataset
 
         it = iter(distribute_dataset(strategy, ds))
     else:

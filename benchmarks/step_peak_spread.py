@@ -34,15 +34,17 @@ def main():
     ap.add_argument("--batches", default="4,8,12,16,24", help="per-tower batch sizes, comma-separated")
     ap.add_argument("--inter_op", type=int, default=0, help="TensorFlow's inter-op threads (0: its default)")
     args = ap.parse_args()
-    from bert_mgpu import devices
+    from bert_mgpu.parallel import devices
 
     devices.keep_cpu_memory_statistics()  # before TensorFlow starts: its BFC allocator where oneDNN is off
     import tensorflow as tf
 
     if args.inter_op:
         tf.config.threading.set_inter_op_parallelism_threads(args.inter_op)
-    from bert_mgpu import distribute, memory, modeling, optimization, training
-    from bert_mgpu.config import BertConfig
+    from bert_mgpu.model import modeling
+    from bert_mgpu.model.config import BertConfig
+    from bert_mgpu.parallel import distribute
+    from bert_mgpu.train import memory, optimization, training
 
     plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)

@@ -12,7 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
-from bert_mgpu import devices  # noqa: E402
+from bert_mgpu.parallel import devices  # noqa: E402
 
 devices.keep_cpu_memory_statistics()  # as Towers does before TensorFlow starts
 _cpu = tf.config.list_physical_devices("CPU")[0]
@@ -47,7 +47,7 @@ def write_vocab(path, words=WORDS):
 
 
 def tiny_config(vocab_size, **overrides):
-    from bert_mgpu.config import BertConfig
+    from bert_mgpu.model.config import BertConfig
 
     values = dict(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=64, max_position_embeddings=64)
@@ -59,7 +59,8 @@ def write_google_release(directory, config=None, seed=0):
     """A tiny Google-layout release (bert_model.ckpt, bert_config.json, vocab.txt) with random weights."""
     import keras
 
-    from bert_mgpu import checkpoints, modeling
+    from bert_mgpu.io import checkpoints
+    from bert_mgpu.model import modeling
 
     os.makedirs(directory, exist_ok=True)
     tokens = write_vocab(os.path.join(directory, "vocab.txt"))

@@ -8,7 +8,10 @@ import pytest
 import tensorflow as tf
 from conftest import run_python, tiny_config
 
-from bert_mgpu import _compat, devices, distribute, memory, modeling, optimization, training
+from bert_mgpu.core import _compat
+from bert_mgpu.model import modeling
+from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.train import memory, optimization, training
 
 CPU_TOWERS = ["/cpu:0", "/cpu:1"]
 
@@ -98,7 +101,8 @@ EIGHT_TOWERS = """
 import keras, numpy as np, tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 8)
-from bert_mgpu import devices, distribute, optimization, training
+from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.train import optimization, training
 keras.mixed_precision.set_global_policy("mixed_float16")
 strategy = distribute.make_strategy(devices.plan_devices(0, 8, ()))
 with strategy.scope():
@@ -137,7 +141,7 @@ def test_every_variable_a_run_makes_can_be_broadcast_between_workers(policy):
     a dtype it takes. The allowed list is read from TensorFlow's op definition."""
     from tensorflow.python.framework import op_def_registry
 
-    from bert_mgpu import fused_encoder
+    from bert_mgpu.model import fused_encoder
 
     allowed = {tf.as_dtype(t) for a in op_def_registry.get("CollectiveBcastSendV2").attr if a.name == "T"
                for t in a.allowed_values.list.type}

@@ -28,7 +28,7 @@ def test_bert_base_and_large_sizes_and_allreduce_time():
 
 
 def test_every_system_computes_in_the_precision_the_cpu_has_hardware_for(monkeypatch):
-    from bert_mgpu import precision
+    from bert_mgpu.parallel import precision
 
     monkeypatch.delenv("BENCH_PRECISION", raising=False)
     for flags, expected in (({"avx2", "amx_bf16"}, "bf16"), ({"avx512_bf16"}, "bf16"), ({"avx2"}, "fp32")):

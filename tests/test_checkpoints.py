@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from conftest import tiny_config
 
-from bert_mgpu import checkpoints, modeling, weight_names
-from bert_mgpu.errors import UserError
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import checkpoints, weight_names
+from bert_mgpu.model import modeling
 
 TOKENS = np.array([[101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102, 0, 0],
                    [101, 1045, 2293, 2009, 102, 2307, 3185, 102, 0, 0, 0, 0]], np.int32)
@@ -168,7 +169,8 @@ def test_no_code_path_unpickles_or_loads_unsafely():
 
     from conftest import ROOT
 
-    sources = glob.glob(os.path.join(ROOT, "bert_mgpu", "*.py")) + glob.glob(os.path.join(ROOT, "*.py"))
+    sources = glob.glob(os.path.join(ROOT, "bert_mgpu", "**", "*.py"), recursive=True)
+    sources += glob.glob(os.path.join(ROOT, "*.py"))
     assert len(sources) > 20
     unsafe = re.compile(r"import pickle|pickle\.load|torch\.load|allow_pickle\s*=\s*True|safe_mode\s*=\s*False|"
                         r"enable_unsafe_deserialization|np\.load\(|numpy\.load\(")
@@ -177,7 +179,7 @@ def test_no_code_path_unpickles_or_loads_unsafely():
 
 
 def test_a_vocabulary_smaller_than_the_embedding_table_is_worth_a_warning(caplog):
-    from bert_mgpu.config import BertConfig
+    from bert_mgpu.model.config import BertConfig
 
     config = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                         intermediate_size=64)

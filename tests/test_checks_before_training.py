@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import run_script
 
-from bert_mgpu import checkpoints
+from bert_mgpu.io import checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_a_run_directorys_own_config_and_vocabulary_are_the_only_ones_it_takes(d
 
 def test_notebook_fit_refuses_unlabelled_examples_and_a_learning_rate_that_is_not_a_number(google_release, tmp_path):
     import bert_mgpu
-    from bert_mgpu.errors import UserError
+    from bert_mgpu.core.errors import UserError
 
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=4)
     clf = bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], towers, "float32",

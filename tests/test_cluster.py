@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from bert_mgpu import distribute
-from bert_mgpu.cluster import Cluster, find_cluster
-from bert_mgpu.devices import plan_devices
-from bert_mgpu.errors import UserError
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.parallel import distribute
+from bert_mgpu.parallel.cluster import Cluster, find_cluster
+from bert_mgpu.parallel.devices import plan_devices
 
 
 def test_worker_hosts_and_task_index_name_the_job_and_this_workers_place():
@@ -108,7 +108,7 @@ def test_auto_batch_size_on_cpu_workers_is_refused_before_any_trial():
     would wait on each other forever, so several CPU workers are refused at once."""
     import types
 
-    from bert_mgpu import memory
+    from bert_mgpu.train import memory
 
     # Worker 1 of 2 as a multi-worker strategy tells it: TensorFlow's public Strategy.cluster_resolver.
     job = Cluster({"worker": ["h1:2222", "h2:2222"]}, "worker", 1, "test")

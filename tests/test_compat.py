@@ -1,4 +1,4 @@
-"""The TensorFlow, Keras and keras-hub internals bert_mgpu/_compat.py reads are still where it reads them."""
+"""The TensorFlow, Keras and keras-hub internals bert_mgpu/core/_compat.py reads are still where it reads them."""
 
 import subprocess
 import sys
@@ -13,21 +13,22 @@ def test_onednn_decision_is_readable_and_follows_the_environment():
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env={**__import__("os").environ, "TF_ENABLE_ONEDNN_OPTS": value})
         assert proc.returncode == 0, ("tensorflow.python.util._pywrap_util_port.IsMklEnabled moved in this "
-                                      "TensorFlow; update bert_mgpu/_compat.py.onednn_enabled\n" + proc.stderr[-800:])
+                                      "TensorFlow; update bert_mgpu/core/_compat.py.onednn_enabled\n"
+                                      + proc.stderr[-800:])
         seen[value] = proc.stdout.strip().splitlines()[-1]
     assert seen == {"0": "False", "1": "True"}
 
 
 def _moved(what, error):
     return f"{what} moved in this Keras / keras-hub / TensorFlow ({type(error).__name__}: {error}); update " \
-           "bert_mgpu/_compat.py"
+           "bert_mgpu/core/_compat.py"
 
 
 def test_keras_hub_transformer_and_masked_lm_parts_are_where_compat_reads_them():
     import keras
     import keras_hub
 
-    from bert_mgpu import _compat
+    from bert_mgpu.core import _compat
 
     backbone = keras_hub.models.BertBackbone(vocabulary_size=30, num_layers=1, num_heads=2, hidden_dim=8,
                                              intermediate_dim=16, max_sequence_length=12)
@@ -49,7 +50,7 @@ def test_keras_hub_transformer_and_masked_lm_parts_are_where_compat_reads_them()
 def test_keras_seed_generators_and_layers_are_found_and_wrapped():
     import keras
 
-    from bert_mgpu import _compat
+    from bert_mgpu.core import _compat
 
     inputs = keras.Input((4,))
     model = keras.Model(inputs, keras.layers.Dropout(0.5)(keras.layers.Dense(4)(inputs)))
@@ -69,7 +70,7 @@ def test_keras_seed_generators_and_layers_are_found_and_wrapped():
 def test_per_replica_spec_is_what_tf_distribute_reports():
     import tensorflow as tf
 
-    from bert_mgpu import _compat
+    from bert_mgpu.core import _compat
 
     strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"],
                                               cross_device_ops=tf.distribute.ReductionToOneDevice())
@@ -85,7 +86,7 @@ def test_keras_optimizer_slots_decay_and_learning_rate_are_where_compat_reads_th
     import keras
     import numpy as np
 
-    from bert_mgpu import _compat
+    from bert_mgpu.core import _compat
 
     for cls in (keras.optimizers.AdamW, keras.optimizers.Lamb):
         kernel, bias = keras.Variable(np.ones((2, 3), "float32"), name="kernel"), keras.Variable(
@@ -106,8 +107,8 @@ def test_keras_optimizer_slots_decay_and_learning_rate_are_where_compat_reads_th
 MULTI_WORKER_PROBE = """
 import socket, sys
 import tensorflow as tf
-from bert_mgpu import _compat
-from bert_mgpu.cluster import Cluster
+from bert_mgpu.core import _compat
+from bert_mgpu.parallel.cluster import Cluster
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
@@ -136,7 +137,7 @@ def test_multi_worker_strategy_takes_the_plans_towers_and_reduces_on_the_host():
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert "MOVED" not in proc.stderr, ("MultiWorkerMirroredStrategy's CollectiveAllReduceExtended."
                                         "_initialize_local_devices or _host_cross_device_ops moved in this "
-                                        "TensorFlow; update bert_mgpu/_compat.py\n" + proc.stderr[-800:])
+                                        "TensorFlow; update bert_mgpu/core/_compat.py\n" + proc.stderr[-800:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert "devices ['/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1']" \
@@ -151,7 +152,8 @@ def test_preemption_handler_is_told_its_platform_saves_once_at_the_agreed_step_a
 
     import tensorflow as tf
 
-    from bert_mgpu import _compat, distribute
+    from bert_mgpu.core import _compat
+    from bert_mgpu.parallel import distribute
 
     signal_seen, saves = threading.Event(), []
 
@@ -203,7 +205,7 @@ def test_mirrored_strategy_collectives_take_the_options_compat_sets_and_keys_of_
     keeps two strategies over the same devices apart: both strategies run an all-reduce, in turn."""
     import tensorflow as tf
 
-    from bert_mgpu import _compat
+    from bert_mgpu.core import _compat
 
     results = []
     for implementation in ("NCCL", "RING"):

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu import _compat, devices, distribute
-from bert_mgpu.errors import UserError
+from bert_mgpu.core import _compat
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.parallel import devices, distribute
 
 
 def test_plan_follows_cuda_visible_devices_order():
@@ -142,7 +143,8 @@ def test_each_tower_draws_its_own_dropout_masks_and_the_first_tower_keeps_keras_
     import keras
     from conftest import tiny_config
 
-    from bert_mgpu import modeling, run_dir
+    from bert_mgpu.io import run_dir
+    from bert_mgpu.model import modeling
 
     strategy = distribute.make_strategy(devices.plan_devices(0, 2, ()))
     keras.utils.set_random_seed(3)

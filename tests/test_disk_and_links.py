@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from conftest import run_script
 
-from bert_mgpu import errors
+from bert_mgpu.core import errors
 
 
 @pytest.fixture(scope="module")

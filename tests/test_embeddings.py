@@ -7,7 +7,7 @@ import pytest
 from conftest import run_script
 
 import bert_mgpu
-from bert_mgpu.embeddings import Encoder
+from bert_mgpu.api.embeddings import Encoder
 
 TEXTS = ["A man is playing a guitar.", "Someone plays an instrument!", "The stock market fell sharply today.",
          "Ünïcödé accents, CAPITALS and “quotes”", "short"] * 3 + ["a much longer sentence " * 12]

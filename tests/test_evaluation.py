@@ -7,9 +7,9 @@ import pytest
 from conftest import sentiment_rows, write_tsv
 
 import bert_mgpu
-from bert_mgpu import evaluation
-from bert_mgpu.errors import UserError
-from bert_mgpu.evaluation import BestModel, DevEvaluation
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.train import evaluation
+from bert_mgpu.train.evaluation import BestModel, DevEvaluation
 
 
 class FakeLoop:
@@ -153,7 +153,7 @@ def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_to
     # The pictures: decodable PNGs of the expected size, whose curves are the values the run logged.
     import matplotlib.image
 
-    from bert_mgpu import plot
+    from bert_mgpu.io import plot
 
     path, series = plot.learning_curves(out)
     assert matplotlib.image.imread(path).shape == (800, 1200, 4)

@@ -10,8 +10,8 @@ import pytest
 from conftest import WORDS, run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
 
 import bert_mgpu
-from bert_mgpu import checkpoints, export
-from bert_mgpu.errors import UserError
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import checkpoints, export
 
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
 ASCII = ["the movie was good", "awful plot !", "it was very fun and not dull", "brilliant actor , boring story"]
@@ -221,7 +221,7 @@ def test_pretrainer_exports_hf_pretraining_heads_and_google_names(reference, tmp
     import torch
     import transformers
 
-    from bert_mgpu import pretraining_model
+    from bert_mgpu.model import pretraining_model
 
     release, _ = write_google_release(str(tmp_path / "release"), seed=3)
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)

@@ -5,9 +5,16 @@ import pytest
 import tensorflow as tf
 from conftest import tiny_config
 
-from bert_mgpu.fused_encoder import FusedBertEncoder
-from bert_mgpu.kernels import ACTIVATIONS, bias_gelu_exact, bias_gelu_tanh, bias_relu, dropout_mask, softmax_dropout
-from bert_mgpu.modeling import build_backbone
+from bert_mgpu.model.fused_encoder import FusedBertEncoder
+from bert_mgpu.model.kernels import (
+    ACTIVATIONS,
+    bias_gelu_exact,
+    bias_gelu_tanh,
+    bias_relu,
+    dropout_mask,
+    softmax_dropout,
+)
+from bert_mgpu.model.modeling import build_backbone
 
 
 def _inputs(batch=3, length=12, seed=0):

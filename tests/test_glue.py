@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import WORDS, run_script, tiny_config, write_google_release
 
-from bert_mgpu import glue
-from bert_mgpu.errors import UserError
-from bert_mgpu.tasks import get_task
+from bert_mgpu.api import glue
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.tasks import get_task
 
 GOOD, BAD = ["good", "great", "fun", "brilliant", "love"], ["bad", "awful", "dull", "boring", "hate"]
 FILLER = ["the", "movie", "film", "plot", "actor", "story", "was", "very", "it"]

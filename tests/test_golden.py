@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from bert_mgpu import checkpoints
+from bert_mgpu.io import checkpoints
 
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from bert_mgpu import gpu_check
+from bert_mgpu.cli import gpu_check
 
 
 def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(tmp_path):
     out = tmp_path / "output" / "gpu_check.json"
-    proc = subprocess.run([sys.executable, "-m", "bert_mgpu.gpu_check", "--quick", f"--out={out}"],
+    proc = subprocess.run([sys.executable, "-m", "bert_mgpu.cli.gpu_check", "--quick", f"--out={out}"],
                           capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert (f"{len(gpu_check.CHECKS)} of {len(gpu_check.CHECKS)} checks passed on logical CPU devices, with the GPU "
@@ -38,7 +38,7 @@ def test_a_check_that_raises_fails_in_one_line_and_an_unknown_one_is_refused(tmp
     """Each check runs in a child process: one that raises comes back as a failed result naming its error
     (the parent goes on to the next); a name that is no check is refused before anything runs."""
     out = tmp_path / "gpu_check.json"
-    proc = subprocess.run([sys.executable, "-m", "bert_mgpu.gpu_check", "--only=devices,nonsense", f"--out={out}"],
+    proc = subprocess.run([sys.executable, "-m", "bert_mgpu.cli.gpu_check", "--only=devices,nonsense", f"--out={out}"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown check(s) nonsense" in proc.stderr
     result = gpu_check.run_child(["--check", "no_such_check"], 120)

@@ -11,9 +11,12 @@ import tensorflow as tf
 from conftest import tiny_config
 from test_training import batch
 
-from bert_mgpu import devices, distribute, guards, memory, modeling, optimization, run_dir, training
-from bert_mgpu.errors import RunError
-from bert_mgpu.loop import Loop
+from bert_mgpu.core.errors import RunError
+from bert_mgpu.io import run_dir
+from bert_mgpu.model import modeling
+from bert_mgpu.parallel import devices, distribute, guards
+from bert_mgpu.train import memory, optimization, training
+from bert_mgpu.train.loop import Loop
 
 
 def test_signal_is_recorded_not_fatal_and_handler_restored():

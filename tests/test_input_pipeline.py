@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 from conftest import write_vocab
 
-from bert_mgpu.errors import UserError
-from bert_mgpu.input_pipeline import make_dataset
-from bert_mgpu.tasks import Example
-from bert_mgpu.tokenization import FullTokenizer
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.input_pipeline import make_dataset
+from bert_mgpu.data.tasks import Example
+from bert_mgpu.data.tokenization import FullTokenizer
 
 
 def truncate_seq_pair(tokens_a, tokens_b, max_length):
@@ -89,7 +89,7 @@ def test_unknown_label_and_empty_set(tok):
 def test_evaluation_and_training_inputs_agree_and_evaluation_is_sorted(tok, monkeypatch):
     """Evaluation tokenizes the set up front (a traced function, kept per tokenizer) and sorts it; training
     tokenizes inside tf.data. Both must give each example the same ids, segments, label and mask."""
-    import bert_mgpu.input_pipeline as ip
+    import bert_mgpu.data.input_pipeline as ip
 
     monkeypatch.setattr(ip, "_CHUNK", 7)  # several tokenizer calls
     rng = np.random.default_rng(1)

@@ -1,52 +1,60 @@
-"""The package's layers, lowest first: a module imports only from its own layer or lower ones, and no import
-cycle exists (function-level imports count too). A new module must be given its layer here; the README's
-"Layout" lists the same table."""
+"""The package's layers are its subpackages, lowest first: a module imports only from its own layer or lower
+ones, and no import cycle exists (function-level imports count too). The README's "Layout" lists them."""
 
 import ast
 import os
 
 from conftest import ROOT
 
-LAYERS = {
-    "core": ("errors", "_compat", "storage", "quiet", "supervise", "text_files", "weight_names", "metrics",
-             "precision", "schedules", "cluster"),
-    "model": ("kernels", "config", "fused_encoder", "modeling", "pretraining_model", "objectives"),
-    "data": ("tokenization", "vocab", "tasks", "glue_tasks", "input_pipeline", "pretraining_input",
-             "pretraining_records"),
-    "parallel": ("distribute", "devices", "guards"),
-    "io": ("checkpoints", "loading", "run_dir", "trained", "export", "serving", "outputs", "plot"),
-    "train": ("train_config", "optimization", "training", "loop", "memory", "evaluation", "session"),
-    "api": ("classifier", "pretraining", "embeddings", "glue"),
-    "cli": ("cli", "gpu_check", "checks_gpu"),
-}
-RANK = {module: i for i, modules in enumerate(LAYERS.values()) for module in modules}
+LAYERS = ("core", "model", "data", "parallel", "io", "train", "api", "cli")
 PACKAGE = os.path.join(ROOT, "bert_mgpu")
 
 
+def modules():
+    """{dotted module name under bert_mgpu (a layer's __init__ is the layer's name): its file}."""
+    found = {}
+    for layer in sorted(os.listdir(PACKAGE)):
+        directory = os.path.join(PACKAGE, layer)
+        if not os.path.isdir(directory) or layer == "__pycache__":
+            continue
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(".py"):
+                found[layer if name == "__init__.py" else f"{layer}.{name[:-3]}"] = os.path.join(directory, name)
+    return found
+
+
 def imports():
-    """{module: {imported bert_mgpu module}} for every module of the package."""
-    modules = sorted(f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py") and f != "__init__.py")
+    """{module: {imported bert_mgpu module}} for every module of the package, by dotted name; an import of a
+    name that is no module here (an old flat path) shows as itself, which has no layer."""
+    files = modules()
     graph = {}
-    for module in modules:
+    for module, path in files.items():
         found = set()
-        for node in ast.walk(ast.parse(open(os.path.join(PACKAGE, module + ".py")).read())):
-            if isinstance(node, ast.ImportFrom) and node.module == "bert_mgpu":
-                found |= {a.name for a in node.names if a.name in modules}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_mgpu."):
-                found.add(node.module.split(".")[1])
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_mgpu"):
+                base = node.module[len("bert_mgpu."):] if node.module != "bert_mgpu" else ""
+                for a in node.names:
+                    name = f"{base}.{a.name}".strip(".")
+                    found.add(name if name in files or not base else base)
             elif isinstance(node, ast.Import):
-                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("bert_mgpu.")}
+                found |= {a.name[len("bert_mgpu."):] for a in node.names if a.name.startswith("bert_mgpu.")}
         graph[module] = found - {module}
     return graph
 
 
-def test_every_module_has_a_layer_and_imports_only_its_own_or_lower_ones():
+def layer_of(module):
+    return module.split(".")[0]
+
+
+def test_every_module_sits_in_a_layer_and_imports_only_its_own_or_lower_ones():
     graph = imports()
-    assert sorted(set(graph) - set(RANK)) == [], "give each new module its layer in LAYERS"
-    assert sorted(set(RANK) - set(graph)) == [], "a module in LAYERS no longer exists"
-    layer = {m: name for name, ms in LAYERS.items() for m in ms}
-    upward = sorted(f"{m} ({layer[m]}) imports {d} ({layer[d]})" for m, deps in graph.items() for d in deps
-                    if RANK[d] > RANK[m])
+    assert sorted(f for f in os.listdir(PACKAGE) if f.endswith(".py")) == ["__init__.py"], \
+        "every module goes into the subpackage of its layer"
+    assert sorted({layer_of(m) for m in graph} - set(LAYERS)) == [], "a new subpackage needs its place in LAYERS"
+    unknown = sorted({d for deps in graph.values() for d in deps} - set(graph))
+    assert unknown == [], "imports of names that are no module here (an old flat path?)"
+    upward = sorted(f"{m} imports {d}" for m, deps in graph.items() for d in deps
+                    if LAYERS.index(layer_of(d)) > LAYERS.index(layer_of(m)))
     assert upward == []
 
 
@@ -74,17 +82,17 @@ def test_no_import_cycle():
 # Modules that import bert_mgpu modules inside functions, and why: every other import is at the top.
 DEFERRED = {
     "cli": "scripts import it to define flags before TensorFlow loads, quietly (quiet.py)",
-    "gpu_check": "its parent process never loads TensorFlow: each check runs in a child",
-    "checks_gpu": "each check, in its own child process, loads only what it tests",
-    "config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
-    "outputs": "plot loads matplotlib, an optional dependency",
+    "cli.gpu_check": "its parent process never loads TensorFlow: each check runs in a child",
+    "cli.checks_gpu": "each check, in its own child process, loads only what it tests",
+    "model.config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
+    "io.outputs": "plot loads matplotlib, an optional dependency",
 }
 
 
 def test_bert_mgpu_imports_are_at_the_top_but_where_a_reason_is_given():
     deferred = set()
-    for name in sorted(f[:-3] for f in os.listdir(PACKAGE) if f.endswith(".py") and f != "__init__.py"):
-        tree = ast.parse(open(os.path.join(PACKAGE, name + ".py")).read())
+    for name, path in modules().items():
+        tree = ast.parse(open(path).read())
         for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
             for node in ast.walk(function):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "bert_mgpu":

@@ -6,8 +6,10 @@ import keras
 import pytest
 from conftest import run_python, tiny_config
 
-from bert_mgpu import devices, distribute, memory, modeling, optimization, training
-from bert_mgpu.errors import UserError
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.model import modeling
+from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.train import memory, optimization, training
 
 
 @pytest.mark.parametrize("largest, cap", [(37, 4096), (1, 4096), (0, 4096), (64, 64), (100, 64)])
@@ -156,8 +158,10 @@ FRESH_PROCESS = """
 import gc, json
 import keras, tensorflow as tf
 from conftest import tiny_config
-from bert_mgpu import devices, distribute, memory, modeling, optimization, training
-from bert_mgpu.loop import Hook, Loop
+from bert_mgpu.model import modeling
+from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.train import memory, optimization, training
+from bert_mgpu.train.loop import Hook, Loop
 
 plan = devices.plan_devices(0, 2, ())
 strategy = distribute.make_strategy(plan)

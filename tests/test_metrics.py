@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from bert_mgpu import metrics
+from bert_mgpu.core import metrics
 
 
 def test_accuracy_f1_mcc_on_known_values():
@@ -24,7 +24,7 @@ def test_multiclass_mcc_matches_binary_formula_when_two_classes():
 
 
 def test_pearson_spearman_and_ranks_on_known_values():
-    from bert_mgpu.metrics import pearson, ranks, spearman
+    from bert_mgpu.core.metrics import pearson, ranks, spearman
 
     a, b = [1, 2, 2, 3, 5], [2, 1, 4, 4, 9]
     assert list(ranks(a)) == [1, 2.5, 2.5, 4, 5] and list(ranks(b)) == [2, 1, 3.5, 3.5, 5]
@@ -60,8 +60,8 @@ def test_every_metric_equals_scikit_learns(k, seed):
 
 
 def test_metric_names_are_checked_against_the_task_type():
-    from bert_mgpu.errors import UserError
-    from bert_mgpu.objectives import objective
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.model.objectives import objective
 
     objective("classification").check_metrics(["f1_macro", "auc"])
     objective("regression").check_metrics(["pearson"])

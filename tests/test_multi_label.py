@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import run_script
 
-from bert_mgpu import metrics
+from bert_mgpu.core import metrics
 
 GOOD, BAD = ["good", "great", "fun", "brilliant", "love"], ["bad", "awful", "dull", "boring", "hate"]
 FILLER = ["the", "movie", "film", "actor", "story", "was", "very", "it"]

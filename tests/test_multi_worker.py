@@ -28,7 +28,7 @@ import itertools, runpy, sys, types
 start, rate = float(sys.argv[1]), float(sys.argv[2])
 sys.argv = sys.argv[3:]
 sys.path.insert(0, {root!r})
-from bert_mgpu import loop
+from bert_mgpu.train import loop
 ticks = itertools.count()
 loop.time = types.SimpleNamespace(monotonic=lambda: start + rate * next(ticks))
 runpy.run_path(sys.argv[0], run_name="__main__")
@@ -290,7 +290,7 @@ def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(
 AGREE = """
 import sys
 sys.path.insert(0, {root!r})
-from bert_mgpu import cluster, devices, distribute
+from bert_mgpu.parallel import cluster, devices, distribute
 job = cluster.find_cluster(sys.argv[1], int(sys.argv[2]))
 plan = devices.plan_devices(0, 2, (), workers=job.workers)
 devices.configure_devices(plan)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu.errors import UserError
-from bert_mgpu.objectives import KINDS, objective
-from bert_mgpu.tasks import Example
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.tasks import Example
+from bert_mgpu.model.objectives import KINDS, objective
 
 LOGITS = np.array([[2.0, -1.0], [0.5, 1.5]], np.float32)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from bert_mgpu.precision import choose_precision, cpu_flags
+from bert_mgpu.parallel.precision import choose_precision, cpu_flags
 
 
 def test_auto_picks_float16_on_tensor_core_gpus():

@@ -9,10 +9,12 @@ import pytest
 from conftest import tiny_config, write_google_release, write_vocab
 
 import bert_mgpu
-from bert_mgpu import checkpoints, kernels, pretraining_model, schedules
-from bert_mgpu.modeling import build_backbone
-from bert_mgpu.pretraining import BertPretrainer, Budget, Validation
-from bert_mgpu.pretraining_input import PretrainingData
+from bert_mgpu.api.pretraining import BertPretrainer, Budget, Validation
+from bert_mgpu.data.pretraining_input import PretrainingData
+from bert_mgpu.io import checkpoints
+from bert_mgpu.model import kernels, pretraining_model
+from bert_mgpu.model.modeling import build_backbone
+from bert_mgpu.train import schedules
 
 TEMPLATES = ["the movie was good and fun .", "the film was bad and dull .", "it is a great story of love .",
              "this actor was awful but the plot was brilliant .", "that story is boring and not fun ."]
@@ -253,7 +255,7 @@ def test_sigterm_saves_where_it_stopped_and_the_rerun_finishes(text, tmp_path):
 
 
 def test_auto_batch_size_picks_a_micro_batch_that_fits_and_divides(text, caplog, monkeypatch):
-    from bert_mgpu import memory
+    from bert_mgpu.train import memory
 
     pre = new_pretrainer(text, micro=1)
     with caplog.at_level(logging.INFO, "bert_mgpu"):

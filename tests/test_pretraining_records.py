@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 from conftest import WORDS, run_script, write_vocab
 
-from bert_mgpu import pretraining_input, pretraining_records
-from bert_mgpu.cluster import Cluster
-from bert_mgpu.errors import UserError
-from bert_mgpu.tokenization import FullTokenizer
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data import pretraining_input, pretraining_records
+from bert_mgpu.data.tokenization import FullTokenizer
+from bert_mgpu.parallel.cluster import Cluster
 
 SUFFIXES = ["##s", "##ing", "##ly"]
 
@@ -175,7 +175,7 @@ def test_dynamic_masking_new_masks_each_epoch_same_on_resume(corpus):
 
 
 def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
-    from bert_mgpu.vocab import build_vocab
+    from bert_mgpu.data.vocab import build_vocab
 
     text = tmp_path / "mixed.txt"
     text.write_text("我爱北京天安门。\nRunning runners run, the RUNNER ran!\n\n天安门上太阳升\n" * 5, encoding="utf-8")
@@ -192,7 +192,7 @@ def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
 def test_a_vocabulary_smaller_than_asked_says_so(tmp_path, caplog):
     import logging
 
-    from bert_mgpu.vocab import build_vocab
+    from bert_mgpu.data.vocab import build_vocab
 
     text = tmp_path / "small.txt"
     text.write_text("the cat sat on the mat\n" * 20, encoding="utf-8")
@@ -203,7 +203,7 @@ def test_a_vocabulary_smaller_than_asked_says_so(tmp_path, caplog):
 
 
 def test_utf8_check_names_the_line_across_blocks_and_counts_with_replace(tmp_path, caplog):
-    from bert_mgpu.vocab import check_utf8
+    from bert_mgpu.data.vocab import check_utf8
 
     path = tmp_path / "corpus.txt"
     path.write_bytes("ünïcödé line\n".encode() * 7 + b"caf\xe9 latin-1\n" + b"fine\n" + b"\xff\n")
@@ -248,8 +248,8 @@ def test_build_vocab_script_bad_input_is_one_line(tmp_path, case, expected):
 def test_workers_rows_put_together_are_the_global_batch(corpus, kind):
     """With distribute.worker_rows each of 2 workers parses and masks only its half of every global
     batch; the halves side by side are the batch one process makes, from a resumed position too."""
-    from bert_mgpu import distribute
-    from bert_mgpu.pretraining_input import PretrainingData
+    from bert_mgpu.data.pretraining_input import PretrainingData
+    from bert_mgpu.parallel import distribute
 
     inputs = make(corpus, "rows")[0] if kind == "records" else [corpus[2]]
     data = PretrainingData(kind, inputs, corpus[1], max_seq_length=32 if kind == "text" else 128,
@@ -286,7 +286,7 @@ def test_by_files_each_worker_reads_its_own_files_every_sequence_once_a_pass(cor
     """Sharding by file: 2 workers of 5 files read 3 and 2 of them. Each worker's first pass of its
     training stream holds each of its files' sequences once; between them, every sequence of the data,
     none twice; resumed, a worker's stream goes on where it was."""
-    from bert_mgpu.pretraining_input import PretrainingData, worker_files
+    from bert_mgpu.data.pretraining_input import PretrainingData, worker_files
 
     d, tok, _ = corpus
     if kind == "records":

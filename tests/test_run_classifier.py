@@ -145,7 +145,7 @@ def test_dry_run_prints_the_plan():
 
 def bad_release(tmp_path, **overrides):
     directory, _ = write_google_release(str(tmp_path / "rel"))
-    from bert_mgpu.config import BertConfig
+    from bert_mgpu.model.config import BertConfig
 
     cfg = BertConfig.from_json_file(os.path.join(directory, "bert_config.json"))
     BertConfig(**{**cfg.to_dict(), **overrides}).to_json_file(os.path.join(directory, "bert_config.json"))

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bert_mgpu import run_dir
-from bert_mgpu.errors import RunError, UserError
+from bert_mgpu.core.errors import RunError, UserError
+from bert_mgpu.io import run_dir
 
 
 def saved_steps(directory, values):
@@ -89,7 +89,7 @@ def test_output_dir_must_be_a_writable_directory(tmp_path):
 
 
 def test_run_restores_saves_with_run_files_and_refuses_other_settings(tmp_path):
-    from bert_mgpu.run_dir import Run
+    from bert_mgpu.io.run_dir import Run
 
     written = []
 
@@ -117,7 +117,7 @@ def test_run_restores_saves_with_run_files_and_refuses_other_settings(tmp_path):
 
 HOLD_THE_DIRECTORY = """
 import sys, time
-from bert_mgpu import run_dir
+from bert_mgpu.io import run_dir
 run = run_dir.Run(sys.argv[1], {"seed": 1})
 print("holding", flush=True)
 time.sleep(600)

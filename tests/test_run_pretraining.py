@@ -60,7 +60,7 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     # Its curves: the masked-LM loss and accuracy, validation, learning rate and sequences/s it logged.
     import matplotlib.image
 
-    from bert_mgpu import plot
+    from bert_mgpu.io import plot
 
     assert matplotlib.image.imread(os.path.join(out, "learning_curves.png")).shape == (800, 1200, 4)
     series = plot.learning_curves(out, path=os.path.join(out, "again.png"))[1]

@@ -11,7 +11,7 @@ import time
 
 from conftest import ROOT, sentiment_rows, write_tsv
 
-from bert_mgpu import supervise
+from bert_mgpu.core import supervise
 
 CRASH = """
 import ctypes, sys

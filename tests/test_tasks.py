@@ -3,8 +3,8 @@ import json
 import pytest
 from conftest import write_tsv
 
-from bert_mgpu.errors import UserError
-from bert_mgpu.tasks import get_task
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.tasks import get_task
 
 
 def test_mrpc_cola_sst2_read_the_glue_layouts(tmp_path):
@@ -135,7 +135,7 @@ def test_tfds_task_reads_nothing_before_the_towers_are_set_up(tmp_path):
 def test_notebook_inputs_become_examples():
     import pandas as pd
 
-    from bert_mgpu.tasks import Example, as_examples
+    from bert_mgpu.data.tasks import Example, as_examples
 
     assert as_examples("great film") == [Example("0", "great film")]
     assert as_examples(["great film", ("A man eats.", "Someone eats.")]) == [
@@ -209,7 +209,7 @@ def test_csv_with_quoted_fields_and_newlines_inside(tmp_path):
 def test_predict_txt_holds_labels_or_their_index(tmp_path):
     import numpy as np
 
-    from bert_mgpu.objectives import objective
+    from bert_mgpu.model.objectives import objective
 
     p = np.array([[0.1, 0.9], [0.8, 0.2]])
     files = objective("classification").prediction_files(p, ["neg", "pos"], ["a", "b"])

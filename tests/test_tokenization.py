@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from bert_mgpu.errors import UserError
-from bert_mgpu.tokenization import FullTokenizer, read_vocab
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
 
 TEXTS = [
     "Hello, World! It's a test-case: (x+y)=z; $100 & 50% off... ~`^_|\\ @#",

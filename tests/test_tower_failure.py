@@ -14,7 +14,7 @@ from conftest import run_python, sentiment_rows, write_tsv
 FAILING_TOWER = """
 import sys
 import run_classifier_mgpu
-from bert_mgpu import checks_gpu
+from bert_mgpu.cli import checks_gpu
 
 checks_gpu.run_out_of_memory(tower=1, from_step=7)
 sys.argv = ["run_classifier_mgpu.py", *sys.argv[1:]]

@@ -8,8 +8,8 @@ import os
 import pytest
 from conftest import ROOT
 
-from bert_mgpu.errors import UserError
-from bert_mgpu.train_config import PretrainConfig, TrainConfig
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.train.train_config import PretrainConfig, TrainConfig
 
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 

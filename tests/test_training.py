@@ -9,7 +9,9 @@ import pytest
 import tensorflow as tf
 from conftest import tiny_config
 
-from bert_mgpu import devices, distribute, modeling, optimization, schedules, training
+from bert_mgpu.model import modeling
+from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.train import optimization, schedules, training
 
 
 def batch(n=8, length=12, seed=0):

@@ -1,0 +1,1 @@
+"""The notebook classes: BertClassifier, BertPretrainer, Encoder, and the GLUE suite."""

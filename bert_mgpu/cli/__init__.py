@@ -1,0 +1,336 @@
+"""What the entry scripts share: tower, precision and reliability flags, defined once; the towers made
+from them; and `main_wrapper`, which ends a user mistake or a stopped run in one line on stderr and exit 1."""
+
+import logging
+import os
+import sys
+
+from absl import flags
+
+from bert_mgpu.core import quiet
+
+FLAGS = flags.FLAGS
+
+
+def main_wrapper(run):
+    """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`."""
+
+    def main(argv):
+        if len(argv) > 1:
+            sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
+        from bert_mgpu.core import supervise
+        from bert_mgpu.core.errors import RunError, UserError, disk_full
+
+        if os.environ.pop(supervise.CHILD, None) is None:
+            limit = supervise.memory_limit()
+            if limit is not None:  # the parent only waits and, if the child dies of it, says so in one line
+                sys.exit(supervise.run_in_child(os.path.basename(argv[0]), limit))
+        else:
+            import faulthandler
+
+            faulthandler.disable()  # absl's thread dump; the parent says what happened
+
+        logging.getLogger("bert_mgpu").setLevel(logging.INFO)
+        logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
+        try:
+            quiet.start_tensorflow_quietly()
+            run()
+        except (UserError, RunError) as e:
+            print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
+            sys.exit(1)
+        except Exception as e:  # a full disk is the user's to fix: one line; anything else is a bug to show
+            line = disk_full(e)
+            if line is None:
+                raise
+            print(f"{os.path.basename(argv[0])}: error: {line}", file=sys.stderr)
+            sys.exit(1)
+
+    return main
+
+
+def define_reliability_flags(auto_batch_help):
+    """The flags both scripts share for crashes, bad numbers, reruns and memory (README: "When things go
+    wrong"). `auto_batch_help` says what --auto_batch_size sizes in that script."""
+    flags.DEFINE_bool("deterministic", False, "Deterministic ops: a resumed run ends bit-identical to an "
+                      "uninterrupted one (same seed, same devices, a step budget).")
+    flags.DEFINE_integer("max_consecutive_skips", 10, "Stop after this many steps in a row with non-finite "
+                         "gradients (0: never).")
+    flags.DEFINE_integer("save_total_limit", 2, "Checkpoints kept in --output_dir: the newest, and the ones "
+                         "before it to resume from if it is damaged (best/ is kept besides).")
+    flags.DEFINE_bool("overwrite_output_dir", False, "Start over in an --output_dir holding a run with other "
+                      "flags (its checkpoints are removed).")
+    flags.DEFINE_bool("auto_batch_size", False, auto_batch_help + " (98% of GPU memory, or --memory_limit_mb).")
+    flags.DEFINE_integer("memory_limit_mb", None, "--auto_batch_size: memory a training step may take "
+                         "(required on CPU: all towers together; on GPU: per tower).")
+
+
+def define_export_flags():
+    """--do_export and its settings, the same in both scripts (README: "Serving and export")."""
+    flags.DEFINE_bool("do_export", False, "Export the trained model (after training, or alone: the model in "
+                      "--init_checkpoint or --output_dir).")
+    flags.DEFINE_string("export_dir", None, "Exports go to EXPORT_DIR/FORMAT, each a new directory (default: "
+                        "OUTPUT_DIR/export).")
+    flags.DEFINE_list("export_format", ["saved_model"], "saved_model (TensorFlow Serving, raw text in), hf "
+                      "(transformers), google (google-bert's bert_model.ckpt), keras_hub; comma-separated.")
+    flags.DEFINE_enum("export_precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
+                      "saved_model: the precision the served graph computes in.")
+    flags.DEFINE_bool("allow_approximate_export", False, "keras_hub: write it even where keras-hub's BERT "
+                      "computes other outputs (tanh-GELU, NFKC lower-casing); the difference is logged.")
+
+
+EXPORT_STAMP = ".bert_mgpu_stamp.json"  # in each export: which run, format, precision and step made it
+
+
+def _stamp(fmt, step):
+    import os
+
+    return {"output_dir": os.path.realpath(FLAGS.output_dir) if FLAGS.output_dir else None, "format": fmt,
+            "precision": FLAGS.export_precision, "step": step}
+
+
+def _stamp_of(directory):
+    import os
+
+    from bert_mgpu.core import storage
+
+    path = os.path.join(directory, EXPORT_STAMP)
+    return storage.read_json(path) if storage.exists(path) else None
+
+
+def export_targets(output_dir):
+    """[(format, directory)] the export flags ask for; checked before any training, so a long run cannot
+    end in an export that was never possible. A directory holding this run's own export of the format
+    (a rerun of the same command) is kept for `run_exports` to judge."""
+    import os
+
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.io.export import FORMATS, check_new_dir
+
+    if not FLAGS.do_export:
+        return []
+    base = FLAGS.export_dir or (output_dir and os.path.join(output_dir, "export"))
+    if not base:
+        raise UserError("--do_export needs --export_dir or --output_dir")
+    from bert_mgpu.io.run_dir import check_output_dir
+
+    check_output_dir(base, "--export_dir" if FLAGS.export_dir else "--output_dir")  # a read-only disk, at once
+    targets = []
+    for fmt in FLAGS.export_format:
+        if fmt not in FORMATS:
+            raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
+        target = os.path.join(base, fmt)
+        mine = {k: v for k, v in (_stamp_of(target) or {}).items() if k != "step"} == \
+            {k: v for k, v in _stamp(fmt, None).items() if k != "step"}
+        targets.append((fmt, target if mine else check_new_dir(target)))
+    return targets
+
+
+def run_exports(source, targets, texts=None):
+    """Export `source` (a model in memory or a directory) to each target; prints where each went. A target
+    already holding this run's export of the same step is done (a rerun of a finished command)."""
+    import json
+
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.io import run_dir
+    from bert_mgpu.io.export import export_model
+
+    step = getattr(source, "global_step", None)
+    if step is None and isinstance(source, str):
+        step = (run_dir.read_run(source) or {}).get("global_step") if storage.isdir(source) else None
+    for fmt, target in targets:
+        stamp = _stamp_of(target)
+        if stamp is not None and stamp == _stamp(fmt, step):
+            print(f"export: {fmt} -> {target} (already there, from step {step})")
+            continue
+        if stamp is not None:
+            raise UserError(f"{target}: holds this run's export of step {stamp.get('step')}, the model is at step "
+                            f"{step}; remove it to export again")
+        export_model(source, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts,
+                     extra_files={EXPORT_STAMP: json.dumps(_stamp(fmt, step)) + "\n"})
+        print(f"export: {fmt} -> {target}")
+
+
+def define_tower_flags():
+    """Where the towers run and in what precision: the same flags in both scripts (README: "Flags")."""
+    flags.DEFINE_integer("n_gpus", -1, "GPUs to use, in CUDA_VISIBLE_DEVICES order; -1 = every visible GPU (the "
+                         "CPU when none is visible); 0 = the CPU, GPUs hidden from TensorFlow.")
+    flags.DEFINE_integer("towers_per_gpu", 1, "Towers (model replicas) per GPU, or logical CPU towers with "
+                         "--n_gpus=0.")
+    flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
+                         "(default: 92% of the GPU divided by the towers).")
+    flags.DEFINE_string("worker_hosts", None, "Several machines: every worker's host:port, comma-separated, the "
+                        "same list on each (TensorFlow's MultiWorkerMirroredStrategy).")
+    flags.DEFINE_integer("task_index", None, "With --worker_hosts: this machine's place in it (0 = the chief).")
+    flags.DEFINE_bool("multi_worker", False, "Several machines, the cluster from TF_CONFIG or SLURM's srun.")
+    flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
+                      "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else "
+                      "float32.")
+    flags.DEFINE_float("collective_timeout_seconds", 1800, "A collective between towers or workers that waits "
+                       "longer than this ends the run with an error instead of hanging it (0: no limit).")
+    flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
+    flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
+                      "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
+    flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
+    flags.DEFINE_integer("log_every_steps", 50, "Log (console, TensorBoard) every this many steps; only then "
+                         "does the host wait for the GPUs, which otherwise always have the next step queued.")
+
+
+def check_output_file(path, flag):
+    """A file a script will write, checked before any work: not a directory, in a directory that exists
+    and can be written (one line naming `flag` otherwise)."""
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
+
+    if storage.is_remote(path):
+        return path
+    if os.path.isdir(path):
+        raise UserError(f"{flag}={path} is a directory; give a file name in it")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UserError(f"{flag}={path}: the directory {parent} does not exist")
+    try:
+        storage.probe_writable(parent)
+    except OSError as e:
+        raise UserError(f"{flag}={path}: {parent} is not writable ({e.strerror})") from None
+    return path
+
+
+def check_numbers(at_least=None, positive=(), fraction=()):
+    """Numeric flags out of range end in one line before anything is read or written: `at_least` maps a
+    flag to its smallest value; `positive` floats must be finite and above 0; `fraction` in [0, 1]. A flag
+    left unset (None) is not checked."""
+    import math
+
+    from bert_mgpu.core.errors import UserError
+
+    f = FLAGS
+    for name, low in (at_least or {}).items():
+        if getattr(f, name) is not None and getattr(f, name) < low:
+            raise UserError(f"--{name}={getattr(f, name)}: must be at least {low}")
+    for name in positive:
+        value = getattr(f, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserError(f"--{name}={value}: must be a finite number above 0")
+    for name in fraction:
+        value = getattr(f, name)
+        if value is not None and not 0 <= value <= 1:
+            raise UserError(f"--{name}={value}: must be between 0 and 1")
+
+
+def plan_from_flags():
+    """(device plan, cluster or None) the tower flags ask for, the cluster resolved once; listing GPUs does not
+    start TensorFlow's runtime."""
+    from bert_mgpu.parallel import devices
+    from bert_mgpu.parallel.cluster import find_cluster
+
+    f = FLAGS
+    job = find_cluster(f.worker_hosts, f.task_index, f.multi_worker)
+    visible = devices.discover_visible_gpus() if f.n_gpus else ()
+    return devices.plan_devices(f.n_gpus, f.towers_per_gpu, visible, job.workers if job else 1), job
+
+
+def towers_from_flags(plan, cluster, train_batch_size):
+    """`Towers` for the plan and cluster from `plan_from_flags`: devices configured, strategy made."""
+    from bert_mgpu.parallel.devices import Towers
+
+    f = FLAGS
+    return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster, f.collective_timeout_seconds or None,
+                            train_batch_size)
+
+
+def _loop_flags():
+    """The LoopConfig fields both scripts' flags give, under the flags' names."""
+    f = FLAGS
+    return dict(learning_rate=f.learning_rate, use_xla=f.use_xla, save_checkpoints_steps=f.save_checkpoints_steps,
+                save_total_limit=f.save_total_limit, log_every=f.log_every_steps,
+                max_consecutive_skips=f.max_consecutive_skips, overwrite=f.overwrite_output_dir)
+
+
+def train_config():
+    """run_classifier_mgpu.py's flags as a TrainConfig. The per-tower batch is the model's (the towers' from
+    --train_batch_size, or what --auto_batch_size found), so it is left to `fit`."""
+    from bert_mgpu.train.train_config import TrainConfig
+
+    f = FLAGS
+    return TrainConfig(
+        epochs=f.num_train_epochs, warmup_proportion=f.warmup_proportion, num_warmup_steps=f.num_warmup_steps,
+        gradient_accumulation_steps=f.gradient_accumulation_steps, seed=f.seed,
+        evaluation_strategy=f.evaluation_strategy, eval_every_steps=f.eval_every_steps,
+        eval_batch_size=f.eval_batch_size, metric_for_best_model=f.metric_for_best_model,
+        greater_is_better=f.greater_is_better, load_best_model_at_end=f.load_best_model_at_end,
+        early_stopping_patience=f.early_stopping_patience, early_stopping_threshold=f.early_stopping_threshold,
+        **_loop_flags())
+
+
+def pretrain_config():
+    """run_pretraining_mgpu.py's flags as a PretrainConfig (its Budget apart)."""
+    from bert_mgpu.train.train_config import PretrainConfig
+
+    f = FLAGS
+    return PretrainConfig(train_batch_size=f.train_batch_size, optimizer=f.optimizer, beta_1=f.adam_beta1,
+                          beta_2=f.adam_beta2, epsilon=f.adam_eps, weight_decay=f.weight_decay,
+                          clipnorm=f.max_grad_norm, **_loop_flags())
+
+
+def prelude(actions, required, batch, dry_run_note):
+    """What every training script does before its work, in this order: refuse --use_tpu, plan the devices
+    (the cluster resolved once), answer --dry_run (the plan, then `dry_run_note(plan)`), refuse a run with
+    nothing to do, export alone when that is all it does, require `required` flags, seed, make the towers,
+    and lock --output_dir on the chief.
+
+    actions: the script's --do_* flags besides --do_export. batch(plan): the per-tower training batch.
+    Returns (towers, export targets), or None when the script has nothing more to do (a dry run, an export
+    alone).
+    """
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.io import run_dir
+
+    if FLAGS.use_tpu:
+        raise UserError("--use_tpu is not supported; use --n_gpus")
+    plan, cluster = plan_from_flags()
+    per_tower_batch = batch(plan)
+    if FLAGS.dry_run:
+        print(plan.describe(per_tower_batch))
+        print(dry_run_note(plan))
+        return None
+    if not any(getattr(FLAGS, a) for a in (*actions, "do_export")):
+        names = [f"--{a}" for a in (*actions, "do_export")]
+        raise UserError(f"at least one of {', '.join(names[:-1])} or {names[-1]} must be true")
+    exports = export_targets(FLAGS.output_dir)
+    if not any(getattr(FLAGS, a) for a in actions):  # export alone: the model in --init_checkpoint or --output_dir
+        source = FLAGS.init_checkpoint or FLAGS.output_dir
+        if not source:
+            raise UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
+        run_exports(source, exports)
+        return None
+    for name in required:
+        if not getattr(FLAGS, name):
+            raise UserError(f"--{name} is required")
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(FLAGS.seed)
+    if FLAGS.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
+    towers = towers_from_flags(plan, cluster, per_tower_batch)
+    logging.getLogger("bert_mgpu").info("%s", plan.describe(per_tower_batch))
+    if towers.cluster:
+        logging.getLogger("bert_mgpu").info("%s", towers.cluster.describe())
+    if towers.is_chief:
+        run_dir.check_output_dir(FLAGS.output_dir)
+        run_dir.lock_output_dir(FLAGS.output_dir)  # for all this command writes there
+    return towers, exports
+
+
+def summary(script, towers, model, facts, started):
+    """The block a script ends with (outputs.summary): where it ran, its precision, `facts`, the wall time."""
+    import time
+
+    from bert_mgpu.io import outputs
+
+    where = f"{towers.count} on {towers.plan.device_type}" + (
+        f", {towers.cluster.workers} workers" if towers.cluster else "")
+    facts = {"towers": where, "precision": model.policy, **facts, "wall time": f"{time.monotonic() - started:.0f} s"}
+    return outputs.summary(script, facts, FLAGS.output_dir)

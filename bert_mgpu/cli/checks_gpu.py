@@ -1,0 +1,313 @@
+"""The checks `make gpu-check` runs (gpu_check.py), one per function; each takes the process's `Setup` and
+returns a dict with `ok`, a one-line `summary` and its numbers. Each runs in a process of its own."""
+
+import dataclasses
+import os
+import re
+import time
+
+import numpy as np
+
+SEQ = 128
+SHAPES = {  # (hidden, layers, heads, intermediate)
+    "tiny": (64, 2, 4, 256), "demo": (384, 6, 12, 1536), "base": (768, 12, 12, 3072)}
+TOLERANCE = {"mixed_float16": (0.05, 0.02), "mixed_bfloat16": (0.1, 0.05), "float32": (1e-4, 1e-4)}
+
+
+def _config(shape, vocab=30522):
+    from bert_mgpu.model.config import BertConfig
+
+    hidden, layers, heads, inter = SHAPES[shape]
+    return BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                      intermediate_size=inter, max_position_embeddings=512)
+
+
+def _trainer(strategy, shape, policy, **kwargs):
+    from bert_mgpu.model import modeling
+    from bert_mgpu.train import optimization, training
+
+    with strategy.scope():
+        model = modeling.build_classifier(_config(shape), 2, policy)
+        opt = optimization.create_optimizer(1e-4, 1000, 0, float16=policy == "mixed_float16")
+    return training.Trainer(strategy, model, opt, **kwargs)
+
+
+def _data(global_batch, seq, steps, seed=0):
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 30000, (steps * global_batch, seq)).astype("int32")
+    features = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}
+    labels = rng.integers(0, 2, steps * global_batch).astype("int32")
+    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch, drop_remainder=True)
+
+
+def _towers_differ(strategy, model):
+    return [v.path for v in model.trainable_variables
+            if any(not np.array_equal(c.numpy(), strategy.experimental_local_results(v.value)[0].numpy())
+                   for c in strategy.experimental_local_results(v.value))]
+
+
+def devices(setup):
+    """CUDA numbers GPUs as nvidia-smi does (PCI bus order), so that GPU i is `nvidia-smi -i i`: each GPU's
+    name as TensorFlow reports it against nvidia-smi's for the same CUDA_VISIBLE_DEVICES entry."""
+    import tensorflow as tf
+
+    from bert_mgpu.parallel import devices as devs
+
+    order = os.environ.get("CUDA_DEVICE_ORDER")
+    if not setup.gpu:
+        return {"ok": order == "PCI_BUS_ID", "cuda_device_order": order,
+                "summary": f"no GPU to number; CUDA_DEVICE_ORDER={order} before CUDA started"}
+    smi = {key: (index, uuid, name) for index, uuid, name, _ in devs.nvidia_smi_gpus() for key in (index, uuid)}
+    rows = []
+    for gpu, visible in zip(tf.config.list_physical_devices("GPU"), setup.plan.visible_names):
+        tf_name = tf.config.experimental.get_device_details(gpu).get("device_name", "?")
+        index, uuid, smi_name = smi.get(visible, ("?", "?", "?"))
+        rows.append({"tensorflow": gpu.name, "tf_name": tf_name, "cuda_visible": visible, "nvidia_smi_index": index,
+                     "uuid": uuid, "smi_name": smi_name, "same": smi_name == tf_name})
+    ok = order == "PCI_BUS_ID" and all(r["same"] for r in rows)
+    return {"ok": ok, "gpus": rows, "cuda_device_order": order,
+            "summary": "; ".join(f"{r['tensorflow']} = CUDA {r['cuda_visible']} = nvidia-smi {r['nvidia_smi_index']} "
+                                 f"{r['uuid']} ({r['smi_name']})" for r in rows)}
+
+
+def libraries(setup):
+    """Which CUDA, cuDNN and NCCL TensorFlow loaded (after a training step), and no CUDA 13 wheel installed
+    beside TensorFlow's CUDA 12 ones (they write the same files)."""
+    from importlib import metadata
+
+    import tensorflow as tf
+
+    build = {k: v for k, v in tf.sysconfig.get_build_info().items() if "version" in k or k == "is_cuda_build"}
+    if setup.gpu:
+        trainer = _trainer(setup.strategy(), "tiny", "float32")
+        trainer.train_step(next(trainer.training_batches(_data(setup.per_tower * setup.plan.towers, 32, 1))))
+    with open("/proc/self/maps") as f:
+        loaded = sorted({line.split()[-1] for line in f
+                         if re.search(r"lib(nccl|cudnn|cudart|cublas)\b[^/]*\.so", line)})
+    wheels = {d.metadata["Name"]: d.version for d in metadata.distributions()
+              if (d.metadata["Name"] or "").startswith("nvidia-")}
+    cu13 = sorted(n for n in wheels if n.endswith("-cu13"))
+    found = {lib: next((os.path.basename(p) for p in loaded if f"lib{lib}" in p), None) for lib in ("nccl", "cudnn")}
+    ok = not cu13 and (not setup.gpu or all(found.values()))
+    summary = (f"TensorFlow built for CUDA {build.get('cuda_version', '-')}, cuDNN {build.get('cudnn_version', '-')}; "
+               f"loaded {', '.join(loaded) or 'no CUDA library (no GPU)'}"
+               f"{'; CUDA 13 wheels installed: ' + ', '.join(cu13) if cu13 else ''}")
+    return {"ok": ok, "build": build, "loaded": loaded, "nvidia_wheels": wheels, "cuda13_wheels": cu13,
+            "summary": summary}
+
+
+def step(setup, policy, steps=4):
+    """Training steps of a BERT-base-sized classifier (its gradients go in several packs of 32 MB) in
+    `policy` on every tower: finite losses, at least one step applied (float16's first loss scales may
+    skip some), towers bit-equal after, and each pack one dtype."""
+    strategy = setup.strategy()
+    quick = getattr(setup, "quick", False)
+    trainer = _trainer(strategy, "tiny" if quick else "base", policy, bytes_per_pack=4096 if quick else 32 * 2**20)
+    per_tower, seq = (16, SEQ) if setup.gpu else (1, 16)
+    batches = trainer.training_batches(_data(per_tower * setup.plan.towers, seq, steps))
+    graph = trainer.step_graph(trainer.input_spec)
+    packs = [(op.get_attr("T").name, op.inputs[0].shape.num_elements()) for op in graph.get_operations()
+             if op.type == "CollectiveReduceV2" and op.inputs[0].shape.num_elements() not in (None, 1)
+             and re.search(r"device:(CPU|GPU):0$", op.device)]  # the first tower's op of each pack
+    losses = [trainer.train_step(b)[0] for b in batches]
+    differ = _towers_differ(strategy, trainer.model)
+    hints = sorted({op.get_attr("communication_hint").decode() for op in graph.get_operations()
+                    if op.type == "CollectiveReduceV2"})
+    ok = bool(np.all(np.isfinite(losses))) and trainer.applied_steps >= 1 and not differ and len(packs) >= 2
+    return {"ok": ok, "losses": losses, "applied": trainer.applied_steps, "differ": differ, "packs": packs,
+            "collectives": hints,
+            "summary": f"{steps} steps on {setup.plan.towers} towers ({'/'.join(hints)} collectives), "
+                       f"{len(packs)} gradient packs ({', '.join(sorted({d for d, _ in packs}))}), "
+                       f"{trainer.applied_steps} applied, losses {', '.join(f'{x:.3f}' for x in losses)}; "
+                       f"{len(differ)} variable(s) differ between towers"}
+
+
+def two_towers_per_gpu(setup, steps=3):
+    """--towers_per_gpu=2: logical devices on each GPU, RING collectives between all towers."""
+    strategy = setup.strategy()
+    trainer = _trainer(strategy, "tiny", "mixed_float16")
+    losses = [trainer.train_step(b)[0] for b in trainer.training_batches(_data(4 * setup.plan.towers, 32, steps))]
+    differ = _towers_differ(strategy, trainer.model)
+    ok = bool(np.all(np.isfinite(losses))) and not differ
+    return {"ok": ok, "towers": setup.plan.towers, "all_reduce": setup.plan.all_reduce, "losses": losses,
+            "summary": f"{setup.plan.towers} towers, {setup.plan.all_reduce} collectives: losses "
+                       f"{', '.join(f'{x:.3f}' for x in losses)}; {len(differ)} variable(s) differ"}
+
+
+def run_out_of_memory(tower, from_step):
+    """Make `tower` of every Trainer made after this ask for 4 TiB from step `from_step` on, before it joins
+    the step's collectives: a real ResourceExhaustedError from TensorFlow's allocator (a reduction of zeros
+    that size is folded away by Grappler; random numbers are not)."""
+    import tensorflow as tf
+
+    from bert_mgpu.train import training
+
+    original = training.Trainer._loss_and_grads
+
+    def loss_and_grads(self, features, labels):
+        here = tf.distribute.get_replica_context().replica_id_in_sync_group
+        size = tf.where(tf.logical_and(self.step >= from_step, here == tower), tf.constant(2**40, tf.int64), 1)
+        with tf.control_dependencies([tf.reduce_max(tf.random.uniform(tf.reshape(size, [1])))]):
+            return original(self, tf.nest.map_structure(tf.identity, features), labels)
+
+    training.Trainer._loss_and_grads = loss_and_grads
+
+
+def failing_tower(setup, timeout_seconds=120):
+    """Tower 1 asks for 4 TiB in its second step, before it joins the step's collectives: every tower must
+    stop at once with the one-line out-of-memory message, well inside the collective timeout."""
+    from bert_mgpu.core.errors import RunError
+
+    run_out_of_memory(tower=1, from_step=1)
+    trainer = _trainer(setup.strategy(timeout_seconds=timeout_seconds), "tiny", "float32")
+    batches = trainer.training_batches(_data(4 * setup.plan.towers, 32, 3))
+    trainer.train_step(next(batches))
+    start = time.monotonic()
+    try:
+        trainer.train_step(next(batches))
+        message = "the step went through"
+    except RunError as e:
+        message = str(e)
+    took = time.monotonic() - start
+    ok = message.startswith("out of memory on tower 1 at per-tower batch 4") and took < timeout_seconds
+    return {"ok": ok, "message": message, "seconds": took,
+            "summary": f"ended in {took:.1f} s (collective timeout {timeout_seconds} s): {message[:90]}"}
+
+
+def auto_batch_size(setup):
+    """--auto_batch_size: the largest per-tower batch whose step fits (GPUs: TensorFlow's cap of the GPU with
+    the least free memory; without GPUs a 1 GiB limit, 256 MiB with --quick), found by real trials."""
+    import types
+
+    from bert_mgpu.model import modeling
+    from bert_mgpu.train import memory
+
+    strategy = setup.strategy()
+    plan = setup.plan if setup.gpu else dataclasses.replace(setup.plan, device_type="CPU", physical_ids=(),
+                                                           towers_per_device=setup.plan.towers)
+    towers = types.SimpleNamespace(plan=plan, strategy=strategy, gpus=setup.gpus)
+    with strategy.scope():
+        model = modeling.build_classifier(_config("base" if setup.gpu else "tiny"), 2,
+                                          "mixed_float16" if setup.gpu else "float32")
+    best = memory.find_for_model(towers, model, "mixed_float16" if setup.gpu else "float32",
+                                 lambda n: memory.classifier_batch(n, SEQ),
+                                 memory_limit_mb=None if setup.gpu else 256 if getattr(setup, "quick", False)
+                                 else 1024, cap=256)
+    how = "BERT-base, first tower alone" if setup.gpu else "tiny, CPU trials of every tower's real step"
+    return {"ok": best >= 1, "per_tower_batch": best, "summary": f"{best} sequences of {SEQ} tokens per tower fit "
+                                                                  f"({how})"}
+
+
+def fused_matches_keras_hub(setup):
+    """The fused encoder against keras-hub's BertBackbone on the same variables, forward and gradients, in
+    each mixed precision (largest output error; relative error of all gradients together)."""
+    import tensorflow as tf
+
+    from bert_mgpu.model.fused_encoder import FusedBertEncoder
+    from bert_mgpu.model.modeling import build_backbone
+
+    results, ok = {}, True
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        config = dataclasses.replace(_config("tiny", vocab=1000), hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
+        backbone = build_backbone(config, policy)
+        fused = FusedBertEncoder(backbone)
+        rng = np.random.default_rng(0)
+        ids = rng.integers(1, 1000, (4, 32)).astype("int32")
+        x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}
+        weights = rng.normal(size=(4, 32, config.hidden_size)).astype("float32")
+
+        def run(fn, x=x, weights=weights, backbone=backbone):
+            with tf.GradientTape() as tape:
+                out = fn(x, training=True)
+                y = tf.cast(out["sequence_output"], tf.float32)
+                loss = tf.reduce_sum(y * weights) + tf.reduce_sum(tf.cast(out["pooled_output"], tf.float32))
+            grads = tape.gradient(loss, backbone.trainable_variables)
+            return y.numpy(), np.concatenate([tf.convert_to_tensor(g).numpy().ravel() for g in grads])
+
+        (a, ga), (b, gb) = run(fused), run(backbone)
+        out_err, grad_err = float(np.abs(a - b).max()), float(np.linalg.norm(ga - gb) / np.linalg.norm(gb))
+        out_tol, grad_tol = TOLERANCE[policy]
+        ok = ok and out_err <= out_tol and grad_err <= grad_tol
+        results[policy] = {"output_error": out_err, "gradient_error": grad_err, "tolerance": [out_tol, grad_tol]}
+    return {"ok": ok, **results, "summary": "; ".join(
+        f"{p}: output {r['output_error']:.2g} (tolerance {r['tolerance'][0]}), gradients {r['gradient_error']:.2g} "
+        f"({r['tolerance'][1]})" for p, r in results.items())}
+
+
+def xla_step(setup):
+    """One training step with each tower's forward and backward XLA-compiled (--use_xla)."""
+    trainer = _trainer(setup.strategy(), "tiny", "mixed_float16" if setup.gpu else "float32", use_xla=True)
+    loss, _ = trainer.train_step(next(trainer.training_batches(_data(4 * setup.plan.towers, 32, 1))))
+    return {"ok": bool(np.isfinite(loss)), "loss": loss, "summary": f"one --use_xla step: loss {loss:.4f}"}
+
+
+def worker(task_index, worker_hosts):
+    """One of two worker processes (gpu_check.two_workers): train, evaluate (the evaluation's frozen weight
+    copies are new variables, broadcast between workers), report a checksum of the weights."""
+    import tensorflow as tf
+
+    from bert_mgpu.parallel import devices as devs
+    from bert_mgpu.parallel import precision
+
+    gpus = bool(tf.config.list_physical_devices("GPU"))
+    towers = devs.Towers(n_gpus=-1 if gpus else 0, train_batch_size=4, worker_hosts=worker_hosts,
+                         task_index=task_index, collective_timeout_seconds=300)
+    policy = precision.resolve_precision("auto", towers.plan)[0] if gpus else "mixed_bfloat16"
+    trainer = _trainer(towers.strategy, "tiny", policy)
+    losses = [trainer.train_step(b)[0] for b in trainer.training_batches(_data(towers.global_batch, 32, 3))]
+    eval_loss = trainer.evaluate(_data(towers.global_batch, 32, 2))["loss"]
+    checksum = float(sum(np.abs(v.numpy()).sum() for v in trainer.model.trainable_variables))
+    ok = bool(np.all(np.isfinite(losses))) and np.isfinite(eval_loss)
+    return {"ok": ok, "policy": policy, "losses": [round(x, 4) for x in losses], "eval_loss": round(eval_loss, 4),
+            "checksum": checksum, "device_type": "GPU" if gpus else "CPU"}
+
+
+def _text_pipeline(global_batch, seq, directory):
+    """The fine-tuning input pipeline (input_pipeline.make_dataset: tokenizing in tf.data, bucketing by
+    length) over made-up texts of 130 to 200 words, so every batch is `seq` tokens wide, as
+    docs/gpu_scaling.md's model assumes (and no step compiles kernels for a new width)."""
+    from bert_mgpu.data import input_pipeline, tasks, tokenization
+
+    words = [f"w{i}" for i in range(2000)]
+    vocab = os.path.join(directory, "vocab.txt")
+    with open(vocab, "w") as f:
+        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    rng = np.random.default_rng(0)
+    examples = [tasks.Example(str(i), " ".join(rng.choice(words, rng.integers(130, 201))), None, str(i % 2))
+                for i in range(max(512, 8 * global_batch))]
+    tokenizer = tokenization.FullTokenizer(vocab)
+    return input_pipeline.make_dataset(examples, tokenizer, ["0", "1"], seq, global_batch, training=True, seed=0)
+
+
+def scaling(setup, steps=None):
+    """The training loop's throughput on 1, 2, ... N towers: the fine-tuning input pipeline, its record of
+    examples/s over the last `steps` of 2 x `steps` steps (the first ones trace and compile); BERT-base at
+    16 sequences of 128 tokens per GPU, the tiny model without GPUs."""
+    import tempfile
+
+    from bert_mgpu.parallel import distribute
+    from bert_mgpu.train.loop import Loop
+
+    shape, per_tower = ("base", 16) if setup.gpu else ("tiny", 8)
+    steps = steps or (10 if getattr(setup, "quick", False) else 50)
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        for n in range(1, setup.plan.towers + 1):
+            plan = dataclasses.replace(setup.plan, physical_ids=setup.plan.physical_ids[:n],
+                                       visible_names=setup.plan.visible_names[:n])
+            strategy = distribute.make_strategy(plan, devices=None if setup.gpu else setup.devices[:n])
+            trainer = _trainer(strategy, shape, "mixed_float16" if setup.gpu else "float32")
+            data = _text_pipeline(per_tower * n, SEQ, directory)
+            rate = Loop(trainer, per_tower * n, log_every=steps, verbose=False).run(
+                data, until_step=2 * steps)["examples_per_second"]
+            rows.append({"shape": shape, "towers": n, "examples_per_s": rate, "per_tower": per_tower,
+                         "max_seq_length": SEQ})
+    for row in rows:
+        row["speedup"] = row["examples_per_s"] / rows[0]["examples_per_s"]
+        row["efficiency"] = row["speedup"] / row["towers"]
+    return {"ok": all(r["examples_per_s"] > 0 for r in rows), "rows": rows,
+            "summary": ", ".join(f"{r['towers']}: {r['examples_per_s']:.1f} ex/s ({100 * r['efficiency']:.0f}%)"
+                                 for r in rows)}

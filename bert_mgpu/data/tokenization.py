@@ -1,0 +1,85 @@
+"""WordPiece tokenization equal to google-research/bert's FullTokenizer, as TensorFlow ops.
+
+keras-hub's WordPieceTokenizer splits on whitespace, punctuation and CJK characters exactly as Google's
+BasicTokenizer does, but its `lowercase=True` is NFKC case folding (`…` -> `...`, `ß` -> `ss`, `，` -> `,`)
+and it keeps the control characters Google drops, so its ids differ from the ones a released checkpoint was
+trained with. `normalize` therefore does Google's own steps in tf.strings ops (clean control characters,
+map Unicode spaces to " ", Unicode lower-case, NFD + drop combining marks), and keras-hub's tokenizer does
+the splitting and WordPiece on the normalized text. Everything runs inside tf.data, in parallel.
+
+Example:
+    tok = FullTokenizer("vocab.txt", do_lower_case=True)
+    tok(["Hello, Wörld!"])  # ragged ids, the same as google-bert's FullTokenizer
+"""
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from bert_mgpu.core import storage
+from bert_mgpu.core.errors import UserError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def normalize(text, do_lower_case):
+    """Google BasicTokenizer's normalization of a string tensor (any shape), before splitting."""
+    text = tf.strings.regex_replace(text, r"[\t\n\r\p{Zs}]", " ")  # whitespace first: \t\n\r are Cc
+    text = tf.strings.regex_replace(text, r"[\p{C}\x{FFFD}]", "")  # NUL, U+FFFD, control/format chars
+    if do_lower_case:
+        text = tf.strings.lower(text, encoding="utf-8")
+        text = tf_text.normalize_utf8(text, "NFD")
+        text = tf.strings.regex_replace(text, r"\p{Mn}", "")
+    return text
+
+
+def read_vocab(path):
+    """vocab.txt -> list of tokens, one per line (Google's format)."""
+    try:
+        tokens = [line.rstrip("\r") for line in storage.read_text(path).split("\n")]
+    except OSError as e:
+        raise UserError(f"{path}: cannot read vocabulary ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: vocabulary is not UTF-8 ({e.reason} at byte {e.start})") from None
+    while tokens and not tokens[-1]:
+        tokens.pop()
+    for special in ("[UNK]", "[CLS]", "[SEP]"):
+        if special not in tokens:
+            raise UserError(f"{path}: vocabulary has no {special} token; is this a BERT vocab.txt?")
+    return tokens
+
+
+class FullTokenizer:
+    """Text -> WordPiece ids, as google-bert's FullTokenizer (keras-hub WordPiece under the hood)."""
+
+    def __init__(self, vocab_file, do_lower_case=True):
+        import keras_hub
+
+        self.vocab = read_vocab(vocab_file)
+        self.vocab_file = vocab_file
+        self.do_lower_case = do_lower_case
+        self._wordpiece = keras_hub.tokenizers.WordPieceTokenizer(
+            vocabulary=self.vocab, lowercase=False, strip_accents=False, split=True, split_on_cjk=True,
+            suffix_indicator="##", oov_token="[UNK]", dtype="int32",
+        )
+        ids = {t: i for i, t in enumerate(self.vocab)}
+        self.pad_id = ids.get("[PAD]", 0)
+        self.cls_id, self.sep_id, self.unk_id = ids["[CLS]"], ids["[SEP]"], ids["[UNK]"]
+        self.mask_id = ids.get("[MASK]")
+
+    @property
+    def vocab_size(self):
+        return len(self.vocab)
+
+    def __call__(self, texts):
+        """String tensor [batch] -> ragged int32 ids [batch, (tokens)]."""
+        return self._wordpiece(normalize(texts, self.do_lower_case))
+
+    def tokenize(self, text):
+        """One Python string -> list of WordPiece strings (for logs and tests)."""
+        ids = self(tf.constant([text]))[0]  # keras-hub returns Python lists when called eagerly
+        ids = ids.numpy().tolist() if hasattr(ids, "numpy") else list(ids)
+        return [self.vocab[i] for i in ids]
+
+    def convert_tokens_to_ids(self, tokens):
+        ids = {t: i for i, t in enumerate(self.vocab)}
+        return [ids.get(t, self.unk_id) for t in tokens]

@@ -1,0 +1,449 @@
+"""Checkpoint readers and writers. Every format is read into one dict {Google TF1 name: float32 array}.
+
+Google's names (`bert/encoder/layer_3/attention/self/query/kernel`, kernels [in, out]) are the lingua
+franca: a Google release is read as is, Hugging Face safetensors are renamed (Linear weights transposed),
+a keras-hub preset and bert_mgpu's own checkpoints are read back from their variables. One function,
+`assign_encoder`, then puts that dict into a keras-hub BertBackbone and fails listing every missing,
+unexpected or mis-shaped tensor, so a wrong checkpoint can never half-load.
+
+Pickle is never read: a `pytorch_model.bin` is refused with the conversion to run instead.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+
+from bert_mgpu.core import storage
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.io.weight_names import (
+    HEAD_PREFIXES,
+    KERAS_LAYOUT_HEADS,
+    fold_to_google_shape,
+    google_name,
+    google_shape,
+    hf_to_google_name,
+)
+from bert_mgpu.model.config import BertConfig
+from bert_mgpu.model.objectives import KINDS
+
+log = logging.getLogger("bert_mgpu")
+RUN_FILE = "bert_mgpu.json"  # marks a bert_mgpu output directory (config, labels, tokenizer settings)
+
+
+def encoder_weights(backbone):
+    """The backbone's weights as {Google name: float32 array}."""
+    return {google_name(v.path): np.asarray(v.numpy(), np.float32).reshape(google_shape(v.path, v.shape))
+            for v in backbone.weights}
+
+
+def assign_encoder(backbone, weights, source):
+    """Put {Google name: array} into the backbone; UserError listing every mismatch. Returns unused heads."""
+    missing, misshaped, used = [], [], set()
+    for var in backbone.weights:
+        name = google_name(var.path)
+        want = google_shape(var.path, var.shape)
+        if name not in weights:
+            missing.append(name)
+        else:
+            used.add(name)
+            if tuple(weights[name].shape) != want:
+                misshaped.append(f"{name} is {list(weights[name].shape)}, model wants {list(want)}")
+    heads = sorted(n for n in weights if n not in used and n.startswith(HEAD_PREFIXES))
+    unexpected = sorted(n for n in weights if n not in used and n not in heads)
+    problems = []
+    for label, names in (("mis-shaped", misshaped), ("missing", missing), ("unexpected", unexpected)):
+        if names:
+            shown = "; ".join(names[:6]) + (f"; ... ({len(names)} in all)" if len(names) > 6 else "")
+            problems.append(f"{label}: {shown}")
+    if problems:
+        raise UserError(f"{source}: checkpoint does not match the model config: " + " | ".join(problems))
+    for var in backbone.weights:
+        var.assign(weights[google_name(var.path)].reshape(tuple(var.shape)))
+    return heads
+
+
+# ---------------------------------------------------------------- Hugging Face (safetensors only)
+
+def read_safetensors(path):
+    """Hugging Face safetensors -> {Google name: float32 array}, without torch and without pickle."""
+    from safetensors import SafetensorError
+    from safetensors.tensorflow import load_file
+
+    try:
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as e:
+        raise UserError(f"{path}: not a readable safetensors file ({e})") from None
+    out = {}
+    for hf_name, tensor in tensors.items():
+        name, transpose = hf_to_google_name(hf_name)
+        if name is None:
+            continue
+        value = np.asarray(tensor.numpy(), np.float32)
+        out[name] = value.T if transpose else value
+    return out
+
+
+# ---------------------------------------------------------------- Google TF1 checkpoints
+
+def read_tf_checkpoint(prefix, only=None, check=()):
+    """A TF checkpoint's float variables as {name: float32 array}, Adam slots and counters dropped.
+
+    `only`: read just the names under this prefix (the encoder of a bert_mgpu checkpoint, not its
+    optimizer state, which is twice the model's size). `check`: names under these prefixes are read too,
+    to find damage in what is used later (the classifier head, the object graph), and not returned.
+    """
+    import tensorflow as tf
+
+    try:
+        # A prefix is read as itself: tf.train.load_checkpoint first asks whether it is a directory, which
+        # some file systems (ram://) answer yes for any prefix of a file name.
+        reader = (tf.compat.v1.train.NewCheckpointReader(prefix) if storage.exists(prefix + ".index")
+                  else tf.train.load_checkpoint(prefix))
+    except (tf.errors.OpError, ValueError) as e:
+        raise UserError(f"{prefix}: not a readable TensorFlow checkpoint ({str(e).splitlines()[0]})") from None
+    out = {}
+    for name in reader.get_variable_to_shape_map():
+        checked = bool(check) and name.startswith(tuple(check))
+        wanted = (only is None or name.startswith(only)) and not (
+            name.endswith(("/adam_m", "/adam_v")) or name in ("global_step",)
+            or name.startswith("_CHECKPOINTABLE") or "OPTIMIZER_SLOT" in name)
+        if not (wanted or checked):
+            continue
+        try:
+            value = reader.get_tensor(name)
+        except (tf.errors.OpError, IndexError, ValueError) as e:  # how a cut or damaged data file reads
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserError(f"{prefix}: damaged checkpoint, {name} cannot be read ({first[:160]})") from None
+        if wanted and np.issubdtype(np.asarray(value).dtype, np.floating):
+            out[name] = np.asarray(value, np.float32)
+    return out
+
+
+def write_google_checkpoint(weights, prefix):
+    """Write {Google name: array} as a TF1 `bert_model.ckpt` (what google-research/bert reads)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds, variables = {}, []
+        for name, value in weights.items():
+            ph = tf.compat.v1.placeholder(tf.float32, value.shape)
+            variables.append(tf.compat.v1.Variable(ph, name=name))
+            feeds[ph] = value
+        saver = tf.compat.v1.train.Saver(variables)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer(), feeds)
+            saver.save(sess, prefix, write_meta_graph=False, write_state=False)  # as Google ships it
+    return prefix
+
+
+# ---------------------------------------------------------------- format detection
+
+@dataclasses.dataclass
+class Pretrained:
+    """What --init_checkpoint points to, read into one shape."""
+
+    kind: str  # "google", "huggingface", "keras_hub", "bert_mgpu", or "config" (a config alone: no weights)
+    path: str
+    config: BertConfig
+    vocab_file: str
+    weights: dict  # Google name -> float32 array (encoder and any heads)
+    do_lower_case: bool = None  # None where the checkpoint does not say
+    run: dict = None  # bert_mgpu's own run metadata (labels, max_seq_length, ...)
+    ckpt_prefix: str = None  # bert_mgpu checkpoint prefix, to restore head and optimizer
+    labels: list = None  # the classifier head's labels, where the checkpoint names them
+    task_type: str = None  # "classification" or "regression", where the checkpoint says
+
+    def lower_case(self, given=None):
+        """`given` if set, else what the checkpoint says, else True (Google's uncased releases)."""
+        if given is not None:
+            return bool(given)
+        return True if self.do_lower_case is None else bool(self.do_lower_case)
+
+
+def _need(path, what):
+    if not storage.exists(path):
+        raise UserError(f"{path}: {what} not found")
+    return path
+
+
+def _inside(prefix, directory):
+    """A checkpoint a directory's `checkpoint` file names must lie in that directory: the file is text anyone
+    may have edited, and TensorFlow follows `../` in it."""
+    if not storage.inside(prefix, directory):
+        raise UserError(f"{os.path.join(directory, 'checkpoint')}: names {prefix}, outside {directory}; "
+                        "refusing to read it")
+    return prefix
+
+
+def _tf_prefixes(path):
+    """Checkpoint prefixes for `path`, newest first: `path` itself when it is one, else a run directory's
+    (`run_checkpoints`), else a `*.ckpt` in it. Empty when none."""
+    if storage.exists(path + ".index"):
+        return [path]
+    if not storage.isdir(path):
+        return []
+    found, _ = run_checkpoints(path)
+    return found or [p[: -len(".index")] for p in sorted(storage.glob(os.path.join(path, "*.ckpt.index")))]
+
+
+def run_checkpoints(directory):
+    """([prefix], [missing]) of a directory's checkpoints, newest first: those its `checkpoint` file names
+    (each checked to lie inside it) and any `ckpt-N` whose index is there, by step. `missing`: names the
+    file gives with no file of theirs left (a copy that left them out, a hand edit); a checkpoint with some
+    of its files is kept, for restoring to find it damaged and say so."""
+    import re
+
+    import tensorflow as tf
+
+    state = tf.train.get_checkpoint_state(directory)
+    named = []
+    if state and state.model_checkpoint_path:
+        named = [_inside(p, directory) for p in [*state.all_model_checkpoint_paths, state.model_checkpoint_path]]
+    on_disk = [p[: -len(".index")] for p in storage.glob(os.path.join(directory, "ckpt-*.index"))]
+    present = {p for p in named if storage.glob(p + ".*")} | set(on_disk)  # files left: damaged at worst
+    missing = sorted({p for p in named if p not in present})
+
+    def step(prefix):
+        found = re.search(r"-(\d+)$", prefix)
+        return (int(found.group(1)) if found else -1, prefix)
+
+    return sorted(present, key=step, reverse=True), missing
+
+
+def _read_newest(prefixes, only):
+    """The weights of the newest readable checkpoint of `prefixes` (newest first), and its prefix; a damaged
+    one (a crash while it was copied, a disk error) is passed over with a warning, as resuming does."""
+    for prefix in prefixes:
+        try:
+            weights = read_tf_checkpoint(prefix, only=only, check=("head/", "_CHECKPOINTABLE_OBJECT_GRAPH"))
+        except UserError as e:
+            if prefix == prefixes[-1]:
+                raise
+            log.warning("%s; trying the checkpoint before it", e)
+            continue
+        if prefix != prefixes[0]:
+            log.warning("using %s, not the damaged %s", prefix, prefixes[0])
+        return weights, prefix
+    raise AssertionError("no prefixes")
+
+
+def load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=False):
+    """Detect the checkpoint format from what is on disk and read it. UserError when nothing fits, when a
+    tensor holds NaN or infinity (a damaged file, a diverged run: found before training, not after), or
+    when a bert_mgpu run directory is given a --bert_config_file or --vocab_file other than its own.
+    `config_alone`: no `path` but a config and a vocabulary give a Pretrained of kind "config", no weights."""
+    pre = _load_pretrained(path, bert_config_file, vocab_file, config_alone)
+    bad = sorted(name for name, value in pre.weights.items()
+                 if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all())
+    if bad:
+        raise UserError(f"{path}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}"
+                        f"{', ...' if len(bad) > 3 else ''}): a damaged checkpoint or a diverged run")
+    if pre.kind == "bert_mgpu":
+        if bert_config_file:  # the shape the file gives must be the run's (flags may set the rest, as pre-LN)
+            BertConfig.from_json_file(bert_config_file)  # a missing or bad file is refused as such
+            given, own = storage.read_json(bert_config_file), pre.config.to_dict()
+            differ = sorted(k for k in _SHAPE_KEYS if k in given and k in own and given[k] != own[k])
+            if differ:
+                raise UserError(f"--bert_config_file={bert_config_file} differs from the config of the bert_mgpu run "
+                                f"{path} ({', '.join(differ)}), which carries its own: leave the flag out")
+        if vocab_file and storage.read_bytes(vocab_file) != storage.read_bytes(pre.vocab_file):
+            raise UserError(f"--vocab_file={vocab_file} differs from {pre.vocab_file} of the bert_mgpu run {path}, "
+                            "which carries its own: leave the flag out")
+    return pre
+
+
+_SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "hidden_act", "max_position_embeddings", "type_vocab_size")
+
+
+def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=False):
+    if not path and config_alone and bert_config_file and vocab_file:  # no weights: the model starts from random ones
+        return Pretrained("config", bert_config_file, BertConfig.from_json_file(bert_config_file),
+                          _need(vocab_file, "vocab.txt"), {})
+    if not path:
+        raise UserError("--init_checkpoint is required (a Google release, a Hugging Face or keras-hub "
+                        "directory, or a bert_mgpu output directory)" + (", or --bert_config_file and --vocab_file "
+                        "to start from random weights" if config_alone else ""))
+    directory = path if storage.isdir(path) else os.path.dirname(path)
+    if not storage.exists(path) and not storage.exists(path + ".index"):
+        raise UserError(f"{path}: checkpoint not found")
+
+    run_file = os.path.join(directory, RUN_FILE)
+    if storage.exists(run_file):
+        run = storage.read_json(run_file)
+        if not isinstance(run, dict) or not isinstance(run.get("bert_config"), dict):
+            raise UserError(f"{run_file}: not a bert_mgpu run file (no bert_config in it)")
+        prefixes = _tf_prefixes(path)
+        if not prefixes:
+            raise UserError(f"{path}: bert_mgpu run directory holds no checkpoint yet")
+        config = BertConfig.from_dict(run["bert_config"], source=run_file)
+        # Encoder and pretraining heads, not the optimizer state (twice the model's size).
+        weights, prefix = _read_newest(prefixes, only=("encoder/", "heads/"))
+        encoder = {}
+        for key, value in weights.items():
+            name = key.split("/", 1)[1][: -len("/.ATTRIBUTES/VARIABLE_VALUE")].replace(".S", "/")
+            if name in KERAS_LAYOUT_HEADS:  # kept in Keras' [in, out] layout; Google's is [out, in]
+                name, value = KERAS_LAYOUT_HEADS[name], value.T
+            encoder[name] = fold_to_google_shape(name, value)
+        return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
+                          encoder, run.get("do_lower_case"), run, prefix)
+
+    hf_config = os.path.join(directory, "config.json")
+    if storage.isdir(path) and storage.exists(hf_config):
+        cfg = storage.read_json(hf_config)
+        if "registered_name" in cfg or str(cfg.get("module", "")).startswith("keras_hub"):
+            return _load_keras_hub(path)
+        safetensors = os.path.join(path, "model.safetensors")
+        if not storage.exists(safetensors):
+            if storage.glob(os.path.join(path, "*.bin")) or storage.glob(os.path.join(path, "*.pt")):
+                raise UserError(
+                    f"{path}: only pickle weights (pytorch_model.bin) found; bert_mgpu never unpickles. "
+                    "Convert them once with transformers: model.save_pretrained(dir, safe_serialization=True)"
+                )
+            raise UserError(f"{path}: config.json found but no model.safetensors")
+        config = BertConfig.from_json_file(bert_config_file or hf_config)
+        lower = None
+        tok_cfg = os.path.join(path, "tokenizer_config.json")
+        if storage.exists(tok_cfg):
+            lower = storage.read_json(tok_cfg).get("do_lower_case")
+        vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
+        return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower,
+                          **_head_facts(cfg))
+
+    if storage.isdir(path) and is_saved_model(path):
+        return read_saved_model(path)
+    prefix = next(iter(_tf_prefixes(path)), None)
+    if prefix is not None:
+        config_file = bert_config_file or _need(os.path.join(directory, "bert_config.json"), "bert_config.json")
+        config = BertConfig.from_json_file(config_file)
+        vocab = vocab_file or _need(os.path.join(directory, "vocab.txt"), "vocab.txt")
+        facts = storage.read_json(config_file)  # bert_mgpu's exports add the head's labels (see _head_facts)
+        return Pretrained("google", prefix, config, vocab, read_tf_checkpoint(prefix), facts.get("do_lower_case"),
+                          **_head_facts(facts))
+    raise UserError(f"{path}: not a Google checkpoint, a Hugging Face or keras-hub directory, "
+                    "or a bert_mgpu output directory")
+
+
+def _head_facts(config):
+    """The classifier head's labels and task type from a config's Hugging Face keys (`id2label`,
+    `problem_type`), which bert_mgpu's Google exports write too; None where it has none."""
+    kind = next((k for k in KINDS.values() if k.problem_type == config.get("problem_type")), None)
+    id2label = config.get("id2label")
+    labels = None
+    if isinstance(id2label, dict) and (kind is None or kind.has_classes):
+        try:
+            labels = [str(id2label[k]) for k in sorted(id2label, key=int)]
+        except ValueError:
+            labels = None
+    return {"labels": labels, "task_type": kind.name if kind else None}
+
+
+def _load_keras_hub(path):
+    import keras_hub
+
+    try:
+        backbone = keras_hub.models.BertBackbone.from_preset(path)
+    except Exception as e:  # keras-hub raises many types for a bad preset
+        raise UserError(f"{path}: not a loadable keras-hub BERT preset ({e})") from None
+    c = backbone.get_config()
+    config = BertConfig(
+        vocab_size=c["vocabulary_size"], hidden_size=c["hidden_dim"], num_hidden_layers=c["num_layers"],
+        num_attention_heads=c["num_heads"], intermediate_size=c["intermediate_dim"],
+        hidden_dropout_prob=c["dropout"], attention_probs_dropout_prob=c["dropout"],
+        max_position_embeddings=c["max_sequence_length"], type_vocab_size=c["num_segments"],
+        hidden_act="gelu_new")  # keras-hub's BERT is built with tanh-GELU
+    vocab = _need(os.path.join(path, "assets", "tokenizer", "vocabulary.txt"), "keras-hub vocabulary")
+    lower = None
+    tok = os.path.join(path, "tokenizer.json")
+    if storage.exists(tok):
+        lower = storage.read_json(tok).get("config", {}).get("lowercase")
+    weights = encoder_weights(backbone)
+    task = os.path.join(path, "task.json")
+    if storage.exists(task) and "BertTextClassifier" in str(storage.read_json(task).get("class_name", "")):
+        try:
+            head = keras_hub.models.BertTextClassifier.from_preset(path).output_dense
+        except Exception as e:  # as above
+            raise UserError(f"{path}: its BertTextClassifier does not load ({e})") from None
+        weights["output_weights"] = np.asarray(head.kernel.numpy(), np.float32).T
+        weights["output_bias"] = np.asarray(head.bias.numpy(), np.float32)
+    meta = os.path.join(path, "metadata.json")
+    facts = (storage.read_json(meta).get("bert_mgpu") or {}) if storage.exists(meta) else {}
+    return Pretrained("keras_hub", path, config, vocab, weights, lower, labels=facts.get("labels") or None,
+                      task_type=facts.get("task_type"))
+
+
+def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
+    """bert_mgpu's checkpoint: encoder under Google names (readable by `load_pretrained`), head, state.
+
+    `heads` ({name: variable}) replaces the classifier head for a pretraining model; `state` adds
+    more variables (elapsed time, ...).
+    """
+    import tensorflow as tf
+
+    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights}}
+    objects.update({"heads": heads} if heads is not None else {"head": _head(model)})
+    if optimizer is not None:
+        objects["optimizer"] = optimizer
+    if step is not None:
+        objects["step"] = step
+    objects.update(state)
+    return tf.train.Checkpoint(**objects)
+
+
+def _head(model):
+    return {"kernel": model.head.kernel, "bias": model.head.bias}
+
+
+def restore_head(model, prefix):
+    """The classifier head of a bert_mgpu checkpoint (the encoder goes through `assign_encoder`)."""
+    import tensorflow as tf
+
+    tf.train.Checkpoint(head=_head(model)).read(prefix).expect_partial()
+
+
+def write_run_files(directory, run, config, vocab_file):
+    """bert_mgpu.json (run metadata + config), bert_config.json and vocab.txt: what makes a directory
+    holding a bert_mgpu checkpoint loadable by `load_pretrained`."""
+    run = {**run, "bert_config": config.to_dict()}
+    storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config.to_dict(), indent=2) + "\n")
+    vocab = os.path.join(directory, "vocab.txt")
+    if os.path.abspath(vocab_file) != os.path.abspath(vocab):  # a copy, never written through a link
+        storage.write_atomic(vocab, storage.read_bytes(vocab_file))
+    # Last: the file that makes the directory a bert_mgpu run, so a directory that has it is whole.
+    storage.write_atomic(os.path.join(directory, RUN_FILE), json.dumps(run, indent=2) + "\n")
+
+
+EXTRA = "assets.extra"  # a SavedModel export's files TensorFlow Serving does not read (serving.py writes them)
+META = "bert_mgpu_export.json"
+
+
+def is_saved_model(path):
+    return storage.exists(os.path.join(path, "saved_model.pb")) and storage.exists(os.path.join(path, EXTRA, META))
+
+
+def read_saved_model(path):
+    """A bert_mgpu SavedModel export -> `checkpoints.Pretrained` (weights under Google's names)."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (registers the tokenizer's ops the graph holds)
+
+    meta = storage.read_json(os.path.join(path, EXTRA, META))
+    config = BertConfig.from_json_file(os.path.join(path, EXTRA, "bert_config.json"))
+    try:
+        loaded = tf.saved_model.load(path)
+    except (tf.errors.OpError, ValueError, OSError) as e:
+        raise UserError(f"{path}: not a loadable SavedModel ({str(e).splitlines()[0][:160]})") from None
+    weights = {}
+    for name, var in zip(meta["weights"], loaded.bert_weights):
+        value = np.asarray(var.numpy(), np.float32)
+        if name == "classifier/kernel":
+            name, value = "output_weights", value.T
+        elif name == "classifier/bias":
+            name = "output_bias"
+        weights[name] = fold_to_google_shape(name, value)
+    return Pretrained(
+        "saved_model", path, config, os.path.join(path, EXTRA, "vocab.txt"), weights, meta.get("do_lower_case"),
+        labels=meta.get("labels") or None, task_type=meta.get("task_type"))

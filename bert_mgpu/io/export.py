@@ -1,0 +1,226 @@
+"""Export a trained model: SavedModel for serving, Hugging Face, Google TF1 release, keras-hub preset.
+
+Every format is written from one `Trained`: the config, the vocabulary and the weights under Google's
+names and layouts (the classifier head as google-bert's `output_weights` [labels, hidden] and
+`output_bias`, pretraining heads as `cls/...`), the form `checkpoints` reads every format into. Each
+export is built in a temporary directory and moved into place whole; an existing non-empty directory is
+never written into. Each format reads back through `--init_checkpoint` to the same predictions.
+
+Example:
+    bert_mgpu.export_model("out", "out/export/hf", format="hf")   # a run directory, or clf.export(...)
+"""
+
+import json
+import logging
+import os
+
+import numpy as np
+
+from bert_mgpu.core import storage
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.input_pipeline import encode
+from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
+from bert_mgpu.io import checkpoints, weight_names
+from bert_mgpu.io.serving import write_saved_model
+from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_classifier, ... as before)
+    Trained,
+    as_trained,
+    build_model,
+    from_classifier,
+    from_pretrainer,
+    read_trained,
+)
+from bert_mgpu.model.objectives import objective
+
+log = logging.getLogger("bert_mgpu")
+FORMATS = ("saved_model", "hf", "google", "keras_hub")
+# Texts the keras-hub export is compared on, besides any the caller gives.
+PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
+               "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
+               "tabs\tand  double  spaces", "x")
+
+
+def check_new_dir(path):
+    """An export goes to a new (or empty) directory: one line, before anything is built, otherwise."""
+    if not storage.is_remote(path) and os.path.islink(path):
+        raise UserError(f"{path}: is a symbolic link; an export is written as a new directory: remove the link")
+    if storage.exists(path) and (not storage.isdir(path) or storage.glob(os.path.join(path, "*"))):
+        raise UserError(f"{path}: exists and is not empty; remove it or give another --export_dir")
+    return path
+
+
+def export_model(source, output_dir, format="saved_model", precision="float32", allow_approximate=False,
+                 texts=None, extra_files=None):
+    """Write `source` (a `Trained`, a classifier, a pretrainer or a directory any reader takes) to the new
+    directory `output_dir` in `format`; returns output_dir.
+
+    precision: the SavedModel's compute dtype policy (float32, mixed_bfloat16, mixed_float16).
+    allow_approximate / texts: see `write_keras_hub`.
+    extra_files: {name: text} written into the export before it moves into place (the scripts' stamp).
+    """
+    if format not in FORMATS:
+        raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
+    check_new_dir(output_dir)
+    trained = as_trained(source)
+    if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
+        raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
+                        "express (its BERT is post-LN); export it as saved_model")
+    writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
+               "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
+    tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
+    storage.remove(tmp)
+    storage.makedirs(tmp)
+    try:
+        writers[format](trained, tmp)
+        for name, text in (extra_files or {}).items():
+            storage.write_atomic(os.path.join(tmp, name), text)
+    except BaseException:
+        storage.remove(tmp)
+        raise
+    storage.replace_dir(tmp, output_dir)
+    log.info("exported %s (%s) to %s", trained.kind, format, output_dir)
+    return output_dir
+
+
+def _labels_config(trained):
+    """The head's labels as Hugging Face writes them (google-bert's readers ignore the extra keys)."""
+    if trained.kind != "classifier":
+        return {}
+    return objective(trained.task_type).hf_facts(trained.labels)
+
+
+def _copy_vocab(trained, directory, name="vocab.txt"):
+    storage.write_atomic(os.path.join(directory, name), storage.read_bytes(trained.vocab_file))
+
+
+# ---------------------------------------------------------------- Google TF1 release
+
+def write_google(trained, directory):
+    """`bert_model.ckpt.*` under google-bert's names, `bert_config.json`, `vocab.txt`."""
+    config = {**trained.config.to_dict(), **_labels_config(trained), "do_lower_case": trained.do_lower_case}
+    config.pop("encoder_ln_mode")  # post-LN, google-bert's only kind
+    storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config, indent=2) + "\n")
+    _copy_vocab(trained, directory)
+    checkpoints.write_google_checkpoint(trained.weights, os.path.join(directory, "bert_model.ckpt"))
+
+
+# ---------------------------------------------------------------- Hugging Face
+
+def write_hf(trained, directory):
+    """config.json, model.safetensors, vocab.txt and the tokenizer's files, as transformers saves
+    `BertForSequenceClassification` (a classifier), `BertForPreTraining` (masked-LM and next-sentence
+    heads) or `BertForMaskedLM`."""
+    from safetensors.numpy import save_file
+
+    tensors = {}
+    for name, value in trained.weights.items():
+        hf, transpose = weight_names.google_to_hf_name(name)
+        tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
+    if trained.kind == "classifier":
+        architecture = "BertForSequenceClassification"
+    elif "cls/seq_relationship/output_weights" in trained.weights:
+        architecture = "BertForPreTraining"
+    elif "cls/predictions/output_bias" in trained.weights:
+        architecture = "BertForMaskedLM"
+    else:
+        architecture = "BertModel"
+        tensors = {k[len("bert."):]: v for k, v in tensors.items()}  # BertModel's own names have no prefix
+    c = trained.config
+    config = {"architectures": [architecture], "model_type": "bert", **c.to_dict(), "layer_norm_eps": 1e-12,
+              "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True,
+              **_labels_config(trained)}
+    config.pop("encoder_ln_mode")
+    storage.write_atomic(os.path.join(directory, "config.json"), json.dumps(config, indent=2) + "\n")
+    weights_file = os.path.join(directory, "model.safetensors")
+    save_file(tensors, weights_file, metadata={"format": "pt"})
+    storage.follow_umask(weights_file)  # safetensors writes it 0600
+    _copy_vocab(trained, directory)
+    tokenizer = {"tokenizer_class": "BertTokenizer", "do_lower_case": trained.do_lower_case,
+                 "strip_accents": None, "tokenize_chinese_chars": True, "model_max_length": c.max_position_embeddings,
+                 "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+                 "mask_token": "[MASK]"}
+    storage.write_atomic(os.path.join(directory, "tokenizer_config.json"), json.dumps(tokenizer, indent=2) + "\n")
+    specials = {k: v for k, v in tokenizer.items() if k.endswith("_token")}
+    storage.write_atomic(os.path.join(directory, "special_tokens_map.json"), json.dumps(specials, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- keras-hub
+
+def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
+    """A keras-hub preset: `BertTextClassifier` (with its preprocessor) for a classifier, `BertBackbone`
+    and `BertTokenizer` otherwise (keras-hub has no BERT pretraining heads; they are left out).
+
+    keras-hub's BERT computes tanh-GELU and lower-cases by NFKC case folding; a model trained with exact
+    GELU, or on text where the two lower-casings differ, gives other outputs there. The preset is loaded
+    back and compared on PROBE_TEXTS and `texts`; where the outputs differ by more than 1e-4 the export is
+    refused with the measured difference unless `allow_approximate`.
+    """
+    import keras_hub
+
+    c = trained.config
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=c.vocab_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
+        hidden_dim=c.hidden_size, intermediate_dim=c.intermediate_size, dropout=c.hidden_dropout_prob,
+        max_sequence_length=c.max_position_embeddings, num_segments=c.type_vocab_size)
+    checkpoints.assign_encoder(backbone, trained.weights, "export")
+    tokenizer = keras_hub.models.BertTokenizer(vocabulary=read_vocab(trained.vocab_file),
+                                               lowercase=trained.do_lower_case)
+    classifier = trained.kind == "classifier"
+    if classifier:
+        preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer,
+                                                                       sequence_length=trained.max_seq_length)
+        task = keras_hub.models.BertTextClassifier(backbone, num_classes=max(len(trained.labels), 1),
+                                                   preprocessor=preprocessor, dropout=c.hidden_dropout_prob)
+        head = task.output_dense
+        head.kernel.assign(trained.weights["output_weights"].T)
+        head.bias.assign(trained.weights["output_bias"])
+        task.save_to_preset(directory)
+        # keras-hub's classifier has no label names; its metadata.json (written, never read by keras-hub)
+        # carries them for `--init_checkpoint`.
+        meta = os.path.join(directory, "metadata.json")
+        facts = {"labels": trained.labels, "task_type": trained.task_type, "max_seq_length": trained.max_seq_length}
+        storage.write_atomic(meta, json.dumps({**storage.read_json(meta), "bert_mgpu": facts}, indent=4) + "\n")
+    else:
+        backbone.save_to_preset(directory)
+        tokenizer.save_to_preset(directory)
+    difference = _keras_hub_difference(trained, directory, list(PROBE_TEXTS) + list(texts or []))
+    exact = c.hidden_act in ("gelu_new", "gelu_pytorch_tanh")
+    if difference > 1e-4 and not allow_approximate:
+        why = [] if exact else [f"tanh-GELU where this model has {c.hidden_act}"]
+        why += ["NFKC case folding where this model lower-cases as google-bert"] if trained.do_lower_case else []
+        raise UserError(f"--export_format=keras_hub: keras-hub's BERT computes {' and '.join(why or ['otherwise'])}; "
+                        f"its outputs differ from this model's by up to {difference:.2g} on "
+                        f"{len(PROBE_TEXTS) + len(texts or [])} texts. "
+                        "Pass --allow_approximate_export to write it anyway")
+    if difference > 1e-4:
+        log.warning("keras-hub export: outputs differ from this model's by up to %.2g", difference)
+
+
+def _keras_hub_difference(trained, directory, texts):
+    """Largest |difference| between this model's outputs and the preset's (loaded back from `directory`):
+    probabilities (scores for a regression) of a classifier, the pooled output of an encoder."""
+    import keras_hub
+    import tensorflow as tf
+
+    texts = tf.constant(texts)
+    ours_tok = FullTokenizer(trained.vocab_file, trained.do_lower_case)
+    # Traced: called eagerly, keras-hub's tokenizer returns Python lists.
+    ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False))(texts)
+    features = {"token_ids": ids.to_tensor(0), "segment_ids": segments.to_tensor(0)}
+    features["padding_mask"] = tf.not_equal(features["token_ids"], 0)
+    ours = build_model(trained)
+    if trained.kind == "classifier":
+        theirs = keras_hub.models.BertTextClassifier.from_preset(directory)
+        a, b = ours(features, training=False), theirs.predict(texts, verbose=0)
+        kind = objective(trained.task_type)
+        a, b = kind.outputs(a), kind.outputs(b)
+    else:
+        theirs = keras_hub.models.BertBackbone.from_preset(directory)
+        tok = keras_hub.models.BertTokenizer.from_preset(directory)
+        packer = keras_hub.layers.MultiSegmentPacker(sequence_length=trained.max_seq_length,
+                                                     start_value=tok.cls_token_id, end_value=tok.sep_token_id)
+        their_ids, their_segments = packer(tok(texts))
+        a = ours(features, training=False)["pooled_output"]
+        b = theirs({"token_ids": their_ids, "segment_ids": their_segments,
+                    "padding_mask": their_ids != tok.pad_token_id}, training=False)["pooled_output"]
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))

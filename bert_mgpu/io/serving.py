@@ -1,0 +1,101 @@
+"""A SavedModel for TensorFlow Serving that takes raw text: tokenization is part of the graph.
+
+The graph tokenizes as training does (the same `FullTokenizer` and `encode`, tensorflow-text ops), runs the
+reference (unfused) keras-hub encoder with the trained weights, and returns probabilities, label ids and
+label names (scores for a regression; encoder outputs for a pretrained model). A process that imports
+only TensorFlow and tensorflow-text serves it. Built with Keras' `ExportArchive`.
+
+The directory also keeps, in `assets.extra/` (which TensorFlow Serving ignores), the config, vocabulary
+and run facts, and the archive keeps the weights under Google's names, so `--init_checkpoint` reads an
+export back (`read_saved_model`).
+
+Example:
+    clf.export("serving/1", format="saved_model")
+    served = tf.saved_model.load("serving/1")   # after `import tensorflow_text`
+    served.signatures["serving_default"](text=tf.constant(["a fine film"]))["probabilities"]
+"""
+
+import json
+import os
+
+import keras
+import tensorflow as tf
+
+from bert_mgpu.core import storage
+from bert_mgpu.data.input_pipeline import encode
+from bert_mgpu.data.tokenization import FullTokenizer
+from bert_mgpu.io import weight_names
+from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
+from bert_mgpu.io.trained import build_model
+from bert_mgpu.model.objectives import objective
+
+
+def _text_specs(pairs):
+    names = ("text_a", "text_b") if pairs else ("text",)
+    return [tf.TensorSpec([None], tf.string, name=n) for n in names]
+
+
+def _id_specs():
+    return [tf.TensorSpec([None, None], tf.int32, name="token_ids"),
+            tf.TensorSpec([None, None], tf.int32, name="segment_ids")]
+
+
+def write_saved_model(trained, path, precision="float32"):
+    """Write `trained` (an `export.Trained`) as a SavedModel in the empty directory `path`.
+
+    Signatures: `serving_default` (raw strings: `text`, or `text_a` and `text_b` for a pair task) and
+    `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
+    """
+    tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
+    classifier = trained.kind == "classifier"
+    model = build_model(trained, precision)
+    backbone = model.backbone if classifier else model
+    labels = tf.constant(trained.labels or [""])
+    pad = tokenizer.pad_id
+
+    def run(ids, segments):
+        features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, pad)}
+        out = model(features, training=False)
+        if not classifier:
+            mask = tf.cast(features["padding_mask"], tf.float32)[:, :, None]
+            sequence = tf.cast(out["sequence_output"], tf.float32)
+            return {"pooled_output": tf.cast(out["pooled_output"], tf.float32), "sequence_output": sequence,
+                    "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
+        return objective(trained.task_type).serving(out, labels)
+
+    def from_text(text_a, text_b=None):
+        ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None)
+        return run(ids.to_tensor(pad), segments.to_tensor(0))
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    if trained.pairs:
+        archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b),
+                             _text_specs(True))
+    else:
+        archive.add_endpoint("serving_default", lambda text: from_text(text), _text_specs(False))
+    archive.add_endpoint("serving_ids", run, _id_specs())
+    # Every weight, its Google name in the meta file: what `read_saved_model` reads back.
+    named = _named_variables(model, backbone)
+    archive.add_variable_collection("bert_weights", list(named.values()))
+    archive.write_out(path, verbose=False)
+    storage.makedirs(os.path.join(path, EXTRA))
+    meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type,
+            "max_seq_length": trained.max_seq_length, "pairs": trained.pairs,
+            "do_lower_case": trained.do_lower_case, "precision": precision, "weights": list(named),
+            "signatures": {"serving_default": [s.name for s in _text_specs(trained.pairs)],
+                           "serving_ids": [s.name for s in _id_specs()]}}
+    storage.write_atomic(os.path.join(path, EXTRA, META), json.dumps(meta, indent=2) + "\n")
+    storage.write_atomic(os.path.join(path, EXTRA, "bert_config.json"),
+                         json.dumps(trained.config.to_dict(), indent=2) + "\n")
+    storage.write_atomic(os.path.join(path, EXTRA, "vocab.txt"), storage.read_bytes(trained.vocab_file))
+    return path
+
+
+def _named_variables(model, backbone):
+    named = {weight_names.google_name(v.path): v for v in backbone.weights}
+    if getattr(model, "head", None) is not None:
+        named["classifier/kernel"], named["classifier/bias"] = model.head.kernel, model.head.bias
+    return named
+
+

@@ -1,0 +1,107 @@
+"""A trained model in one shape, whatever made it: `Trained` (config, vocabulary, weights under Google's names,
+labels, head kind), from a classifier or pretrainer in memory or any directory `checkpoints` reads, and the
+reference Keras model built from it. Every export format and the SavedModel are written from one.
+"""
+
+import dataclasses
+import os
+
+import numpy as np
+
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import checkpoints
+from bert_mgpu.model.config import BertConfig
+from bert_mgpu.model.modeling import build_backbone, build_classifier
+from bert_mgpu.model.objectives import objective
+from bert_mgpu.model.pretraining_model import head_weights
+
+
+@dataclasses.dataclass
+class Trained:
+    """What every export writes.
+
+    Args:
+        kind: "classifier" (a head over the pooled output) or "pretrainer" (the encoder and any
+            pretraining heads).
+        config: the `BertConfig`.
+        vocab_file: its `vocab.txt`.
+        do_lower_case: the tokenizer's setting.
+        weights: {Google name: float32 array}, Google's shapes.
+        labels: the classifier's labels in logit order (empty for a regression or a pretrainer).
+        task_type: "classification" or "regression".
+        max_seq_length: what the serving graph truncates to.
+        pairs: whether the classifier reads sentence pairs.
+    """
+
+    kind: str
+    config: BertConfig
+    vocab_file: str
+    do_lower_case: bool
+    weights: dict
+    labels: list = dataclasses.field(default_factory=list)
+    task_type: str = "classification"
+    max_seq_length: int = 128
+    pairs: bool = False
+
+
+def from_classifier(clf):
+    """A `BertClassifier`'s weights as they are now."""
+    weights = checkpoints.encoder_weights(clf.model.backbone)
+    weights["output_weights"] = np.asarray(clf.model.head.kernel.numpy(), np.float32).T
+    weights["output_bias"] = np.asarray(clf.model.head.bias.numpy(), np.float32)
+    return Trained("classifier", clf.config, clf.tokenizer.vocab_file, clf.tokenizer.do_lower_case, weights,
+                   list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)))
+
+
+def from_pretrainer(pretrainer, max_seq_length=128):
+    """A `BertPretrainer`'s encoder and heads as they are now."""
+    weights = {**checkpoints.encoder_weights(pretrainer.model.backbone), **head_weights(pretrainer.model)}
+    return Trained("pretrainer", pretrainer.config, pretrainer.tokenizer.vocab_file,
+                   pretrainer.tokenizer.do_lower_case, weights, max_seq_length=max_seq_length)
+
+
+def read_trained(path):
+    """Any model `--init_checkpoint` reads (a bert_mgpu run directory above all) as a `Trained`."""
+    pre = checkpoints.load_pretrained(path)
+    run = pre.run or {}
+    classifier = run.get("kind", "classifier") == "classifier" if pre.kind == "bert_mgpu" \
+        else "output_weights" in pre.weights
+    if pre.kind == "bert_mgpu" and classifier:
+        head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
+        kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
+        bias = [v for k, v in head.items() if k.startswith("head/bias")]
+        if not (kernel and bias):
+            raise UserError(f"{path}: holds no trained classifier head")
+        pre.weights.update(output_weights=kernel[0].T, output_bias=bias[0])
+    task_type = run.get("task_type") or pre.task_type or "classification"
+    labels = list(run.get("labels") or pre.labels or [])
+    if classifier and not labels and objective(task_type).has_classes:
+        labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
+    settings = run.get("settings") or {}
+    return Trained("classifier" if classifier else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
+                   pre.weights,
+                   labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
+                   bool(run.get("pairs", False)))
+
+
+def build_model(trained, precision="float32"):
+    """The reference (unfused) Keras model of `trained` with its weights: the classifier, or the encoder."""
+    if trained.kind != "classifier":
+        backbone = build_backbone(trained.config, precision)
+        checkpoints.assign_encoder(backbone, trained.weights, "export")
+        return backbone
+    model = build_classifier(trained.config, max(len(trained.labels), 1), precision, fused=False)
+    checkpoints.assign_encoder(model.backbone, trained.weights, "export")
+    model.head.kernel.assign(trained.weights["output_weights"].T)
+    model.head.bias.assign(trained.weights["output_bias"])
+    return model
+
+
+def as_trained(source):
+    if isinstance(source, Trained):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return read_trained(str(source))
+    if hasattr(source, "labels") and hasattr(source, "task_type"):
+        return from_classifier(source)
+    return from_pretrainer(source)

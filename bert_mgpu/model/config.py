@@ -1,0 +1,116 @@
+"""BertConfig: google-research/bert's bert_config.json (Hugging Face's config.json uses the same keys)."""
+
+import dataclasses
+import json
+import logging
+
+from bert_mgpu.core import storage
+from bert_mgpu.core.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """The shape of a BERT: google-research/bert's `bert_config.json`, whose keys it reads and writes.
+
+    Args:
+        vocab_size: WordPiece vocabulary size (must match vocab.txt).
+        hidden_size: width of every layer.
+        num_hidden_layers: transformer layers.
+        num_attention_heads: heads per attention layer (divides hidden_size).
+        intermediate_size: width of the feed-forward layer.
+        hidden_act: `gelu` (exact, erf), `gelu_new` / `gelu_pytorch_tanh` (tanh form), `relu`.
+        hidden_dropout_prob: dropout after embeddings and each sub-layer.
+        attention_probs_dropout_prob: dropout on attention probabilities.
+        max_position_embeddings: the longest sequence.
+        type_vocab_size: segment ids.
+        initializer_range: stddev of the truncated-normal initializer.
+        encoder_ln_mode: `post-ln` (BERT's) or `pre-ln` (LayerNorm before each sub-layer, for training
+            from scratch at high learning rates).
+
+    Example:
+        config = BertConfig.from_json_file("uncased_L-12_H-768_A-12/bert_config.json")
+        small = BertConfig(vocab_size=8000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                           intermediate_size=1024)
+    """
+
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    # bert_mgpu's addition: "pre-ln" normalizes before each sub-layer (stabler from scratch at high LR,
+    # as academic-budget-bert and Cramming train); Google's and Hugging Face's configs lack it: post-ln.
+    encoder_ln_mode: str = "post-ln"
+
+    @classmethod
+    def from_dict(cls, d, source="config"):
+        if d.get("model_type", "bert") != "bert":
+            raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in d]
+        if missing:
+            raise UserError(f"{source}: missing {', '.join(missing)}; is this a BERT config?")
+        try:
+            values = {n: fields[n].type(d[n]) if fields[n].type in (int, float, str) else d[n]
+                      for n in fields if n in d}
+        except (TypeError, ValueError) as e:
+            raise UserError(f"{source}: bad value ({e})") from None
+        config = cls(**values)
+        config.validate(source)
+        return config
+
+    @classmethod
+    def from_json_file(cls, path):
+        d = storage.read_json(path)
+        if not isinstance(d, dict):
+            raise UserError(f"{path}: not a JSON object")
+        return cls.from_dict(d, source=path)
+
+    def validate(self, source="config"):
+        if self.encoder_ln_mode not in ("post-ln", "pre-ln"):
+            raise UserError(f"{source}: encoder_ln_mode={self.encoder_ln_mode!r}: expected post-ln or pre-ln")
+        from bert_mgpu.model.kernels import ACTIVATIONS
+
+        if self.hidden_act not in ACTIVATIONS:
+            raise UserError(f"{source}: hidden_act={self.hidden_act!r} is not supported "
+                            f"(one of {', '.join(ACTIVATIONS)})")
+        if self.hidden_size % self.num_attention_heads:
+            raise UserError(
+                f"{source}: hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{source}: {name} must be positive")
+
+    def check_vocab(self, vocab_file, vocab_size):
+        """A vocabulary larger than the embedding table cannot be used with this model; a smaller one can
+        (Google's multilingual release pads its table) but is worth a word: often the wrong vocab.txt."""
+        if vocab_size > self.vocab_size:
+            raise UserError(f"{vocab_file}: {vocab_size} tokens but the model config has "
+                            f"vocab_size={self.vocab_size}; vocabulary and checkpoint do not match")
+        if vocab_size < self.vocab_size:
+            logging.getLogger("bert_mgpu").warning(
+                "%s: %d tokens but the model config has vocab_size=%d; the last %d embedding rows are never "
+                "used. Is it the vocabulary the checkpoint was trained with?", vocab_file, vocab_size,
+                self.vocab_size, self.vocab_size - vocab_size)
+
+    def check_seq_length(self, max_seq_length):
+        if max_seq_length < 3:
+            raise UserError(f"--max_seq_length={max_seq_length}: must be at least 3 ([CLS], a token, [SEP])")
+        if max_seq_length > self.max_position_embeddings:
+            raise UserError(f"--max_seq_length={max_seq_length} is over the model's position table "
+                            f"(max_position_embeddings={self.max_position_embeddings})")
+
+    def to_dict(self):
+        return dataclasses.asdict(self)
+
+    def to_json_file(self, path):
+        storage.write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

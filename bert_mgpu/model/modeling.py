@@ -1,0 +1,69 @@
+"""BERT encoder (keras-hub's BertBackbone) and the sequence-classification head.
+
+The head follows google-bert's run_classifier: dropout on the pooled [CLS] output, then one dense layer
+(truncated-normal init, stddev initializer_range). It runs in float32 whatever the policy, so logits and
+losses are float32 under mixed_float16 / mixed_bfloat16.
+
+Example:
+    model = build_classifier(BertConfig(vocab_size=30522), num_labels=2, policy="mixed_bfloat16")
+    logits = model({"token_ids": ids, "segment_ids": segs, "padding_mask": ids != 0})
+"""
+
+import keras
+import keras_hub
+
+from bert_mgpu.core import _compat
+from bert_mgpu.model.fused_encoder import FusedBertEncoder
+from bert_mgpu.model.kernels import ACTIVATIONS
+
+
+def build_backbone(config, policy="float32"):
+    """A keras-hub BertBackbone shaped by a google-bert BertConfig, with the config's activation."""
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=config.vocab_size,
+        num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads,
+        hidden_dim=config.hidden_size,
+        intermediate_dim=config.intermediate_size,
+        dropout=config.hidden_dropout_prob,
+        max_sequence_length=config.max_position_embeddings,
+        num_segments=config.type_vocab_size,
+        dtype=keras.DTypePolicy(policy),
+        name="bert",
+    )
+    # keras-hub fixes tanh-GELU in its constructor; the feed-forward Dense applies `activation` at call
+    # time, so setting it here gives the activation the checkpoint was trained with.
+    backbone.hidden_act = config.hidden_act  # what FusedBertEncoder computes
+    for layer in backbone.transformer_layers:
+        _compat.transformer_parts(layer).intermediate.activation = ACTIVATIONS[config.hidden_act].keras
+        # Pre-LN: each layer's existing LayerNorms move in front of their sub-layers (keras-hub's
+        # `normalize_first`, read at call time); the MLM head's own LayerNorm then normalizes the output.
+        layer.normalize_first = config.encoder_ln_mode == "pre-ln"
+    return backbone
+
+
+def build_classifier(config, num_labels, policy="float32", dropout=None, fused=True):
+    """Functional Keras model: dict of token_ids/segment_ids/padding_mask -> float32 logits [batch, labels].
+
+    The returned model has `.backbone` and `.head` attributes, which checkpoints address by name.
+    """
+    backbone = build_backbone(config, policy)
+    inputs = {
+        "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
+        "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
+        "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
+    }
+    encoder = FusedBertEncoder(backbone, pooled_only=True) if fused else backbone
+    pooled = encoder(inputs)["pooled_output"]
+    rate = config.hidden_dropout_prob if dropout is None else dropout
+    pooled = keras.layers.Dropout(rate, name="classifier_dropout")(pooled)
+    head = keras.layers.Dense(
+        num_labels,
+        kernel_initializer=keras.initializers.TruncatedNormal(stddev=config.initializer_range),
+        dtype="float32",
+        name="classifier",
+    )
+    logits = head(pooled)
+    model = keras.Model(inputs, logits, name="bert_classifier")
+    model.backbone, model.head = backbone, head
+    return model

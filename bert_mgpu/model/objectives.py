@@ -1,0 +1,274 @@
+"""What a head kind means, in one place: one `Objective` each for classification, regression and multi-label.
+
+An objective owns everything that differs between head kinds: its head's width, how a label cell is checked
+and encoded, the training loss, the evaluation's numbers and main metric, how logits become predictions,
+the prediction files, the Hugging Face facts of an export and the SavedModel's outputs. Everything else
+(the encoder, the towers, the session, checkpoints) is shared, so a new head kind (token classification,
+spans) is a new objective and its reader. `objective(name)` is the one place a --task_type string is read.
+
+Example:
+    obj = objective("multi_label")
+    loss, _ = obj.loss(model, features, labels)
+    files = obj.prediction_files(obj.predict(logits), labels=["a", "b"], guids=["test-0"], threshold=0.5)
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from bert_mgpu.core import metrics
+from bert_mgpu.core.errors import UserError
+
+
+def _is_number(text):
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+class Objective:
+    """The base every head kind fills in. `name` is its --task_type; `separator` (multi-label only) splits
+    a label cell into labels."""
+
+    name = None
+    problem_type = None  # Hugging Face's config.problem_type
+    has_classes = True  # labels name classes (a regression's are scores)
+
+    def __init__(self, separator=","):
+        self.separator = separator
+
+    # ---------------------------------------------------------------- labels
+    def width(self, labels):
+        """The head's number of outputs."""
+        return max(len(labels), 1)
+
+    def label_set(self, examples):
+        """The sorted labels the training examples hold."""
+        return sorted({e.label for e in examples if e.label is not None})
+
+    def check_label(self, label, known):
+        """What is wrong with one label cell (`known`: the label list, or None while it is not), or None."""
+        if known is not None:
+            return None if label in known else f"label {label!r} is not one of {', '.join(known)}"
+        if _is_number(label) and float(label) != int(float(label)):
+            return (f"label {label!r} is a score, not a class; pass --task_type=regression (or --labels to take "
+                    "such labels as classes)")
+        return None
+
+    def empty_label_allowed(self):
+        return False
+
+    def run_facts(self, threshold):
+        """What a run directory records beside its labels for this head kind to be read back the same."""
+        return {}
+
+    def encode(self, examples, label_list, source="data"):
+        """The examples' labels as the loss takes them: class ids (-1 for none)."""
+        ids = {label: i for i, label in enumerate(label_list or [])}
+        out = []
+        for e in examples:
+            if e.label is not None and e.label not in ids:
+                raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not one of "
+                                f"{', '.join(label_list)}")
+            out.append(-1 if e.label is None else ids[e.label])
+        return np.array(out, np.int32).reshape(len(examples))
+
+    # ---------------------------------------------------------------- training and evaluation
+    def loss(self, model, features, labels, training=True):
+        """Mean cross-entropy of the classifier's float32 logits; no extra statistics."""
+        logits = model(features, training=training)
+        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)), {}
+
+    def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
+        """(results, confusion matrix or None, per-class report or None): see metrics.evaluation_results."""
+        return metrics.classification_results(logits, labels, label_names, task, names)
+
+    def main_metric(self, task=None):
+        """The metric the best model is chosen by: F1 for MRPC and QQP, MCC for CoLA, else accuracy."""
+        return metrics.TASK_METRICS.get(task, ("eval_accuracy",))[0]
+
+    def check_metrics(self, names):
+        """UserError for a --metrics name that is unknown or does not fit this head kind."""
+        for name in names or ():
+            if name not in metrics.CLASSIFICATION:
+                raise UserError(f"--metrics={name}: expected some of {', '.join(metrics.CLASSIFICATION)}")
+
+    # ---------------------------------------------------------------- predictions and exports
+    def predict(self, logits):
+        """Logits -> what `predict` returns: class probabilities [N, labels]."""
+        return tf.nn.softmax(logits).numpy()
+
+    def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
+        """{file name: text}: test_results.tsv (probabilities), predict.txt (a label a line, or its index
+        with predict_format="index", bert-ad's two forms) and predictions.tsv (id, label, probabilities)."""
+        chosen = predicted.argmax(axis=1)
+        test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in predicted)
+        lines = "".join(f"{i if predict_format == 'index' else labels[i]}\n" for i in chosen)
+        header = "\t".join(["id", "label"] + [f"p_{name}" for name in labels]) + "\n"
+        table = header + "".join("\t".join([guid, labels[i]] + [f"{p:.8f}" for p in row]) + "\n"
+                                 for guid, i, row in zip(guids, chosen, predicted))
+        return {"test_results.tsv": test, "predict.txt": lines, "predictions.tsv": table}
+
+    def hf_facts(self, labels):
+        """config.json's problem_type, id2label and label2id, as Hugging Face writes them."""
+        return {"problem_type": self.problem_type, "id2label": {str(i): label for i, label in enumerate(labels)},
+                "label2id": {label: i for i, label in enumerate(labels)}}
+
+    def serving(self, logits, labels):
+        """The SavedModel's outputs from the head's logits (`labels`: a string tensor of the label names)."""
+        ids = tf.argmax(logits, axis=-1, output_type=tf.int32)
+        return {"probabilities": tf.nn.softmax(logits), "label_ids": ids, "labels": tf.gather(labels, ids)}
+
+    def outputs(self, logits):
+        """The head's logits as the numbers a user compares (probabilities; scores for a regression)."""
+        return tf.nn.softmax(logits)
+
+
+class Classification(Objective):
+    """One class an example (softmax over the labels): google-bert's run_classifier."""
+
+    name, problem_type = "classification", "single_label_classification"
+
+
+class Regression(Objective):
+    """A score an example (STS-B's similarity): one output, mean squared error, Pearson and Spearman."""
+
+    name, problem_type, has_classes = "regression", "regression", False
+
+    def width(self, labels):
+        return 1
+
+    def label_set(self, examples):
+        return []
+
+    def check_label(self, label, known):
+        return None if _is_number(label) else f"label {label!r} is not a number (--task_type=regression)"
+
+    def encode(self, examples, label_list, source="data"):
+        out = []
+        for e in examples:
+            try:
+                out.append(np.nan if e.label is None else float(e.label))
+            except ValueError:
+                raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not a number") from None
+        return np.array(out, np.float32).reshape(len(examples))
+
+    def loss(self, model, features, labels, training=True):
+        """Mean squared error of the model's one float32 output."""
+        scores = model(features, training=training)[:, 0]
+        return tf.reduce_mean(tf.square(scores - tf.cast(labels, scores.dtype))), {}
+
+    def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
+        return metrics.regression_results(logits, labels, names)
+
+    def main_metric(self, task=None):
+        return "eval_pearson"
+
+    def check_metrics(self, names):
+        super().check_metrics(names)
+        for name in names or ():
+            if name not in metrics.REGRESSION:
+                raise UserError(f"--metrics={name}: a regression has scores, not classes "
+                                f"({', '.join(metrics.REGRESSION)})")
+
+    def predict(self, logits):
+        return np.asarray(logits)[:, 0]
+
+    def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
+        """A score a line (test_results.tsv, predict.txt) and predictions.tsv with its id."""
+        lines = "".join(f"{x:.6f}\n" for x in predicted)
+        table = "id\tscore\n" + "".join(f"{guid}\t{x:.6f}\n" for guid, x in zip(guids, predicted))
+        return {"test_results.tsv": lines, "predict.txt": lines, "predictions.tsv": table}
+
+    def hf_facts(self, labels):
+        return {"problem_type": "regression", "id2label": {"0": "score"}, "label2id": {"score": 0}}
+
+    def serving(self, logits, labels):
+        return {"scores": logits[:, 0]}
+
+    def outputs(self, logits):
+        return logits
+
+
+class MultiLabel(Objective):
+    """Any set of labels an example (a sigmoid each, binary cross-entropy); a label cell holds them
+    separated by `separator`, and an empty cell is the empty set."""
+
+    name, problem_type = "multi_label", "multi_label_classification"
+
+    def _parts(self, label):
+        return [p.strip() for p in (label or "").split(self.separator) if p.strip()]
+
+    def label_set(self, examples):
+        return sorted({p for e in examples for p in self._parts(e.label)})
+
+    def check_label(self, label, known):
+        unknown = [p for p in self._parts(label) if known is not None and p not in known]
+        return f"label {unknown[0]!r} is not one of {', '.join(known)}" if unknown else None
+
+    def empty_label_allowed(self):
+        return True
+
+    def run_facts(self, threshold):
+        return {"label_separator": self.separator, "threshold": threshold}
+
+    def encode(self, examples, label_list, source="data"):
+        ids = {label: i for i, label in enumerate(label_list or [])}
+        rows = np.zeros((len(examples), len(ids)), np.float32)
+        for n, e in enumerate(examples):
+            for part in self._parts(e.label):
+                if part not in ids:
+                    raise UserError(f"{source}: example {e.guid} has label {part!r}, not one of "
+                                    f"{', '.join(label_list)}")
+                rows[n, ids[part]] = 1.0
+        return rows
+
+    def loss(self, model, features, labels, training=True):
+        """Binary cross-entropy of each label's float32 logit, averaged over labels and rows."""
+        logits = model(features, training=training)
+        return tf.reduce_mean(keras.losses.binary_crossentropy(tf.cast(labels, logits.dtype), logits,
+                                                               from_logits=True)), {}
+
+    def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
+        return metrics.multi_label_results(logits, labels, label_names, threshold)
+
+    def main_metric(self, task=None):
+        return "eval_f1_micro"
+
+    def check_metrics(self, names):
+        super().check_metrics(names)
+        for name in names or ():
+            raise UserError(f"--metrics={name}: a multi-label task reports exact-match accuracy and micro and "
+                            "macro F1 (--threshold)")
+
+    def predict(self, logits):
+        return tf.sigmoid(logits).numpy()
+
+    def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
+        """Each label's probability (test_results.tsv), the labels above `threshold` joined by the separator
+        (predict.txt; an empty line for none), and predictions.tsv."""
+        chosen = [self.separator.join(labels[i] for i in range(len(labels)) if row[i] > threshold)
+                  for row in predicted]
+        test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in predicted)
+        header = "\t".join(["id", "labels"] + [f"p_{name}" for name in labels]) + "\n"
+        table = header + "".join("\t".join([guid, names] + [f"{p:.8f}" for p in row]) + "\n"
+                                 for guid, names, row in zip(guids, chosen, predicted))
+        return {"test_results.tsv": test, "predict.txt": "".join(c + "\n" for c in chosen), "predictions.tsv": table}
+
+    def serving(self, logits, labels):
+        return {"probabilities": tf.sigmoid(logits)}  # each label's own probability
+
+    def outputs(self, logits):
+        return tf.sigmoid(logits)
+
+
+KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}
+
+
+def objective(name, separator=","):
+    """The objective of a --task_type: classification, regression or multi_label."""
+    if name not in KINDS:
+        raise UserError(f"--task_type={name}: expected {', '.join(KINDS)}")
+    return KINDS[name](separator)

@@ -1,0 +1,2 @@
+"""Training: its config, schedules, optimizers, the step, the loop and hooks, auto batch size, evaluation
+while training, the session."""

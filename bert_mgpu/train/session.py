@@ -1,0 +1,76 @@
+"""One training session, the same for fine-tuning and pretraining: optimizer, step, restore, same start on
+every worker, loop, close.
+
+What differs between them comes in as arguments: the loss (an objective's, or pretraining's), what else the
+checkpoint holds (pretraining's heads and clock), the hooks, and the dataset from the step it resumes at.
+`BertClassifier.fit` and `BertPretrainer.fit` are each a `Session` and the checks of their own settings.
+
+Example:
+    session = Session(towers, model, run, lambda: create_optimizer(5e-5, 1000, 100), objective.loss)
+    loop = session.loop(global_batch=32, config=TrainConfig(save_checkpoints_steps=500))
+    session.train(loop, dataset.skip(session.start), until_step=1000)
+"""
+
+import contextlib
+import logging
+
+from bert_mgpu.io import checkpoints, run_dir
+from bert_mgpu.parallel import distribute
+from bert_mgpu.train.loop import Loop
+from bert_mgpu.train.training import Trainer
+
+log = logging.getLogger("bert_mgpu")
+
+
+class Session:
+    """A model trained on `towers` into the run directory `run` (run_dir.Run), resumed from its newest
+    checkpoint.
+
+    Args:
+        towers: the devices (devices.Towers).
+        model: the Keras model, built in the towers' strategy scope.
+        run: the run directory; closed when `train` ends, however it ends.
+        make_optimizer: called once in the strategy's scope -> the optimizer (optimization.create_optimizer).
+        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
+        accum_steps: micro-batches a tower runs per step (gradient accumulation).
+        use_xla: XLA-compile each tower's step.
+        state: more objects the checkpoint holds ({name: trackable}), e.g. pretraining's heads and clock.
+    """
+
+    def __init__(self, towers, model, run, make_optimizer, loss_fn, accum_steps=1, use_xla=False, state=None):
+        self.towers, self.model, self.run = towers, model, run
+        with towers.strategy.scope():
+            self.optimizer = make_optimizer()
+        self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)
+        self.restored = run.restore(checkpoints.training_checkpoint(
+            model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model), **(state or {})), model.weights)
+        self.start = int(self.trainer.step.numpy())
+        distribute.check_same_start(towers.strategy, self.start, run.directory)
+
+    def loop(self, global_batch, config, hooks=(), callbacks=None, clock=None, elapsed_before=0.0, before_save=None):
+        """The loop over this session's steps as `config` (train_config.LoopConfig) says; it saves through the
+        run (`before_save(loop)` first)."""
+
+        def save():
+            if before_save is not None:
+                before_save(loop)
+            self.run.save(int(self.trainer.step.numpy()))
+
+        loop = Loop(self.trainer, global_batch, hooks, callbacks=callbacks, writer=self.run.writer,
+                    log_every=config.log_every, save=save, save_every=config.save_checkpoints_steps,
+                    last_checkpoint=lambda: self.run.latest, max_consecutive_skips=config.max_consecutive_skips,
+                    clock=clock, elapsed_before=elapsed_before, verbose=config.verbose)
+        return loop
+
+    def train(self, loop, dataset, until_step=None, worker_part=False, reading=None):
+        """Run `loop` on `dataset` (inside the `reading` context: input files held open) and close the run
+        directory whatever happens. Returns the loop."""
+        try:
+            with reading or contextlib.nullcontext():
+                loop.run(dataset, until_step=until_step, worker_part=worker_part)
+        finally:
+            self.close()
+        return loop
+
+    def close(self):
+        self.run.close()

@@ -1,0 +1,165 @@
+"""What a training run is told, built once and saved with the run: `TrainConfig` for fine-tuning,
+`PretrainConfig` for pretraining (whose stop and schedule are its `Budget`).
+
+The scripts build one from their flags (`cli.train_config`); notebooks pass one, or `fit`'s keywords of
+the same names, which make one. The run directory's `bert_mgpu.json` keeps it under "train_config". The
+resume check compares `settings()`, whose keys are those runs have always recorded, so run directories
+written before this class existed still resume.
+
+Example:
+    config = TrainConfig(epochs=2, learning_rate=3e-5, train_batch_size=16, eval_every_steps=100)
+    clf.fit(train, "out", config=config, dev=dev)
+    clf.fit(train, "out", epochs=2, learning_rate=3e-5)        # the same, as keywords
+"""
+
+import dataclasses
+import math
+
+from bert_mgpu.core.errors import UserError
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    """What every training run has: the peak learning rate and how the loop saves, logs and guards.
+
+    Args:
+        learning_rate: peak learning rate.
+        use_xla: XLA-compile each tower's step.
+        save_checkpoints_steps: a checkpoint every this many steps (and at the end).
+        save_total_limit: checkpoints kept (the newest); the best model's directory apart.
+        log_every: a logged record every this many steps.
+        max_consecutive_skips: steps with a non-finite loss skipped in a row before the run stops (0: no limit).
+        overwrite: start over in an output_dir holding a run with other settings.
+        verbose: log the records (and draw Keras' progress bar on a terminal).
+    """
+
+    learning_rate: float = 5e-5
+    use_xla: bool = False
+    save_checkpoints_steps: int = 1000
+    save_total_limit: int = 2
+    log_every: int = 50
+    max_consecutive_skips: int = 10
+    overwrite: bool = False
+    verbose: bool = True
+
+    @classmethod
+    def make(cls, config=None, **keywords):
+        """`config` (default: the defaults) with `keywords` in place of its fields: `fit`'s keyword form.
+        A keyword that is no field is a TypeError, as for any call."""
+        unknown = sorted(set(keywords) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no {', '.join(unknown)}")
+        return dataclasses.replace(config or cls(), **keywords)
+
+    def check(self):
+        """UserError naming the flag of the first setting no run can use."""
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise UserError(f"--learning_rate={self.learning_rate}: must be a finite number above 0")
+        if int(self.max_consecutive_skips) < 0:
+            raise UserError(f"--max_consecutive_skips={self.max_consecutive_skips}: must be 0 (no limit) or more")
+        for flag, value in (("save_checkpoints_steps", self.save_checkpoints_steps),
+                            ("save_total_limit", self.save_total_limit), ("log_every_steps", self.log_every)):
+            if int(value) < 1:
+                raise UserError(f"--{flag}={value}: must be 1 or more")
+
+    def as_dict(self):
+        """The config as bert_mgpu.json keeps it."""
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class TrainConfig(LoopConfig):
+    """A fine-tuning run (google-bert's run_classifier flags, Hugging Face's for evaluation while training).
+
+    Args:
+        epochs: passes over the training data; steps = examples / global batch x epochs.
+        warmup_proportion: share of the steps with linear warmup, as google-bert.
+        num_warmup_steps: warmup steps as given (wins over warmup_proportion).
+        train_batch_size: per tower; None: the model's (its towers', or what `auto_batch_size` found).
+        gradient_accumulation_steps: batches each tower runs per step, their gradients averaged.
+        seed: shuffling and dropout.
+        evaluation_strategy: "no", "steps" (every eval_every_steps, which alone implies it) or "epoch".
+        eval_every_steps, eval_batch_size: evaluation while training (per-tower batch).
+        metric_for_best_model, greater_is_better: what picks the model kept in best/ (default the task's).
+        load_best_model_at_end: leave the best model in the classifier.
+        early_stopping_patience, early_stopping_threshold: evaluations without an improvement above the
+            threshold before the run stops.
+    """
+
+    epochs: float = 3.0
+    warmup_proportion: float = 0.1
+    num_warmup_steps: int | None = None
+    train_batch_size: int | None = None
+    gradient_accumulation_steps: int = 1
+    seed: int = 12345
+    evaluation_strategy: str = "no"
+    eval_every_steps: int | None = None
+    eval_batch_size: int = 8
+    metric_for_best_model: str | None = None
+    greater_is_better: bool | None = None
+    load_best_model_at_end: bool = False
+    early_stopping_patience: int | None = None
+    early_stopping_threshold: float = 0.0
+
+    def check(self):
+        super().check()
+        if int(self.gradient_accumulation_steps) < 1:
+            raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
+        if not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise UserError(f"--num_train_epochs={self.epochs}: must be a finite number above 0")
+        if self.train_batch_size is not None and int(self.train_batch_size) < 1:
+            raise UserError(f"--train_batch_size={self.train_batch_size}: must be 1 or more")
+        if self.num_warmup_steps is not None and int(self.num_warmup_steps) < 0:
+            raise UserError(f"--num_warmup_steps={self.num_warmup_steps}: must be 0 or more")
+        if (self.load_best_model_at_end or self.early_stopping_patience) and not (
+                self.evaluation_strategy != "no" or self.eval_every_steps):
+            raise UserError("--load_best_model_at_end and --early_stopping_patience need evaluation during "
+                            "training: --evaluation_strategy=epoch|steps or --eval_every_steps")
+
+    @property
+    def evaluates(self):
+        """Whether the run evaluates on dev while it trains."""
+        return self.evaluation_strategy != "no" or bool(self.eval_every_steps)
+
+    def warmup_steps(self, num_steps):
+        """num_warmup_steps as given, else google-bert's int(steps x warmup_proportion)."""
+        if self.num_warmup_steps is not None:
+            return int(self.num_warmup_steps)
+        return int(num_steps * self.warmup_proportion)
+
+    def settings(self, per_tower_batch):
+        """What a resumed run must share with the first, under the keys run directories have recorded."""
+        return {"num_train_epochs": self.epochs, "learning_rate": self.learning_rate,
+                "warmup_proportion": self.warmup_proportion,
+                **({"num_warmup_steps": self.num_warmup_steps} if self.num_warmup_steps is not None else {}),
+                "per_tower_batch": per_tower_batch, "seed": self.seed,
+                **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
+                   if self.gradient_accumulation_steps > 1 else {})}
+
+
+@dataclasses.dataclass
+class PretrainConfig(LoopConfig):
+    """A pretraining run's optimizer and batch; when it stops and how its rate moves is its `Budget`.
+
+    Args:
+        train_batch_size: the global batch, reached with the towers' micro-batch and gradient accumulation
+            (None: one micro-batch per tower).
+        optimizer: "adamw" or "lamb" (optimization.OPTIMIZERS).
+        beta_1, beta_2, epsilon, weight_decay: the optimizer's.
+        clipnorm: the global gradient norm is clipped to this (None: no clipping).
+    """
+
+    learning_rate: float = 1e-4
+    train_batch_size: int | None = None
+    optimizer: str = "adamw"
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-6
+    weight_decay: float = 0.01
+    clipnorm: float | None = 1.0
+
+    def settings(self, global_batch):
+        """What a resumed run must share with the first, under the keys run directories have recorded."""
+        return {"global_batch": global_batch, "learning_rate": self.learning_rate, "optimizer": self.optimizer,
+                "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                "weight_decay": self.weight_decay, "clipnorm": self.clipnorm}
