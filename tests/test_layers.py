@@ -99,3 +99,21 @@ def test_bert_mgpu_imports_are_at_the_top_but_where_a_reason_is_given():
                     deferred.add(name)
     assert sorted(deferred - set(DEFERRED)) == [], "import it at the top, or say in DEFERRED why not"
     assert sorted(set(DEFERRED) - deferred) == [], "no longer deferred: drop it from DEFERRED"
+
+
+def test_module_paths_from_before_the_subpackages_import_the_same_modules():
+    """Notebooks written against the flat package keep working: `bert_mgpu.loop`, `from bert_mgpu import plot`."""
+    import importlib
+
+    import bert_mgpu.api.embeddings
+    import bert_mgpu.io.plot
+    import bert_mgpu.loop
+    import bert_mgpu.train.loop
+    from bert_mgpu import embeddings, plot
+
+    assert bert_mgpu.loop is bert_mgpu.train.loop and bert_mgpu.loop.Loop is bert_mgpu.train.loop.Loop
+    assert plot is bert_mgpu.io.plot and embeddings is bert_mgpu.api.embeddings
+    for module in modules():
+        if "." in module:
+            old = importlib.import_module(f"bert_mgpu.{module.split('.')[1]}")
+            assert old is importlib.import_module(f"bert_mgpu.{module}"), module
