@@ -24,6 +24,9 @@ def test_classification():
     assert kind.label_set(rows) == ["neg", "pos"] and kind.width(["neg", "pos"]) == 2
     assert kind.check_label("pos", ["neg", "pos"]) is None
     assert kind.check_label("x", ["neg", "pos"]) == "label 'x' is not one of neg, pos"
+    assert kind.settings() == {}  # what classification run directories always recorded: they resume
+    assert objective("regression").settings() == {"task_type": "regression"}
+    assert objective("multi_label").settings() == {"task_type": "multi_label"}
     assert "a score, not a class" in kind.check_label("0.5", None)
     loss, _ = kind.loss(model(), {}, tf.constant([0, 1]))
     p = np.exp(LOGITS) / np.exp(LOGITS).sum(1, keepdims=True)

@@ -217,7 +217,7 @@ class BertClassifier:
             "max_seq_length": self.max_seq_length, "labels": self.labels,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **run_dir.vocab_setting(self.tokenizer.vocab_file),
-            **({"task_type": self.task_type} if self.task_type != "classification" else {}), **(settings or {})}
+            **self.objective.settings(), **(settings or {})}
         every = evaluation_every(config.evaluation_strategy, config.eval_every_steps, num_steps / config.epochs)
         if (every or config.load_best_model_at_end or config.early_stopping_patience) and not dev:
             raise UserError("evaluation during training (--evaluation_strategy, --eval_every_steps, "

@@ -64,6 +64,10 @@ class Objective:
         """What a run directory records beside its labels for this head kind to be read back the same."""
         return {}
 
+    def settings(self):
+        """What a resumed run compares for the head kind (run_dir.Run's settings)."""
+        return {"task_type": self.name}
+
     def encode(self, examples, label_list, source="data"):
         """The examples' labels as the loss takes them: class ids (-1 for none)."""
         ids = {label: i for i, label in enumerate(label_list or [])}
@@ -130,6 +134,9 @@ class Classification(Objective):
     """One class an example (softmax over the labels): google-bert's run_classifier."""
 
     name, problem_type = "classification", "single_label_classification"
+
+    def settings(self):
+        return {}  # what run directories recorded before the other kinds existed: resumed as they were
 
 
 class Regression(Objective):
