@@ -20,7 +20,7 @@ clf.fit(examples, {out!r}, epochs=1, log_every=2)
 
 def test_fit_in_a_plain_script_logs_its_steps_without_tensorflows_start_up_lines(google_release, tmp_path):
     code = FIT.format(release=str(google_release), rows=sentiment_rows(32, seed=1), out=str(tmp_path / "out"))
-    proc = run_python(code, env={"TF_CPP_MIN_LOG_LEVEL": None})
+    proc = run_python(code, env={"TF_CPP_MIN_LOG_LEVEL": None}, fresh=True)
     lines = proc.stderr.splitlines()
     steps = [line for line in lines if line.startswith("step ")]
     assert [line.split(":")[0] for line in steps] == ["step 2", "step 4"], proc.stderr

@@ -263,7 +263,8 @@ def test_export_alone_and_its_bad_input(trained, tmp_path):
     assert f"export: hf -> {again / 'hf'}" in proc.stdout and (again / "hf" / "model.safetensors").exists()
 
     def fails(*args):
-        proc = run_script("run_classifier_mgpu.py", *args, check=False, env={"TF_CPP_MIN_LOG_LEVEL": None})
+        proc = run_script("run_classifier_mgpu.py", *args, check=False, env={"TF_CPP_MIN_LOG_LEVEL": None},
+                          fresh=True)
         assert proc.returncode == 1, proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

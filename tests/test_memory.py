@@ -209,7 +209,7 @@ def fresh_process():
     run, with the search's optimizer the process's first, then two more fits, each after the last is gone."""
     import json
 
-    proc = run_python(FRESH_PROCESS, env={"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+    proc = run_python(FRESH_PROCESS, env={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, fresh=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

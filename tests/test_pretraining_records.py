@@ -231,7 +231,8 @@ def test_build_vocab_script_bad_input_is_one_line(tmp_path, case, expected):
     source = {"empty": "empty.txt", "invalid_utf8": "bad.txt"}.get(case, "bad.txt")
     target = tmp_path / ("vocab_dir" if case == "output_is_a_directory" else "vocab.txt")
     proc = run_script("build_vocab.py", f"--input_file={tmp_path / source}", f"--output_file={target}",
-                      "--vocab_size=50", check=False, env={"TF_CPP_MIN_LOG_LEVEL": None})
+                      "--vocab_size=50", check=False, env={"TF_CPP_MIN_LOG_LEVEL": None},
+                      fresh=True)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert re.fullmatch(f"build_vocab.py: error: ({re.escape(str(tmp_path))}/)?" + expected,
                         proc.stderr.strip().splitlines()[-1]), proc.stderr

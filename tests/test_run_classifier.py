@@ -269,7 +269,7 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
     args = common(str(d), release, str(target), "--do_train", "--do_eval") + extra
     # As a user runs it, with no TF_CPP_MIN_LOG_LEVEL: TensorFlow's start-up lines must not precede the error.
     proc = run_script("run_classifier_mgpu.py", *args, check=False,
-                      env={"TF_CPP_MIN_LOG_LEVEL": None, **(env or {})})
+                      env={"TF_CPP_MIN_LOG_LEVEL": None, **(env or {})}, fresh=True)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     ours = [line for line in proc.stderr.splitlines() if line.startswith("run_classifier_mgpu.py: error:")]
