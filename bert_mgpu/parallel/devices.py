@@ -1,6 +1,6 @@
 """The device plan: which towers run on which devices, and TensorFlow's devices set up to match.
 
-`plan_devices` is a pure function (visible devices + flags -> towers and global batch), so every device
+`plan_devices` is a pure function (visible devices + flags -> towers on devices), so every device
 decision is unit-tested without a GPU. `Towers` applies a plan: `configure_devices` makes the logical
 devices, and distribute.py makes the strategy over them (one BERT tower per device, in-graph replication,
 variables mirrored on every tower, never all parked on GPU0 as in bert-ad).
