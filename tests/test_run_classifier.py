@@ -123,11 +123,13 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
     """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run."""
     out = str(tmp_path / "acc")
     proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
-                       "--gradient_accumulation_steps=2", "--log_every_steps=10"))
-    assert "20 steps of 32 (2 towers x 8 x 2 accumulation steps)" in proc.stderr
+                       "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7"))
+    assert "20 steps of 32 (2 towers x 8 x 2 accumulation steps), warmup 7," in proc.stderr  # as given, in steps
     with open(os.path.join(out, "bert_mgpu.json"), encoding="utf-8") as f:
         run_file = json.load(f)
     assert run_file["global_step"] == 20 and run_file["settings"]["gradient_accumulation_steps"] == 2
+    assert run_file["settings"]["num_warmup_steps"] == run_file["train_config"]["num_warmup_steps"] == 7
+    assert run_file["train_config"]["train_batch_size"] == 8  # the config as it ran: the per-tower batch resolved
     assert run(*common(data, google_release, out, "--do_train", "--gradient_accumulation_steps=0"),
                check=False).stderr.strip().endswith("--gradient_accumulation_steps=0: must be at least 1")
 
