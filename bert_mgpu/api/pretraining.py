@@ -319,7 +319,7 @@ class BertPretrainer:
 
         loop = session.loop(global_batch, config, hooks, callbacks, clock, float(elapsed_var.numpy()),
                             before_save=lambda loop: elapsed_var.assign(loop.elapsed()))
-        index, workers = self.towers.worker
+        index, workers = distribute.worker_of(strategy)
         if data.by_files(workers):  # each reads its own files
             rows_each = global_batch // workers
             dataset = data.dataset(rows_each, True, step * rows_each, part=(index, workers))

@@ -360,11 +360,6 @@ class Towers:
         return self.cluster is None or self.cluster.is_chief
 
     @property
-    def worker(self):
-        """(this worker's index, workers in the job): (0, 1) on one machine."""
-        return (self.cluster.index, self.cluster.workers) if self.cluster else (0, 1)
-
-    @property
     def per_tower_batch(self):
         """`train_batch_size`, named for what it is."""
         return self.train_batch_size
