@@ -16,7 +16,6 @@ import hashlib
 import logging
 import math
 import os
-import re
 from collections.abc import Sequence
 
 import keras
@@ -163,9 +162,8 @@ class BertClassifier:
         clf = cls(model, opened.tokenizer, labels, opened.config, opened.towers, opened.policy, max_seq_length, task,
                   fused_encoder, task_type)
         own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
-        # The step of the checkpoint read: an older one than the run file names when the newest is damaged.
-        used = re.search(r"ckpt-(\d+)$", str(getattr(pre, "ckpt_prefix", "") or ""))
-        clf.global_step = (int(used.group(1)) if used else int(run.get("global_step", 0))) if own else 0
+        step = pre.checkpoint_step
+        clf.global_step = (step if step is not None else int(run.get("global_step", 0))) if own else 0
         clf.pairs = bool(run.get("pairs", clf.pairs))
         clf.label_separator, clf.threshold = run.get("label_separator", ","), run.get("threshold", 0.5)
         return clf

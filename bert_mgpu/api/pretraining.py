@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import re
 from collections.abc import Callable, Sequence
 
 import tensorflow as tf
@@ -247,9 +246,9 @@ class BertPretrainer:
                  ", ".join(sorted(set(pretraining_model.head_variables(self.model)) - set(fresh))) or "none")
         if fresh:
             log.warning("not in %s, initialized fresh: %s", init_checkpoint, ", ".join(fresh))
-        used = re.search(r"ckpt-(\d+)$", str(pre.ckpt_prefix or ""))  # the one read (older if the newest is damaged)
-        if pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == "pretraining" and used:
-            self.global_step = int(used.group(1))
+        if pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == "pretraining" and \
+                pre.checkpoint_step is not None:
+            self.global_step = pre.checkpoint_step
         return self
 
     # ------------------------------------------------------------------ training

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 
 import numpy as np
 
@@ -156,6 +157,13 @@ class Pretrained:
     ckpt_prefix: str = None  # bert_mgpu checkpoint prefix, to restore head and optimizer
     labels: list = None  # the classifier head's labels, where the checkpoint names them
     task_type: str = None  # "classification" or "regression", where the checkpoint says
+
+    @property
+    def checkpoint_step(self):
+        """The step of the bert_mgpu checkpoint read, or None: an older one than the run file names when the
+        newest is damaged."""
+        used = re.search(r"ckpt-(\d+)$", str(self.ckpt_prefix or ""))
+        return int(used.group(1)) if used else None
 
     def lower_case(self, given=None):
         """`given` if set, else what the checkpoint says, else True (Google's uncased releases)."""
