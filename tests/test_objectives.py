@@ -77,3 +77,39 @@ def test_the_task_type_flag_is_read_in_one_place():
     assert sorted(KINDS) == ["classification", "multi_label", "regression"]
     with pytest.raises(UserError, match="--task_type=ner: expected classification, regression, multi_label"):
         objective("ner")
+
+
+def test_pretraining_loss_is_googles_on_the_real_predictions_and_names_its_results_as_google_does():
+    """Masked-LM cross-entropy over the predictions whose weight is 1 (padding predictions count for
+    nothing), plus NSP's cross-entropy; the same objective names google-bert's eval results and the
+    architecture a Hugging Face export writes."""
+    from bert_mgpu.model.objectives import MaskedLanguageModel, Objective
+
+    mlm = np.array([[[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]], [[1.0, 1.0, 1.0], [9.0, -9.0, 0.0]]], np.float32)
+    nsp = np.array([[0.0, 2.0], [1.0, -1.0]], np.float32)
+    ids, weights, nsp_labels = np.array([[0, 2], [1, 0]]), np.array([[1, 1], [1, 0]]), np.array([1, 1])
+    kind = MaskedLanguageModel()
+    assert isinstance(kind, Objective) and not hasattr(kind, "encode")  # no label cells to read
+    out = lambda features, training=True: {"mlm_logits": tf.constant(mlm), "nsp_logits": tf.constant(nsp)}  # noqa: E731
+    labels = {"masked_lm_ids": tf.constant(ids, tf.int32), "masked_lm_weights": tf.constant(weights, tf.float32),
+              "next_sentence_labels": tf.constant(nsp_labels, tf.int32)}
+    features = {"padding_mask": tf.constant([[True, True, False], [True, True, True]])}
+    loss, stats = kind.loss(out, features, labels)
+
+    def xent(logits, i):
+        return float(np.log(np.exp(logits).sum()) - logits[i])
+
+    want_mlm = (xent(mlm[0, 0], 0) + xent(mlm[0, 1], 2) + xent(mlm[1, 0], 1)) / (3 + 1e-5)  # [1, 1] weighs 0
+    want_nsp = (xent(nsp[0], 1) + xent(nsp[1], 1)) / 2
+    assert float(stats["mlm_loss"]) == pytest.approx(want_mlm, rel=1e-5)
+    assert float(stats["nsp_loss"]) == pytest.approx(want_nsp, rel=1e-5)
+    assert float(loss) == pytest.approx(want_mlm + want_nsp, rel=1e-5)
+    assert float(stats["mlm_accuracy"]) == pytest.approx(1 / (3 + 1e-5))  # only [0, 0] is right
+    assert float(stats["nsp_accuracy"]) == 0.5 and float(stats["tokens_per_sequence"]) == 2.5
+    assert kind.evaluate({**{k: float(v) for k, v in stats.items()}, "loss": float(loss)}) == pytest.approx(
+        {"masked_lm_loss": want_mlm, "masked_lm_accuracy": 1 / (3 + 1e-5), "next_sentence_loss": want_nsp,
+         "next_sentence_accuracy": 0.5, "loss": want_mlm + want_nsp}, rel=1e-5)
+    assert kind.main_metric() == "masked_lm_accuracy"
+    assert kind.hf_architecture({"cls/seq_relationship/output_weights": 0}) == "BertForPreTraining"
+    assert kind.hf_architecture({"cls/predictions/output_bias": 0}) == "BertForMaskedLM"
+    assert objective("classification").hf_architecture({}) == "BertForSequenceClassification"

@@ -30,6 +30,7 @@ from bert_mgpu.io.loading import open_checkpoint, open_config
 from bert_mgpu.io.outputs import write_eval_results
 from bert_mgpu.model import pretraining_model
 from bert_mgpu.model.config import BertConfig
+from bert_mgpu.model.objectives import MaskedLanguageModel
 from bert_mgpu.parallel import distribute
 from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train import memory, optimization, schedules
@@ -208,7 +209,7 @@ class BertPretrainer:
 
     def __init__(self, model, tokenizer, config, towers, policy, fused_encoder=True):
         self.model, self.tokenizer, self.config, self.towers, self.policy = model, tokenizer, config, towers, policy
-        self.fused_encoder = fused_encoder
+        self.fused_encoder, self.objective = fused_encoder, MaskedLanguageModel()
         self.history = []  # one dict per logged step and per validation, for notebooks and tests
         self.stop = None  # why the last fit stopped
         self.settings = None  # what the last fit was run with (compared when an output_dir is reused)
@@ -297,7 +298,7 @@ class BertPretrainer:
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             schedule=schedule, weight_decay=config.weight_decay, float16=self.policy == "mixed_float16",
             optimizer=config.optimizer, beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon,
-            clipnorm=config.clipnorm), pretraining_model.pretraining_loss, accum, config.use_xla,
+            clipnorm=config.clipnorm), self.objective.loss, accum, config.use_xla,
             state={"heads": pretraining_model.head_checkpoint_objects(self.model), "elapsed_seconds": elapsed_var})
         trainer, step = session.trainer, session.start
         if session.restored:
@@ -348,7 +349,7 @@ class BertPretrainer:
         fits = memory.find_for_model(
             self.towers, self.model, self.policy,
             lambda n: memory.pretraining_batch(n, max_seq_length, max_predictions_per_seq),
-            pretraining_model.pretraining_loss, memory_limit_mb, memory_per_tower_mb,
+            self.objective.loss, memory_limit_mb, memory_per_tower_mb,
             cap=max(1, global_batch // self.towers.count), use_xla=use_xla)
         micro = max(m for m in range(1, fits + 1) if global_batch % (m * self.towers.count) == 0)
         log.info("micro-batch %d per tower (%d fits), %d accumulation steps", micro, fits,
@@ -358,12 +359,10 @@ class BertPretrainer:
 
     def evaluate(self, data: PretrainingData, batch_size: int = 32, max_steps: int | None = None) -> dict:
         """google-bert's run_pretraining eval results: masked-LM (and NSP) loss and accuracy."""
-        trainer = Trainer(self.towers.strategy, self.model, loss_fn=pretraining_model.pretraining_loss)
+        trainer = Trainer(self.towers.strategy, self.model, loss_fn=self.objective.loss)
         with data.reading():
             stats = trainer.evaluate(data.dataset(batch_size, training=False), max_steps)
-        names = {"mlm_loss": "masked_lm_loss", "mlm_accuracy": "masked_lm_accuracy",
-                 "nsp_loss": "next_sentence_loss", "nsp_accuracy": "next_sentence_accuracy", "loss": "loss"}
-        return {names[k]: v for k, v in stats.items() if k in names}
+        return self.objective.evaluate(stats)
 
     def write_eval_results(self, output_dir, results, global_step):
         return write_eval_results(output_dir, {**results, "global_step": global_step})

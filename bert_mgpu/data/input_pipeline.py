@@ -25,6 +25,8 @@ from bert_mgpu.model.objectives import Classification
 # Up to 128 tokens, one bucket per padded width: lengths 8k-7 .. 8k share a bucket and a width of 8k, so no
 # example is padded by 8 or more; above that, buckets 32 wide. Rotten Tomatoes' batches are then 88.5% real
 # tokens, against 81% with the buckets 16, 24, 32, 48, 64, ...
+# Functions traced as written (no AutoGraph rewrite, which cost ~2 s a process: benchmarks/NOTES.md item 43).
+_plain = tf.autograph.experimental.do_not_convert
 _BOUNDARIES = tuple(range(9, 130, 8)) + tuple(range(161, 514, 32))
 
 
@@ -96,8 +98,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         n = x.pop("length")
         return dict(x, token_ids=x["token_ids"][:n], segment_ids=x["segment_ids"][:n])
 
-    ds = ds.batch(256).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.unbatch().map(unpad, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.batch(256).map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.unbatch().map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],
@@ -119,7 +121,7 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
                     "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
         return features, batch["label"], batch["index"]
 
-    return ds.map(to_model_inputs, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    return ds.map(_plain(to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
 
@@ -140,7 +142,7 @@ def traced_encode(tokenizer, max_seq_length, pairs):
         ref = weakref.ref(tokenizer)
         strings, flags = tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool)
         fns[key] = tf.function(lambda a, b, has_b: encode(ref(), a, b, max_seq_length, pairs, has_b),
-                               input_signature=[strings, strings, flags])
+                               input_signature=[strings, strings, flags], autograph=False)
     return fns[key]
 
 
@@ -196,4 +198,4 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
         features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
         return features, label, index
 
-    return tf.data.Dataset.from_tensor_slices(batches).map(to_model_inputs).prefetch(tf.data.AUTOTUNE)
+    return tf.data.Dataset.from_tensor_slices(batches).map(_plain(to_model_inputs)).prefetch(tf.data.AUTOTUNE)

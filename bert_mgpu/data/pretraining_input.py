@@ -20,6 +20,8 @@ import tensorflow as tf
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 
+_plain = tf.autograph.experimental.do_not_convert  # traced as written, as input_pipeline's
+
 
 def _as_model_inputs(ex):
     features = {
@@ -160,7 +162,7 @@ def packed_sequences(input_files, tokenizer, max_seq_length, part=None):
         return tf.concat([tf.cast(ids, tf.int32), seps], axis=1).flat_values
 
     body = max_seq_length - 2
-    ds = tf.data.TextLineDataset(files).batch(1024).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = tf.data.TextLineDataset(files).batch(1024).map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.unbatch().batch(body, drop_remainder=True)
     return ds.map(lambda t: tf.concat([[tokenizer.cls_id], t, [sep]], 0))
 

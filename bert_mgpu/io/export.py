@@ -30,7 +30,7 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
     from_pretrainer,
     read_trained,
 )
-from bert_mgpu.model.objectives import objective
+from bert_mgpu.model.objectives import MaskedLanguageModel, objective
 
 log = logging.getLogger("bert_mgpu")
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
@@ -117,11 +117,9 @@ def write_hf(trained, directory):
         hf, transpose = weight_names.google_to_hf_name(name)
         tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
     if trained.kind == "classifier":
-        architecture = "BertForSequenceClassification"
-    elif "cls/seq_relationship/output_weights" in trained.weights:
-        architecture = "BertForPreTraining"
+        architecture = objective(trained.task_type).hf_architecture(trained.weights)
     elif "cls/predictions/output_bias" in trained.weights:
-        architecture = "BertForMaskedLM"
+        architecture = MaskedLanguageModel().hf_architecture(trained.weights)
     else:
         architecture = "BertModel"
         tensors = {k[len("bert."):]: v for k, v in tensors.items()}  # BertModel's own names have no prefix
@@ -205,7 +203,8 @@ def _keras_hub_difference(trained, directory, texts):
     texts = tf.constant(texts)
     ours_tok = FullTokenizer(trained.vocab_file, trained.do_lower_case)
     # Traced: called eagerly, keras-hub's tokenizer returns Python lists.
-    ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False))(texts)
+    ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False),
+                                 autograph=False)(texts)
     features = {"token_ids": ids.to_tensor(0), "segment_ids": segments.to_tensor(0)}
     features["padding_mask"] = tf.not_equal(features["token_ids"], 0)
     ours = build_model(trained)

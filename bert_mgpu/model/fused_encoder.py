@@ -195,7 +195,7 @@ def _unstored(copy, dtype):
 
 def _refresher(pairs, dtype):
     return tf.function(lambda: [copy.assign(tf.bitcast(tf.cast(v.value, dtype), copy.dtype) if copy.dtype != dtype
-                                            else tf.cast(v.value, dtype)) for v, copy in pairs])
+                                            else tf.cast(v.value, dtype)) for v, copy in pairs], autograph=False)
 
 
 @contextlib.contextmanager

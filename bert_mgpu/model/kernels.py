@@ -42,19 +42,19 @@ def keep(shape, rate, seed):
     return tf.reshape(bits >= threshold, shape)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def dropout_mask(shape, rate, seed, dtype):
     """1/(1-rate) (rounded to dtype) where kept, 0 where dropped: for the fused kernels that take a mask."""
     return tf.where(keep(shape, rate, seed), tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _dropout_kernel(x, rate, seed):
     scaled = tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), x.dtype)
     return tf.where(keep(tf.shape(x), rate, seed), scaled, tf.zeros_like(x))
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _softmax_dropout_backward(dy, probs, rate, seed):
     """d scores of dropout(softmax(scores)): the mask recomputed from `seed`, then softmax's backward
     probs * (dp - rowsum(dp * probs)), in float32, in one kernel (autodiff ran the dropout's kernel
@@ -70,7 +70,7 @@ def _softmax_dropout_gradient(op, dy, *_):
     return None, _softmax_dropout_backward(dy, probs, rate, seed), None, None, None
 
 
-@tf.function
+@tf.function(autograph=False)
 def softmax_dropout(scores, rate, seed):
     """dropout(softmax(scores)) over the last axis, no mask kept; the backward is
     `_softmax_dropout_backward`, which recomputes the mask from the same seed."""
@@ -123,11 +123,11 @@ def _bias_activation(name, value, slope):
     """
     f32 = lambda t: tf.cast(t, tf.float32)  # noqa: E731
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def forward(x, b):
         return tf.cast(value(f32(x) + f32(b)), x.dtype)
 
-    @tf.function(jit_compile=True)
+    @tf.function(jit_compile=True, autograph=False)
     def backward(dy, x, b):
         dz = f32(dy) * slope(f32(x) + f32(b))
         return tf.cast(dz, x.dtype), tf.cast(tf.reduce_sum(dz, axis=0), b.dtype)
@@ -136,7 +136,7 @@ def _bias_activation(name, value, slope):
     def gradient(op, dy, *_):
         return (None, *backward(dy, op.inputs[1], op.inputs[2]))
 
-    @tf.function
+    @tf.function(autograph=False)
     def bias_activation(x, b):
         return with_gradient(f"BertMgpuBias{name}", forward(x, b), x, b)
 
@@ -148,18 +148,18 @@ bias_gelu_tanh = _bias_activation("GeluTanh", _gelu_tanh, _gelu_tanh_slope)
 bias_relu = _bias_activation("Relu", tf.nn.relu, lambda z: tf.cast(z > 0, z.dtype))
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def residual_norm(x, b, mask, residual, gamma, beta, eps):
     """LayerNorm(residual + dropout(x + b)); mask is the dropout mask (ones when not training)."""
     return _layer_norm((x + b) * mask + residual, gamma, beta, eps)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def norm(x, gamma, beta, eps):
     return _layer_norm(x, gamma, beta, eps)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def bias_dropout_residual(x, b, mask, residual):
     return (x + b) * mask + residual
 
@@ -187,14 +187,14 @@ ACTIVATIONS = {"gelu": _exact, "gelu_new": _tanh, "gelu_pytorch_tanh": _tanh,
                "relu": Activation(keras.activations.relu, bias_relu, tf.nn.relu)}
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _logsumexp(logits):
     x = tf.cast(logits, tf.float32)
     top = tf.reduce_max(x, axis=-1)
     return top + tf.math.log(tf.reduce_sum(tf.exp(x - top[:, None]), axis=-1))
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _xent_backward(dloss, logits, lse, labels):
     x = tf.cast(logits, tf.float32)
     hit = tf.cast(tf.equal(tf.range(tf.shape(x)[1])[None, :], labels[:, None]), tf.float32)
@@ -207,7 +207,7 @@ def _xent_gradient(op, dloss, *_):
     return None, _xent_backward(dloss, logits, lse, labels), None, None
 
 
-@tf.function
+@tf.function(autograph=False)
 def sparse_xent(labels, logits):
     """Cross-entropy [N] of logits [N, vocab] (any float dtype) against integer labels [N], in float32.
 

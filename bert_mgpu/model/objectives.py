@@ -1,10 +1,12 @@
-"""What a head kind means, in one place: one `Objective` each for classification, regression and multi-label.
+"""What a head kind means, in one place: one `Objective` each for classification, regression, multi-label and
+pretraining (masked LM, with or without next-sentence prediction).
 
-An objective owns everything that differs between head kinds: its head's width, how a label cell is checked
-and encoded, the training loss, the evaluation's numbers and main metric, how logits become predictions,
-the prediction files, the Hugging Face facts of an export and the SavedModel's outputs. Everything else
-(the encoder, the towers, the session, checkpoints) is shared, so a new head kind (token classification,
-spans) is a new objective and its reader. `objective(name)` is the one place a --task_type string is read.
+Every objective owns the training loss, the metric a run is judged by and the architecture a Hugging Face
+export names. A sentence head's (`SentenceObjective`) also owns its head's width, how a label cell is checked
+and encoded, the evaluation's numbers, how logits become predictions, the prediction files, the Hugging Face
+label facts and the SavedModel's outputs. Everything else (the encoder, the towers, the session, checkpoints)
+is shared, so a new head kind (token classification, spans) is a new objective and its reader.
+`objective(name)` is the one place a --task_type string is read.
 
 Example:
     obj = objective("multi_label")
@@ -18,6 +20,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import metrics
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.kernels import sparse_xent
 
 
 def _is_number(text):
@@ -29,10 +32,32 @@ def _is_number(text):
 
 
 class Objective:
-    """The base every head kind fills in. `name` is its --task_type; `separator` (multi-label only) splits
-    a label cell into labels."""
+    """What every head kind has: the loss the session trains with, the metric a run is judged by and the
+    architecture a Hugging Face export names."""
 
     name = None
+
+    def loss(self, model, features, labels, training=True):
+        """`model`'s loss on a batch -> (mean loss, {name: statistic}), traced on each tower."""
+        raise NotImplementedError
+
+    def main_metric(self, task=None):
+        """The evaluation result the best model is chosen by."""
+        raise NotImplementedError
+
+    def settings(self):
+        """What a resumed run compares for the head kind (run_dir.Run's settings)."""
+        return {"task_type": self.name}
+
+    def hf_architecture(self, weights):
+        """transformers' class for a model with these weights ({google-bert name: array})."""
+        raise NotImplementedError
+
+
+class SentenceObjective(Objective):
+    """A head on the whole sequence, one label cell an example: what classification, regression and
+    multi-label fill in. `name` is its --task_type; `separator` (multi-label only) splits a label cell."""
+
     problem_type = None  # Hugging Face's config.problem_type
     has_classes = True  # labels name classes (a regression's are scores)
 
@@ -63,10 +88,6 @@ class Objective:
     def run_facts(self, threshold):
         """What a run directory records beside its labels for this head kind to be read back the same."""
         return {}
-
-    def settings(self):
-        """What a resumed run compares for the head kind (run_dir.Run's settings)."""
-        return {"task_type": self.name}
 
     def encode(self, examples, label_list, source="data"):
         """The examples' labels as the loss takes them: class ids (-1 for none)."""
@@ -115,6 +136,9 @@ class Objective:
                                  for guid, i, row in zip(guids, chosen, predicted))
         return {"test_results.tsv": test, "predict.txt": lines, "predictions.tsv": table}
 
+    def hf_architecture(self, weights):
+        return "BertForSequenceClassification"
+
     def hf_facts(self, labels):
         """config.json's problem_type, id2label and label2id, as Hugging Face writes them."""
         return {"problem_type": self.problem_type, "id2label": {str(i): label for i, label in enumerate(labels)},
@@ -130,7 +154,7 @@ class Objective:
         return tf.nn.softmax(logits)
 
 
-class Classification(Objective):
+class Classification(SentenceObjective):
     """One class an example (softmax over the labels): google-bert's run_classifier."""
 
     name, problem_type = "classification", "single_label_classification"
@@ -139,7 +163,7 @@ class Classification(Objective):
         return {}  # what run directories recorded before the other kinds existed: resumed as they were
 
 
-class Regression(Objective):
+class Regression(SentenceObjective):
     """A score an example (STS-B's similarity): one output, mean squared error, Pearson and Spearman."""
 
     name, problem_type, has_classes = "regression", "regression", False
@@ -199,7 +223,7 @@ class Regression(Objective):
         return logits
 
 
-class MultiLabel(Objective):
+class MultiLabel(SentenceObjective):
     """Any set of labels an example (a sigmoid each, binary cross-entropy); a label cell holds them
     separated by `separator`, and an empty cell is the empty set."""
 
@@ -271,7 +295,51 @@ class MultiLabel(Objective):
         return tf.sigmoid(logits)
 
 
-KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}
+class MaskedLanguageModel(Objective):
+    """Pretraining as google-bert's run_pretraining.py: masked-LM cross-entropy over the real predictions,
+    plus next-sentence cross-entropy when the model has that head; evaluated under google-bert's names."""
+
+    name = "pretraining"
+    EVAL_NAMES = {"mlm_loss": "masked_lm_loss", "mlm_accuracy": "masked_lm_accuracy",
+                  "nsp_loss": "next_sentence_loss", "nsp_accuracy": "next_sentence_accuracy", "loss": "loss"}
+
+    def loss(self, model, features, labels, training=True):
+        """(loss, stats): masked-LM loss and accuracy, the real tokens a sequence, NSP's loss and accuracy."""
+        out = model(features, training=training)
+        ids, weights = labels["masked_lm_ids"], tf.cast(labels["masked_lm_weights"], tf.float32)
+        logits = out["mlm_logits"]
+        per = tf.reshape(sparse_xent(tf.reshape(ids, [-1]), tf.reshape(logits, [-1, tf.shape(logits)[-1]])),
+                         tf.shape(ids))
+        denominator = tf.reduce_sum(weights) + 1e-5
+        mlm_loss = tf.reduce_sum(per * weights) / denominator
+        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), ids), tf.float32)
+        real = tf.reduce_sum(tf.cast(features["padding_mask"], tf.float32), 1)
+        stats = {"mlm_loss": mlm_loss, "mlm_accuracy": tf.reduce_sum(correct * weights) / denominator,
+                 "tokens_per_sequence": tf.reduce_mean(real)}
+        loss = mlm_loss
+        if "nsp_logits" in out:
+            nsp = labels["next_sentence_labels"]
+            nsp_loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(nsp, out["nsp_logits"],
+                                                                                   from_logits=True))
+            stats["nsp_loss"] = nsp_loss
+            stats["nsp_accuracy"] = tf.reduce_mean(
+                tf.cast(tf.equal(tf.argmax(out["nsp_logits"], -1, output_type=tf.int32), nsp), tf.float32))
+            loss = loss + nsp_loss
+        return loss, stats
+
+    def evaluate(self, stats):
+        """The evaluation's means (Trainer.evaluate) under google-bert's eval_results names."""
+        return {self.EVAL_NAMES[k]: v for k, v in stats.items() if k in self.EVAL_NAMES}
+
+    def main_metric(self, task=None):
+        return "masked_lm_accuracy"
+
+    def hf_architecture(self, weights):
+        """BertForPreTraining with the next-sentence head, else BertForMaskedLM."""
+        return "BertForPreTraining" if "cls/seq_relationship/output_weights" in weights else "BertForMaskedLM"
+
+
+KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices
 
 
 def objective(name, separator=","):

@@ -23,7 +23,7 @@ import tensorflow as tf
 from bert_mgpu.core import _compat
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.fused_encoder import FusedBertEncoder
-from bert_mgpu.model.kernels import ACTIVATIONS, sparse_xent
+from bert_mgpu.model.kernels import ACTIVATIONS
 from bert_mgpu.model.modeling import build_backbone
 
 log = logging.getLogger("bert_mgpu")
@@ -127,30 +127,3 @@ def assign_heads(model, weights, source):
                             f"{list(var.shape)[::-1] if transpose else list(var.shape)}")
         var.assign(value)
     return fresh
-
-
-def pretraining_loss(model, features, labels, training=True):
-    """google-bert's loss: masked-LM cross-entropy over real predictions (+ NSP cross-entropy).
-
-    Returns (loss, stats) with masked-LM loss/accuracy and, with NSP, its loss/accuracy.
-    """
-    out = model(features, training=training)
-    ids, weights = labels["masked_lm_ids"], tf.cast(labels["masked_lm_weights"], tf.float32)
-    logits = out["mlm_logits"]
-    per = tf.reshape(sparse_xent(tf.reshape(ids, [-1]), tf.reshape(logits, [-1, tf.shape(logits)[-1]])),
-                     tf.shape(ids))
-    denominator = tf.reduce_sum(weights) + 1e-5
-    mlm_loss = tf.reduce_sum(per * weights) / denominator
-    correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), ids), tf.float32)
-    stats = {"mlm_loss": mlm_loss, "mlm_accuracy": tf.reduce_sum(correct * weights) / denominator,
-             "tokens_per_sequence": tf.reduce_mean(tf.reduce_sum(tf.cast(features["padding_mask"], tf.float32), 1))}
-    loss = mlm_loss
-    if "nsp_logits" in out:
-        nsp = labels["next_sentence_labels"]
-        nsp_loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(nsp, out["nsp_logits"],
-                                                                               from_logits=True))
-        stats["nsp_loss"] = nsp_loss
-        stats["nsp_accuracy"] = tf.reduce_mean(
-            tf.cast(tf.equal(tf.argmax(out["nsp_logits"], -1, output_type=tf.int32), nsp), tf.float32))
-        loss = loss + nsp_loss
-    return loss, stats

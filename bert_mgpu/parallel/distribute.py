@@ -293,7 +293,7 @@ def _splitter(ids, total, spec):
             return t[start:start + size + tf.cast(i < extra, tf.int32)]
 
         _SPLITTERS[key] = tf.function(lambda batch: [tf.nest.map_structure(lambda t: rows(t, i), batch)  # noqa: B023
-                                                     for i in ids], input_signature=[spec])
+                                                     for i in ids], input_signature=[spec], autograph=False)
     return _SPLITTERS[key]
 
 
@@ -389,7 +389,8 @@ class ChiefDecides:
         mine = np.where([i in any_of for i in range(len(values))], values, values * (self.index == 0))
         if self._sum is None:  # traced: an eager reduce costs ~6x more (benchmarks/NOTES.md)
             ops = _compat.host_cross_device_ops(self.strategy)
-            self._sum = tf.function(lambda x: ops.reduce(tf.distribute.ReduceOp.SUM, x, destinations="/cpu:0"))
+            self._sum = tf.function(lambda x: ops.reduce(tf.distribute.ReduceOp.SUM, x, destinations="/cpu:0"),
+                                    autograph=False)
         with tf.device("/cpu:0"):
             total = self._sum(tf.constant(mine))
         return [float(v) for v in np.asarray(total)]

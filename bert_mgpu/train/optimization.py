@@ -125,7 +125,7 @@ def _unscale_factor(squares, inv_scale, clipnorm):
     return factor
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, clipnorm, weight_decay,
                    beta_1, beta_2, epsilon):
     """One device's AdamW step over all its variables -> whether the gradients were finite.
@@ -152,7 +152,7 @@ def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, 
     return finite
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, clipnorm, weight_decay,
                   beta_1, beta_2, epsilon):
     """One device's LAMB step over all its variables (Keras' Lamb, after its decoupled decay) -> finite."""

@@ -106,7 +106,9 @@ class Trainer:
         self._longest_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="longest_skips")
         self.host_reads = 0  # how often `read` waited for the device (tests count them)
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
-        self._grads_fn = tf.function(self._loss_and_grads, jit_compile=True) if use_xla else self._loss_and_grads
+        # Every tf.function here is traced as written: AutoGraph's rewrite cost ~2 s a process (NOTES item 43).
+        self._grads_fn = (tf.function(self._loss_and_grads, jit_compile=True, autograph=False) if use_xla
+                          else self._loss_and_grads)
         self._train_fn = self._predict_fn = self._eval_fn = None
         self._probe_fn = None
         # The distributed dataset's element_spec (dynamic batch and length), set by `training_batches`:
@@ -136,11 +138,14 @@ class Trainer:
                                       (features, labels))
         loss, stats, grads = self._grads_fn(*tf.nest.map_structure(lambda t: t[0], micro))
         present = [i for i, g in enumerate(grads) if g is not None]  # loop variables cannot be None
-        acc = [grads[i] for i in present]
-        for i in tf.range(1, k):
-            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))  # noqa: B023
-            loss, stats = loss + l_i, tf.nest.map_structure(tf.add, stats, s_i)
-            acc = [a + g_i[j] for a, j in zip(acc, present)]
+
+        def add_next(i, loss, stats, acc):  # a loop in the graph: the traced step holds one micro-batch
+            l_i, s_i, g_i = self._grads_fn(*tf.nest.map_structure(lambda t: t[i], micro))
+            return (i + 1, loss + l_i, tf.nest.map_structure(tf.add, stats, s_i),
+                    [a + g_i[j] for a, j in zip(acc, present)])
+
+        _, loss, stats, acc = tf.while_loop(lambda i, *_: i < k, add_next,
+                                            (tf.constant(1), loss, stats, [grads[i] for i in present]))
         grads = [None] * len(grads)
         for j, a in zip(present, acc):
             grads[j] = a / k
@@ -174,8 +179,9 @@ class Trainer:
                 mean = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, t, axis=None)  # noqa: E731
                 return mean(loss), tf.nest.map_structure(mean, stats), self.strategy.gather(seen, axis=0)
 
-            self._train_fn = (tf.function(step, input_signature=[self.input_spec]) if self.input_spec is not None
-                              else tf.function(step, reduce_retracing=True))
+            signature = {"input_signature": [self.input_spec]} if self.input_spec is not None else {
+                "reduce_retracing": True}
+            self._train_fn = tf.function(step, autograph=False, **signature)
         return self._train_fn
 
     def step_graph(self, element_spec):
@@ -233,7 +239,7 @@ class Trainer:
 
         if self._probe_fn is None:
             self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
-                                         reduce_retracing=True)
+                                         reduce_retracing=True, autograph=False)
         return self._probe_fn(batch)
 
     @property
@@ -270,7 +276,7 @@ class Trainer:
                 total = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
                 return tf.nest.map_structure(total, sums), total(n)
 
-            self._eval_fn = tf.function(step, reduce_retracing=True)
+            self._eval_fn = tf.function(step, reduce_retracing=True, autograph=False)
         totals, count, batches = {}, 0.0, 0
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once
             for batch in distribute.distribute_dataset(self.strategy, dataset):
@@ -296,7 +302,7 @@ class Trainer:
                 gather = lambda v: self.strategy.gather(v, axis=0)  # noqa: E731
                 return gather(logits), gather(labels), gather(index)
 
-            self._predict_fn = tf.function(step, reduce_retracing=True)
+            self._predict_fn = tf.function(step, reduce_retracing=True, autograph=False)
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
             parts = []
             for batch in dist:
