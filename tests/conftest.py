@@ -103,11 +103,23 @@ def run_python(code, env=None, timeout=300, check=True, fresh=False):
     return _run(["-c", code], "python -c", check, {**path, **(env or {})}, timeout, fresh)
 
 
+def start_python(argv, out, err, env=None):
+    """Start `python *argv` (no GPU visible) writing stdout and stderr to the files `out` and `err`, not
+    waited for -> a Popen-like handle, for tests of the process itself (signals, kill -9, several workers).
+    Forked as run_script's runs are; `env` as run_script's."""
+    import script_runner
+
+    return script_runner.start(argv, _environment(env), str(out), str(err))
+
+
+def _environment(env):
+    return {k: v for k, v in {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}.items() if v is not None}
+
+
 def _run(argv, name, check, env, timeout, fresh=False):
     import script_runner
 
-    env = {k: v for k, v in {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}.items() if v is not None}
-    proc = script_runner.run(argv, env, timeout, fresh)
+    proc = script_runner.run(argv, _environment(env), timeout, fresh)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return proc

@@ -5,14 +5,13 @@ the resumed run ends bit-identical."""
 import os
 import random
 import signal
-import subprocess
-import sys
+import tempfile
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT, run_script, sentiment_rows, write_tsv
+from conftest import ROOT, run_script, sentiment_rows, start_python, write_tsv
 from test_pretraining_records import write_corpus
 
 
@@ -23,15 +22,15 @@ def latest_step(out):
 
 def interrupted(script, args, sig, out, after_step, delay=0.0):
     """Start the script, send `sig` once a checkpoint past `after_step` is published (plus `delay` s)."""
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    logs = tempfile.mkdtemp()
+    proc = start_python([os.path.join(ROOT, script), *args], f"{logs}/out", f"{logs}/err")
     deadline = time.time() + 300
     while latest_step(out) <= after_step and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
     time.sleep(delay)
     proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=300)
-    return proc.returncode, stdout, stderr
+    proc.wait(timeout=300)
+    return proc.returncode, open(f"{logs}/out").read(), open(f"{logs}/err").read()
 
 
 def tensors(out, step):

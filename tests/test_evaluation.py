@@ -200,12 +200,10 @@ def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release,
     """The script stops early and evaluates its best model; killed mid-run and rerun, it ends with the same
     history, best model, early stop and results as a run never killed (deterministic ops)."""
     import signal
-    import subprocess
-    import sys
     import time
 
     import tensorflow as tf
-    from conftest import ROOT
+    from conftest import ROOT, run_script, start_python
 
     data = tmp_path / "data"
     data.mkdir()
@@ -220,9 +218,7 @@ def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release,
                 "--metric_for_best_model=loss", "--early_stopping_patience=3", "--early_stopping_threshold=0.01",
                 "--do_eval", "--load_best_model_at_end"]
 
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    whole = subprocess.run([sys.executable, *args(tmp_path / "whole")], capture_output=True, text=True, env=env,
-                           timeout=600)
+    whole = run_script(*args(tmp_path / "whole"), check=False)
     assert whole.returncode == 0, whole.stderr[-2000:]
     reference = evaluation.read_history(str(tmp_path / "whole"))
     assert len(reference) >= 4, reference  # it evaluates several times before it ends
@@ -234,8 +230,7 @@ def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release,
     assert trained > best["step"] and f"{trained} steps (early stopping" in whole.stdout, whole.stdout  # summary
 
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, *args(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=env)
+    proc = start_python(args(out), tmp_path / "killed.out", tmp_path / "killed.err")
     try:
         deadline = time.monotonic() + 600
         while len(evaluation.read_history(str(out))) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -245,7 +240,7 @@ def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release,
     finally:
         proc.kill()
         proc.wait()
-    rerun = subprocess.run([sys.executable, *args(out)], capture_output=True, text=True, env=env, timeout=600)
+    rerun = run_script(*args(out), check=False)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert "resuming from" in rerun.stderr
     rows = evaluation.read_history(str(out))

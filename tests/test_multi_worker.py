@@ -10,13 +10,12 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT, sentiment_rows, tiny_config, write_google_release, write_tsv, write_vocab
+from conftest import ROOT, sentiment_rows, start_python, tiny_config, write_google_release, write_tsv, write_vocab
 from test_pretraining_records import write_corpus
 
 TIMEOUT = 300
@@ -52,12 +51,10 @@ class Job:
         self.tmp, self.procs = tmp_path, []
 
     def start(self, name, argv, env=None):
-        out = open(self.tmp / f"{name}.out", "w")
-        err = open(self.tmp / f"{name}.err", "w")
         scratch = self.tmp / f"{name}.tmp"  # the worker's TMPDIR: what it leaves behind is seen
         scratch.mkdir(exist_ok=True)
-        proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err, env={
-            **os.environ, "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(scratch), **(env or {})})
+        proc = start_python(argv, self.tmp / f"{name}.out", self.tmp / f"{name}.err",
+                            {"TMPDIR": str(scratch), **(env or {})})
         proc.name, proc.scratch = name, scratch
         self.procs.append(proc)
         return proc
