@@ -23,7 +23,7 @@ EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PIP) install --use-pep517 -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -28,9 +28,10 @@ setup(
         # GPUs: TensorFlow finds CUDA, cuDNN, NCCL and XLA's ptxas/libdevice only through these wheels.
         "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
         # pandas: evaluate/predict take a DataFrame (read by duck typing; the library never imports pandas).
-        # scikit-learn: the reference the metrics (written in NumPy) are tested against.
+        # scikit-learn and seqeval: the references the metrics (written in NumPy and Python) are tested
+        # against. seqeval ships only a source archive, built by PEP 517 (make passes --use-pep517).
         "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "pandas>=2", "matplotlib>=3.8",
-                 "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4"],
+                 "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4", "seqeval==1.2.2"],
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.

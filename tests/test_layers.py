@@ -114,6 +114,9 @@ def test_module_paths_from_before_the_subpackages_import_the_same_modules():
     assert bert_mgpu.loop is bert_mgpu.train.loop and bert_mgpu.loop.Loop is bert_mgpu.train.loop.Loop
     assert plot is bert_mgpu.io.plot and embeddings is bert_mgpu.api.embeddings
     for module in modules():
-        if "." in module:
+        if "." in module and module.split(".")[1] not in SINCE_THE_SUBPACKAGES:
             old = importlib.import_module(f"bert_mgpu.{module.split('.')[1]}")
             assert old is importlib.import_module(f"bert_mgpu.{module}"), module
+
+
+SINCE_THE_SUBPACKAGES = {"entities"}  # modules written after the move: they never had a flat path
