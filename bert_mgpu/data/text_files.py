@@ -76,12 +76,18 @@ def read_rows(path, delimiter="\t", quotechar=None, invalid_utf8="error"):
     return rows
 
 
-def read_lines(path, invalid_utf8="error"):
-    """(line number, text) for each non-blank line of a text file (no line ending kept)."""
+def read_text(path, invalid_utf8="error"):
+    """A text file's whole text; UserError for a NUL byte (a binary or UTF-16 file), naming its line."""
     text = _read(path, invalid_utf8)
     if "\x00" in text:
         raise UserError(f"{path}:{text.count(chr(10), 0, text.index(chr(0))) + 1}: NUL byte; is it a binary or "
                         "UTF-16 file?")
+    return text
+
+
+def read_lines(path, invalid_utf8="error"):
+    """(line number, text) for each non-blank line of a text file (no line ending kept)."""
+    text = read_text(path, invalid_utf8)
     return [(i, line.rstrip("\r")) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
