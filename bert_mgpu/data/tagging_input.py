@@ -1,0 +1,127 @@
+"""Tagged sentences -> model windows: labels on each word's first WordPiece, long sentences in strided windows.
+
+Each word is cut into WordPieces (a word that gives none, such as a control character, stands as [UNK], so
+every word has a first piece). Its label goes on the first piece; the other pieces, [CLS], [SEP] and padding
+carry -1, which the loss and the metrics skip (as tf-models' tagging task and Hugging Face's run_ner do).
+
+A sentence longer than `max_seq_length - 2` pieces is never cut short: it becomes windows of that many
+pieces, each starting `doc_stride` pieces after the last (google-bert's run_squad document spans), and each
+word is predicted from the window where it has the most context on both sides (run_squad's
+`_check_is_max_context`), so every word gets exactly one prediction.
+
+Example:
+    wins = make_windows(sentences, tokenizer, label_list, max_seq_length=128, doc_stride=64)
+    tags = word_predictions(wins, logits, [len(s.tokens) for s in sentences])  # label ids per word
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from bert_mgpu.core.errors import UserError
+
+IGNORED = -1  # the label of a piece that is not a word's first
+
+
+@dataclasses.dataclass
+class Window:
+    """One model input: `token_ids` ([CLS] pieces [SEP]), `labels` (a label id on each first piece, else
+    IGNORED), `words` (the word index at each first piece, else -1) and `owned` (the word indices this
+    window predicts: those with the most context here)."""
+
+    sentence: int
+    token_ids: list
+    labels: list
+    words: list
+    owned: set
+
+
+def word_pieces(tokenizer, words, chunk=8192):
+    """The WordPiece ids of each word, tokenized in batches of `chunk` words -> [[id, ...], ...]."""
+    pieces = []
+    for i in range(0, len(words), chunk):
+        ragged = tokenizer(tf.constant(words[i:i + chunk]))  # eagerly, keras-hub may give Python lists
+        rows = ragged.to_list() if hasattr(ragged, "to_list") else [list(r) for r in ragged]
+        pieces.extend(list(row) or [tokenizer.unk_id] for row in rows)
+    return pieces
+
+
+def spans(length, room, doc_stride):
+    """(start, end) piece spans covering `length` pieces, `room` at most each, starts `doc_stride` apart."""
+    out, start = [], 0
+    while True:
+        end = min(start + room, length)
+        out.append((start, end))
+        if end == length:
+            return out
+        start += doc_stride
+
+
+def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=None):
+    """Windows of every sentence, in order. Untagged sentences (tags None) carry IGNORED labels.
+    `doc_stride` defaults to half the room; it must be below the room (windows that overlap)."""
+    room = max_seq_length - 2
+    doc_stride = room // 2 if doc_stride is None else doc_stride
+    if room < 1:
+        raise UserError(f"--max_seq_length={max_seq_length}: must be at least 3")
+    if not 0 < doc_stride < room:
+        raise UserError(f"--doc_stride={doc_stride}: must be above 0 and below the {room} pieces a window holds "
+                        f"(--max_seq_length={max_seq_length} less [CLS] and [SEP]), so windows overlap")
+    ids = {label: i for i, label in enumerate(label_list)}
+    words = [w for s in sentences for w in s.tokens]
+    pieces, at, windows = word_pieces(tokenizer, words), 0, []
+    for n, s in enumerate(sentences):
+        flat, first = [], []  # piece ids; the word index at a word's first piece, else -1
+        for k, word_ids in enumerate(pieces[at:at + len(s.tokens)]):
+            flat.extend(word_ids)
+            first.extend([k] + [-1] * (len(word_ids) - 1))
+        at += len(s.tokens)
+        if s.tags is not None:
+            unknown = [t for t in s.tags if t not in ids]
+            if unknown:
+                raise UserError(f"{s.guid}: tag {unknown[0]!r} is not one of the training tags "
+                                f"({', '.join(label_list)})")
+        label_of = [IGNORED] * len(s.tokens) if s.tags is None else [ids[t] for t in s.tags]
+        cuts = spans(len(flat), room, doc_stride)
+        best = {}  # word -> (score, window number): run_squad's most context
+        for w, (start, end) in enumerate(cuts):
+            for p in range(start, end):
+                if first[p] >= 0:
+                    score = min(p - start, end - 1 - p) + 0.01 * (end - start)
+                    if first[p] not in best or score > best[first[p]][0]:
+                        best[first[p]] = (score, w)
+        for w, (start, end) in enumerate(cuts):
+            words_here = first[start:end]
+            windows.append(Window(
+                n, [tokenizer.cls_id, *flat[start:end], tokenizer.sep_id],
+                [IGNORED, *(IGNORED if k < 0 else label_of[k] for k in words_here), IGNORED],
+                [-1, *words_here, -1], {k for k in words_here if k >= 0 and best[k][1] == w}))
+    return windows
+
+
+def word_predictions(windows, logits, lengths):
+    """Each sentence's label id per word, from the window that owns the word -> [np.ndarray per sentence].
+    `logits`: [windows, positions, labels] (positions at least each window's length), in windows' order."""
+    out = [np.full(n, -1, np.int64) for n in lengths]
+    for window, scores in zip(windows, logits, strict=True):
+        chosen = np.asarray(scores)[:len(window.words)].argmax(-1)
+        for position, word in enumerate(window.words):
+            if word in window.owned:
+                out[window.sentence][word] = chosen[position]
+    missing = [n for n, tags in enumerate(out) if (tags < 0).any()]
+    if missing:
+        raise RuntimeError(f"sentence {missing[0]}: a word no window predicts")
+    return out
+
+
+def window_arrays(windows, max_seq_length):
+    """Padded arrays for the model: token_ids, segment_ids, padding_mask and labels, [windows, max_seq_length]."""
+    n = len(windows)
+    token_ids = np.zeros((n, max_seq_length), np.int32)
+    labels = np.full((n, max_seq_length), IGNORED, np.int32)
+    for i, w in enumerate(windows):
+        token_ids[i, :len(w.token_ids)] = w.token_ids
+        labels[i, :len(w.labels)] = w.labels
+    mask = np.arange(max_seq_length)[None, :] < np.array([len(w.token_ids) for w in windows])[:, None]
+    return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}, labels
