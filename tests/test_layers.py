@@ -119,4 +119,5 @@ def test_module_paths_from_before_the_subpackages_import_the_same_modules():
             assert old is importlib.import_module(f"bert_mgpu.{module}"), module
 
 
-SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input"}  # modules written after the move: they never had a flat path
+# Modules written after the move: they never had a flat path.
+SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input"}

@@ -1,7 +1,8 @@
-"""BERT encoder (keras-hub's BertBackbone) and the sequence-classification head.
+"""BERT encoder (keras-hub's BertBackbone), the sequence-classification head and the token-classification head.
 
-The head follows google-bert's run_classifier: dropout on the pooled [CLS] output, then one dense layer
-(truncated-normal init, stddev initializer_range). It runs in float32 whatever the policy, so logits and
+The sequence head follows google-bert's run_classifier: dropout on the pooled [CLS] output, then one dense
+layer (truncated-normal init, stddev initializer_range). The token head is the same on every position's
+output, as Hugging Face's BertForTokenClassification. Both run in float32 whatever the policy, so logits and
 losses are float32 under mixed_float16 / mixed_bfloat16.
 
 Example:
@@ -67,3 +68,25 @@ def build_classifier(config, num_labels, policy="float32", dropout=None, fused=T
     model = keras.Model(inputs, logits, name="bert_classifier")
     model.backbone, model.head = backbone, head
     return model
+
+
+def build_tagger(config, num_labels, policy="float32", dropout=None, fused=True):
+    """Functional Keras model: dict of token_ids/segment_ids/padding_mask -> float32 logits [batch, length,
+    labels], one row of label scores a position. `.backbone` and `.head` as build_classifier's (the head's
+    weights are google-bert's output_weights/output_bias, transformers' classifier.weight/bias)."""
+    backbone = build_backbone(config, policy)
+    inputs = {
+        "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
+        "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
+        "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
+    }
+    encoder = FusedBertEncoder(backbone) if fused else backbone
+    sequence = encoder(inputs)["sequence_output"]
+    rate = config.hidden_dropout_prob if dropout is None else dropout
+    sequence = keras.layers.Dropout(rate, name="classifier_dropout")(sequence)
+    head = keras.layers.Dense(num_labels, kernel_initializer=keras.initializers.TruncatedNormal(
+        stddev=config.initializer_range), dtype="float32", name="classifier")
+    model = keras.Model(inputs, head(sequence), name="bert_tagger")
+    model.backbone, model.head = backbone, head
+    return model
+

@@ -1,5 +1,5 @@
-"""What a head kind means, in one place: one `Objective` each for classification, regression, multi-label and
-pretraining (masked LM, with or without next-sentence prediction).
+"""What a head kind means, in one place: one `Objective` each for classification, regression, multi-label,
+token classification (NER) and pretraining (masked LM, with or without next-sentence prediction).
 
 Every objective owns the training loss, the metric a run is judged by and the architecture a Hugging Face
 export names. A sentence head's (`SentenceObjective`) also owns its head's width, how a label cell is checked
@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core import metrics
+from bert_mgpu.core.entities import entity_scores
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.kernels import sparse_xent
 
@@ -337,6 +338,41 @@ class MaskedLanguageModel(Objective):
     def hf_architecture(self, weights):
         """BertForPreTraining with the next-sentence head, else BertForMaskedLM."""
         return "BertForPreTraining" if "cls/seq_relationship/output_weights" in weights else "BertForMaskedLM"
+
+
+class TokenClassification(Objective):
+    """A label a token (NER): cross-entropy over the positions that carry a label (each word's first
+    WordPiece; the others are -1), and entity-level scores as conlleval counts them."""
+
+    name = "token_classification"
+    IGNORED = -1
+
+    def loss(self, model, features, labels, training=True):
+        """(mean cross-entropy over labelled positions, {"token_accuracy"}); a batch without one gives 0."""
+        logits = model(features, training=training)
+        labels = tf.reshape(labels, [-1])
+        flat = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
+        weight = tf.cast(labels != self.IGNORED, tf.float32)
+        per = sparse_xent(tf.where(labels == self.IGNORED, 0, labels), flat)
+        count = tf.maximum(tf.reduce_sum(weight), 1.0)
+        right = tf.cast(tf.equal(tf.argmax(flat, -1, output_type=labels.dtype), labels), tf.float32)
+        return tf.reduce_sum(per * weight) / count, {"token_accuracy": tf.reduce_sum(right * weight) / count}
+
+    def evaluate(self, true_tags, predicted_tags):
+        """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report)."""
+        scores = entity_scores(true_tags, predicted_tags)
+        return {f"eval_{k}": scores[k] for k in ("precision", "recall", "f1", "accuracy")}, scores["per_type"]
+
+    def main_metric(self, task=None):
+        return "eval_f1"
+
+    def hf_architecture(self, weights):
+        return "BertForTokenClassification"
+
+    def hf_facts(self, labels):
+        """config.json's id2label and label2id, as Hugging Face writes them."""
+        return {"id2label": {str(i): label for i, label in enumerate(labels)},
+                "label2id": {label: i for i, label in enumerate(labels)}}
 
 
 KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices
