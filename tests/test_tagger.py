@@ -67,3 +67,72 @@ def test_the_objective_scores_entities_and_names_its_export():
     assert per_type["LOC"]["recall"] == 0.0 and per_type["PER"]["f1"] == 1.0 and kind.main_metric() == "eval_f1"
     assert kind.hf_architecture({}) == "BertForTokenClassification"
     assert kind.hf_facts(["O", "B-PER"])["id2label"] == {"0": "O", "1": "B-PER"}
+
+
+def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_long_sentences_in_windows(tmp_path):
+    """A made-up task: "film" and "movie" are a location right after "the", "actor" begins a person that the
+    next "story" continues. Trained on two towers through the Trainer; sentences longer than a window are
+    predicted in windows, each word once."""
+    import tensorflow as tf
+    from conftest import write_vocab
+
+    from bert_mgpu.core.entities import entity_scores
+    from bert_mgpu.data.tagged import Sentence
+    from bert_mgpu.data.tagging_input import make_windows, window_arrays, word_predictions
+    from bert_mgpu.data.tokenization import FullTokenizer
+    from bert_mgpu.parallel import devices, distribute
+    from bert_mgpu.train import optimization, training
+
+    words = ["the", "a", "film", "movie", "actor", "story", "good"]
+    vocab = tmp_path / "vocab.txt"
+    write_vocab(str(vocab), words)
+    tokenizer = FullTokenizer(str(vocab))
+
+    def sentence(rng, n, guid):
+        tokens = [str(rng.choice(words)) for _ in range(n)]
+        tags = []
+        for k, w in enumerate(tokens):
+            before = tokens[k - 1] if k else None
+            if w in ("film", "movie") and before == "the":
+                tags.append("B-LOC")
+            elif w == "actor":
+                tags.append("B-PER")
+            elif w == "story" and tags and tags[-1] in ("B-PER", "I-PER"):
+                tags.append("I-PER")
+            else:
+                tags.append("O")
+        return Sentence(guid, tokens, tags, 1)
+
+    rng = np.random.default_rng(0)
+    labels = ["O", "B-LOC", "B-PER", "I-PER"]
+    train = [sentence(rng, int(rng.integers(3, 30)), f"train-{i}") for i in range(512)]  # windows too
+    test = [sentence(rng, int(rng.integers(15, 40)), f"test-{i}") for i in range(40)]  # longer than a window
+    length = 16
+    features, y = window_arrays(make_windows(train, tokenizer, labels, length), length)
+
+    plan = devices.plan_devices(0, 2, ())
+    strategy = distribute.make_strategy(plan)
+    keras.utils.set_random_seed(0)
+    steps = 800
+    with strategy.scope():
+        model = modeling.build_tagger(tiny_config(len(tokenizer.vocab), hidden_size=64, intermediate_size=128),
+                                      len(labels), dropout=0.0)
+        optimizer = optimization.create_optimizer(5e-3, steps, 50)
+    trainer = training.Trainer(strategy, model, optimizer, True, TokenClassification().loss)
+    batches = trainer.training_batches(tf.data.Dataset.from_tensor_slices((features, y)).shuffle(
+        512, seed=0).repeat().batch(32))
+    first = last = None
+    for _ in range(steps):
+        loss, _ = trainer.train_step(next(batches))
+        first = loss if first is None else first
+        last = loss
+    assert last < first / 5, (first, last)
+
+    wins = make_windows(test, tokenizer, labels, length, doc_stride=6)
+    assert len(wins) > 2 * len(test)  # every test sentence takes several windows
+    test_features, test_labels = window_arrays(wins, length)
+    data = tf.data.Dataset.from_tensor_slices((test_features, test_labels, np.arange(len(wins)))).batch(8)
+    logits, _ = trainer.predict_logits(data)
+    predicted = word_predictions(wins, logits, [len(s.tokens) for s in test])
+    scores = entity_scores([s.tags for s in test], [[labels[i] for i in p] for p in predicted])
+    assert scores["f1"] > 0.95 and scores["per_type"]["PER"]["support"] > 20, scores
