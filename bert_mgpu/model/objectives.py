@@ -24,6 +24,12 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.kernels import sparse_xent
 
 
+def label_maps(labels):
+    """config.json's id2label and label2id for a label list, as Hugging Face writes them."""
+    return {"id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)}}
+
+
 def _is_number(text):
     try:
         float(text)
@@ -142,8 +148,7 @@ class SentenceObjective(Objective):
 
     def hf_facts(self, labels):
         """config.json's problem_type, id2label and label2id, as Hugging Face writes them."""
-        return {"problem_type": self.problem_type, "id2label": {str(i): label for i, label in enumerate(labels)},
-                "label2id": {label: i for i, label in enumerate(labels)}}
+        return {"problem_type": self.problem_type, **label_maps(labels)}
 
     def serving(self, logits, labels):
         """The SavedModel's outputs from the head's logits (`labels`: a string tensor of the label names)."""
@@ -371,8 +376,7 @@ class TokenClassification(Objective):
 
     def hf_facts(self, labels):
         """config.json's id2label and label2id, as Hugging Face writes them."""
-        return {"id2label": {str(i): label for i, label in enumerate(labels)},
-                "label2id": {label: i for i, label in enumerate(labels)}}
+        return label_maps(labels)
 
 
 KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices
