@@ -73,13 +73,10 @@ def read_tagged(path, data_format="auto", tag_column=-1, tag_map=None, invalid_u
     data_format = detect_format(path, invalid_utf8) if data_format == "auto" else data_format
     if data_format not in FORMATS:
         raise UserError(f"--data_format={data_format}: expected auto or one of {', '.join(FORMATS)}")
-    read = {"conll": _conll, "segmented": _segmented, "cluener": _cluener, "jsonl": _jsonl}[data_format]
-    if data_format == "conll":
-        sentences = read(path, invalid_utf8, tag_column)
-    elif data_format == "segmented":
-        sentences = read(path, invalid_utf8, tag_map or {})
-    else:
-        sentences = read(path, invalid_utf8)
+    readers = {"conll": lambda: _conll(path, invalid_utf8, tag_column),
+               "segmented": lambda: _segmented(path, invalid_utf8, tag_map or {}),
+               "cluener": lambda: _cluener(path, invalid_utf8), "jsonl": lambda: _jsonl(path, invalid_utf8)}
+    sentences = readers[data_format]()
     name = split or os.path.splitext(os.path.basename(path))[0]
     for i, s in enumerate(sentences):
         s.guid = f"{name}-{i}"

@@ -20,8 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.objectives import TokenClassification
 
-IGNORED = -1  # the label of a piece that is not a word's first
+IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
 
 
 @dataclasses.dataclass

@@ -48,45 +48,35 @@ def build_classifier(config, num_labels, policy="float32", dropout=None, fused=T
 
     The returned model has `.backbone` and `.head` attributes, which checkpoints address by name.
     """
-    backbone = build_backbone(config, policy)
-    inputs = {
-        "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
-        "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
-        "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
-    }
-    encoder = FusedBertEncoder(backbone, pooled_only=True) if fused else backbone
-    pooled = encoder(inputs)["pooled_output"]
-    rate = config.hidden_dropout_prob if dropout is None else dropout
-    pooled = keras.layers.Dropout(rate, name="classifier_dropout")(pooled)
-    head = keras.layers.Dense(
-        num_labels,
-        kernel_initializer=keras.initializers.TruncatedNormal(stddev=config.initializer_range),
-        dtype="float32",
-        name="classifier",
-    )
-    logits = head(pooled)
-    model = keras.Model(inputs, logits, name="bert_classifier")
-    model.backbone, model.head = backbone, head
-    return model
+    return _with_head(config, num_labels, policy, dropout, fused, "pooled_output", "bert_classifier")
 
 
 def build_tagger(config, num_labels, policy="float32", dropout=None, fused=True):
     """Functional Keras model: dict of token_ids/segment_ids/padding_mask -> float32 logits [batch, length,
     labels], one row of label scores a position. `.backbone` and `.head` as build_classifier's (the head's
     weights are google-bert's output_weights/output_bias, transformers' classifier.weight/bias)."""
+    return _with_head(config, num_labels, policy, dropout, fused, "sequence_output", "bert_tagger")
+
+
+def _with_head(config, num_labels, policy, dropout, fused, output, name):
+    """The encoder, dropout and one float32 dense layer named "classifier" on its `output`."""
     backbone = build_backbone(config, policy)
     inputs = {
         "token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
         "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
     }
-    encoder = FusedBertEncoder(backbone) if fused else backbone
-    sequence = encoder(inputs)["sequence_output"]
+    pooled_only = output == "pooled_output"  # the fused encoder then skips the last layer's other rows
+    encoder = FusedBertEncoder(backbone, pooled_only=pooled_only) if fused else backbone
     rate = config.hidden_dropout_prob if dropout is None else dropout
-    sequence = keras.layers.Dropout(rate, name="classifier_dropout")(sequence)
-    head = keras.layers.Dense(num_labels, kernel_initializer=keras.initializers.TruncatedNormal(
-        stddev=config.initializer_range), dtype="float32", name="classifier")
-    model = keras.Model(inputs, head(sequence), name="bert_tagger")
+    hidden = keras.layers.Dropout(rate, name="classifier_dropout")(encoder(inputs)[output])
+    head = keras.layers.Dense(
+        num_labels,
+        kernel_initializer=keras.initializers.TruncatedNormal(stddev=config.initializer_range),
+        dtype="float32",
+        name="classifier",
+    )
+    model = keras.Model(inputs, head(hidden), name=name)
     model.backbone, model.head = backbone, head
     return model
 

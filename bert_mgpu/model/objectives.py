@@ -5,7 +5,7 @@ Every objective owns the training loss, the metric a run is judged by and the ar
 export names. A sentence head's (`SentenceObjective`) also owns its head's width, how a label cell is checked
 and encoded, the evaluation's numbers, how logits become predictions, the prediction files, the Hugging Face
 label facts and the SavedModel's outputs. Everything else (the encoder, the towers, the session, checkpoints)
-is shared, so a new head kind (token classification, spans) is a new objective and its reader.
+is shared, so a new head kind (spans, multiple choice) is a new objective and its reader.
 `objective(name)` is the one place a --task_type string is read.
 
 Example:
