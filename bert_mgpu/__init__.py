@@ -24,7 +24,8 @@ _HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "Dev
           "UserError": "core.errors", "BertPretrainer": "api.pretraining", "Budget": "api.pretraining",
           "Validation": "api.pretraining", "PretrainingData": "data.pretraining_input", "Example": "data.tasks",
           "get_task": "data.tasks", "FullTokenizer": "data.tokenization", "export_model": "io.export",
-          "TrainConfig": "train.train_config", "PretrainConfig": "train.train_config"}
+          "TrainConfig": "train.train_config", "PretrainConfig": "train.train_config", "BertTagger": "api.tagger",
+          "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged"}
 __all__ = sorted(_HOMES)
 
 

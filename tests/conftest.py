@@ -39,6 +39,33 @@ def reference():
                                "installed; GPU machines leave it out: run the parity tests on a CPU machine")
 
 
+NER_WORDS = ["the", "a", "film", "movie", "actor", "story", "good"]
+NER_TAGS = ["O", "B-LOC", "B-PER", "I-PER"]
+
+
+def ner_sentences(count, low, high, seed=0, split="train"):
+    """A made-up NER task that needs context: "film" and "movie" are a location right after "the"; "actor"
+    begins a person that the next "story" continues. `count` Sentences of low..high words (WORDS' words)."""
+    from bert_mgpu.data.tagged import Sentence
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        tokens = [str(rng.choice(NER_WORDS)) for _ in range(int(rng.integers(low, high)))]
+        tags = []
+        for k, w in enumerate(tokens):
+            if w in ("film", "movie") and k and tokens[k - 1] == "the":
+                tags.append("B-LOC")
+            elif w == "actor":
+                tags.append("B-PER")
+            elif w == "story" and tags and tags[-1] in ("B-PER", "I-PER"):
+                tags.append("I-PER")
+            else:
+                tags.append("O")
+        out.append(Sentence(f"{split}-{i}", tokens, tags, 1))
+    return out
+
+
 def write_vocab(path, words=WORDS):
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "'", "?"] + list(words)
     with open(path, "w", encoding="utf-8") as f:

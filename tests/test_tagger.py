@@ -1,6 +1,8 @@
 """The token-classification head and its objective against transformers' BertForTokenClassification on the
 same weights: logits to 1e-4, and the loss over labelled positions equal to its ignore_index loss."""
 
+import os
+
 import keras
 import numpy as np
 import pytest
@@ -70,69 +72,43 @@ def test_the_objective_scores_entities_and_names_its_export():
 
 
 def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_long_sentences_in_windows(tmp_path):
-    """A made-up task: "film" and "movie" are a location right after "the", "actor" begins a person that the
-    next "story" continues. Trained on two towers through the Trainer; sentences longer than a window are
-    predicted in windows, each word once."""
-    import tensorflow as tf
-    from conftest import write_vocab
+    """BertTagger on two towers: trained with evaluation while training and the best model kept; sentences
+    longer than a window are predicted in windows, each word once; entities map back to the text's
+    characters; a rerun resumes (nothing left to train) and the run directory loads back with its head."""
+    import bert_mgpu
+    from conftest import NER_TAGS, WORDS, ner_sentences, write_google_release
 
-    from bert_mgpu.core.entities import entity_scores
-    from bert_mgpu.data.tagged import Sentence
-    from bert_mgpu.data.tagging_input import make_windows, window_arrays, word_predictions
-    from bert_mgpu.data.tokenization import FullTokenizer
-    from bert_mgpu.parallel import devices, distribute
-    from bert_mgpu.train import optimization, training
+    release, _ = write_google_release(str(tmp_path / "release"), tiny_config(
+        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))  # a tiny model learns the task in fewer steps without dropout
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+    train = ner_sentences(512, 3, 30)  # the longer ones take two windows
+    dev = ner_sentences(32, 3, 14, seed=1, split="dev")
+    test = ner_sentences(40, 15, 40, seed=2, split="test")  # longer than a window
+    tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, towers=towers, max_seq_length=16,
+                                                  doc_stride=6, precision="float32")
+    out = str(tmp_path / "out")
+    history = tagger.fit(train, out, epochs=36, learning_rate=5e-3, warmup_proportion=0.05, dev=dev,
+                         eval_every_steps=200, load_best_model_at_end=True)
+    assert history["loss"][-1] < np.log(len(NER_TAGS)) / 5, history["loss"]  # a fifth of guessing's
+    assert len(history["eval_f1"]) >= 4 and max(history["eval_f1"]) > 0.95, history["eval_f1"]
+    assert tagger.best_step in history["eval_step"] and os.path.exists(os.path.join(out, "best"))
 
-    words = ["the", "a", "film", "movie", "actor", "story", "good"]
-    vocab = tmp_path / "vocab.txt"
-    write_vocab(str(vocab), words)
-    tokenizer = FullTokenizer(str(vocab))
+    results = tagger.evaluate(test)
+    assert results["eval_f1"] > 0.95 and tagger.report["PER"][3] > 20, (results, tagger.report)
+    assert 0 < results["eval_loss"] < 0.2 and results["eval_examples"] == 40
 
-    def sentence(rng, n, guid):
-        tokens = [str(rng.choice(words)) for _ in range(n)]
-        tags = []
-        for k, w in enumerate(tokens):
-            before = tokens[k - 1] if k else None
-            if w in ("film", "movie") and before == "the":
-                tags.append("B-LOC")
-            elif w == "actor":
-                tags.append("B-PER")
-            elif w == "story" and tags and tags[-1] in ("B-PER", "I-PER"):
-                tags.append("I-PER")
-            else:
-                tags.append("O")
-        return Sentence(guid, tokens, tags, 1)
+    text = "the film , said the actor story ,the movie"
+    (found,) = tagger.predict([text])
+    assert [(e["type"], e["text"]) for e in found] == [("LOC", "film"), ("PER", "actor story"), ("LOC", "movie")]
+    assert all(text[e["start"]:e["end"]] == e["text"] for e in found)
+    (by_token,) = tagger.predict([text.replace(",the", ", the").split()])
+    assert [(e["type"], e["start"], e["end"]) for e in by_token] == [("LOC", 1, 2), ("PER", 5, 7), ("LOC", 9, 10)]
 
-    rng = np.random.default_rng(0)
-    labels = ["O", "B-LOC", "B-PER", "I-PER"]
-    train = [sentence(rng, int(rng.integers(3, 30)), f"train-{i}") for i in range(512)]  # windows too
-    test = [sentence(rng, int(rng.integers(15, 40)), f"test-{i}") for i in range(40)]  # longer than a window
-    length = 16
-    features, y = window_arrays(make_windows(train, tokenizer, labels, length), length)
-
-    plan = devices.plan_devices(0, 2, ())
-    strategy = distribute.make_strategy(plan)
-    keras.utils.set_random_seed(0)
-    steps = 800
-    with strategy.scope():
-        model = modeling.build_tagger(tiny_config(len(tokenizer.vocab), hidden_size=64, intermediate_size=128),
-                                      len(labels), dropout=0.0)
-        optimizer = optimization.create_optimizer(5e-3, steps, 50)
-    trainer = training.Trainer(strategy, model, optimizer, True, TokenClassification().loss)
-    batches = trainer.training_batches(tf.data.Dataset.from_tensor_slices((features, y)).shuffle(
-        512, seed=0).repeat().batch(32))
-    first = last = None
-    for _ in range(steps):
-        loss, _ = trainer.train_step(next(batches))
-        first = loss if first is None else first
-        last = loss
-    assert last < first / 5, (first, last)
-
-    wins = make_windows(test, tokenizer, labels, length, doc_stride=6)
-    assert len(wins) > 2 * len(test)  # every test sentence takes several windows
-    test_features, test_labels = window_arrays(wins, length)
-    data = tf.data.Dataset.from_tensor_slices((test_features, test_labels, np.arange(len(wins)))).batch(8)
-    logits, _ = trainer.predict_logits(data)
-    predicted = word_predictions(wins, logits, [len(s.tokens) for s in test])
-    scores = entity_scores([s.tags for s in test], [[labels[i] for i in p] for p in predicted])
-    assert scores["f1"] > 0.95 and scores["per_type"]["PER"]["support"] > 20, scores
+    steps = tagger.trained_steps
+    again = tagger.fit(train, out, epochs=36, learning_rate=5e-3, warmup_proportion=0.05, dev=dev,
+                       eval_every_steps=200)
+    assert again.get("loss") is None and tagger.trained_steps == steps  # resumed at its end: nothing to train
+    loaded = bert_mgpu.BertTagger.from_pretrained(os.path.join(out, "best"), towers=towers)
+    assert loaded.labels == NER_TAGS and loaded.doc_stride == 6 and loaded.max_seq_length == 16  # its windows
+    assert loaded.evaluate(test)["eval_f1"] == pytest.approx(results["eval_f1"], abs=1e-9)

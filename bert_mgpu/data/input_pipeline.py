@@ -100,15 +100,23 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
 
     ds = ds.batch(256).map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.unbatch().map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, arrays["label"], pad_to_multiple)
+
+
+def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multiple=8, per_token=False):
+    """Training batches of similar lengths from a dataset of unpadded rows {token_ids, segment_ids, label,
+    index} -> (features, label, index), full batches only, each padded to its longest row rounded up to
+    `pad_to_multiple`. `labels`: an array of the labels (their dtype and shape); `per_token`: a label a
+    token ([length], padded with -1, the tagger's), else one a row (padded with 0, never read)."""
     boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
+    label_shape = [None] if per_token else [int(d) for d in labels.shape[1:]]
+    label_pad = labels.dtype.type(-1 if per_token else 0)
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": [int(d) for d in arrays["label"].shape[1:]],
-                       "index": []},
-        padding_values={"token_ids": tokenizer.pad_id, "segment_ids": 0, "label": arrays["label"].dtype.type(0),
-                        "index": 0},
+        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": label_shape, "index": []},
+        padding_values={"token_ids": pad_id, "segment_ids": 0, "label": label_pad, "index": 0},
         drop_remainder=True,
     )
 
@@ -116,13 +124,13 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
         length = tf.shape(batch["token_ids"])[1]
         rounded = tf.minimum((length + pad_to_multiple - 1) // pad_to_multiple * pad_to_multiple, max_seq_length)
         extra = [[0, 0], [0, tf.maximum(rounded, length) - length]]
-        ids = tf.pad(batch["token_ids"], extra, constant_values=tokenizer.pad_id)
+        ids = tf.pad(batch["token_ids"], extra, constant_values=pad_id)
         features = {"token_ids": ids, "segment_ids": tf.pad(batch["segment_ids"], extra),
-                    "padding_mask": tf.not_equal(ids, tokenizer.pad_id)}
-        return features, batch["label"], batch["index"]
+                    "padding_mask": tf.not_equal(ids, pad_id)}
+        label = tf.pad(batch["label"], extra, constant_values=label_pad) if per_token else batch["label"]
+        return features, label, batch["index"]
 
     return ds.map(_plain(to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-
 
 
 _ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs): traced encode}
@@ -147,11 +155,7 @@ def traced_encode(tokenizer, max_seq_length, pairs):
 
 
 def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple=None):
-    """Every example once: the set tokenized, sorted by length, cut into batches of one padded width.
-
-    Widths are lengths rounded up to pad_to_multiple; a batch never mixes widths, so no example is
-    padded by pad_to_multiple or more. A width's last batch may be partial.
-    """
+    """Every example once: the set tokenized in chunks, then `sorted_batches`."""
     encode_fn = traced_encode(tokenizer, max_seq_length, pairs)
     ids, segs, lengths = [], [], []
     for i in range(0, len(arrays["index"]), _CHUNK):
@@ -160,14 +164,27 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
         ids.append(a.flat_values.numpy())
         segs.append(b.flat_values.numpy())
         lengths.append(a.row_lengths().numpy())
-    lengths = np.concatenate(lengths)
+    return sorted_batches(np.concatenate(ids), np.concatenate(segs), np.concatenate(lengths), arrays["label"],
+                          tokenizer, max_seq_length, batch_size, pad_to_multiple, rows_multiple)
+
+
+def sorted_batches(ids, segments, lengths, labels, tokenizer, max_seq_length, batch_size, pad_to_multiple=8,
+                   rows_multiple=None, per_token=False):
+    """Every row once, sorted by length and cut into batches of one padded width -> (features, label,
+    index), `index` its input position. `ids` and `segments` are the rows' tokens end to end (`lengths`
+    each); `labels` one a row, or with `per_token` a token's each end to end like `ids` (padded with -1).
+
+    Widths are lengths rounded up to pad_to_multiple; a batch never mixes widths, so no row is padded by
+    pad_to_multiple or more. A width's last batch may be partial; `rows_multiple` pads its rows as
+    `make_dataset` says.
+    """
     order = np.argsort(lengths, kind="stable")
     widths = np.minimum(-(-lengths[order] // pad_to_multiple) * pad_to_multiple, max_seq_length)
     ends = np.r_[np.flatnonzero(np.diff(widths)) + 1, len(order)]
     starts = np.concatenate([np.arange(s, e, batch_size) for s, e in zip(np.r_[0, ends[:-1]], ends)])
     batch_splits = np.r_[starts, len(order)]
     row_splits = np.r_[0, np.cumsum(widths)]
-    # Token t of sorted example j moves from its place in the tokenizer's output to row_splits[j] + t.
+    # Token t of sorted row j moves from its place in the input to row_splits[j] + t.
     n = lengths[order]
     within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     source = np.repeat((np.cumsum(lengths) - lengths)[order], n) + within
@@ -178,14 +195,17 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
         out[target] = values[source]
         return tf.RaggedTensor.from_nested_row_splits(out, [batch_splits, row_splits])
 
-    batches = {"token_ids": nested(np.concatenate(ids), tokenizer.pad_id),
-               "segment_ids": nested(np.concatenate(segs), 0),
-               "label": tf.RaggedTensor.from_row_splits(arrays["label"][order], batch_splits),
-               "index": tf.RaggedTensor.from_row_splits(arrays["index"][order], batch_splits)}
+    index = np.arange(len(lengths), dtype=np.int32)
+    batches = {"token_ids": nested(ids, tokenizer.pad_id), "segment_ids": nested(segments, 0),
+               "label": (nested(labels, labels.dtype.type(-1)) if per_token else
+                         tf.RaggedTensor.from_row_splits(labels[order], batch_splits)),
+               "index": tf.RaggedTensor.from_row_splits(index[order], batch_splits)}
 
     def to_model_inputs(batch):
         ids = batch["token_ids"].to_tensor()  # every row of a batch has its width: no padding added
         segments, label, index = batch["segment_ids"].to_tensor(), batch["label"], batch["index"]
+        if per_token:
+            label = label.to_tensor()
         if rows_multiple:
             extra = -tf.shape(index)[0] % rows_multiple
             width = tf.shape(ids)[1]

@@ -34,13 +34,18 @@ _WORD = re.compile(r"^(\[?)(.+)/([A-Za-z]+)(?:\](\w+))?$")  # [中央/n ... 电�
 
 @dataclasses.dataclass
 class Sentence:
-    """One sentence: its tokens (words, or characters for Chinese), their tags (None: untagged), and
-    where it starts in its file."""
+    """One sentence: its tokens (words, or characters for Chinese), their tags (None: untagged), where it
+    starts in its file, and whether each token has its own line (CoNLL columns)."""
 
     guid: str
     tokens: list
     tags: list | None
     line: int
+    token_a_line: bool = False
+
+    def where(self, k):
+        """The file line of token k."""
+        return self.line + k if self.token_a_line else self.line
 
 
 def check_tag(tag, where):
@@ -81,7 +86,7 @@ def read_tagged(path, data_format="auto", tag_column=-1, tag_map=None, invalid_u
     for i, s in enumerate(sentences):
         s.guid = f"{name}-{i}"
         for k, tag in enumerate(s.tags or ()):  # a CoNLL sentence's tokens are its lines in a row
-            check_tag(tag, f"{path}:{s.line + k if data_format == 'conll' else s.line}")
+            check_tag(tag, f"{path}:{s.where(k)}")
     return sentences
 
 
@@ -90,6 +95,43 @@ def tag_set(sentences):
     tags = {t for s in sentences for t in (s.tags or ())} - {"O"}
     order = {p: i for i, p in enumerate(PREFIXES)}
     return ["O", *sorted(tags, key=lambda t: (t.partition("-")[2], order.get(t.partition("-")[0], 9)))]
+
+
+def check_known(sentences, labels, path):
+    """UserError naming the file and line of the first tag outside `labels` (the training tags)."""
+    known = set(labels)
+    for s in sentences:
+        for k, tag in enumerate(s.tags or ()):
+            if tag not in known:
+                raise UserError(f"{path}:{s.where(k)}: tag {tag!r} is not one of the training tags "
+                                f"({', '.join(labels)})")
+
+
+def as_sentences(rows, split_words=None):
+    """What a notebook has -> [Sentence]: Sentences, (tokens, tags) pairs, {"tokens", "tags"} dicts, lists of
+    tokens, or raw strings (cut into words by `split_words(text)` -> [(word, start, end)])."""
+    if isinstance(rows, str | Sentence):
+        rows = [rows]
+    out = []
+    for i, row in enumerate(rows):
+        if isinstance(row, Sentence):
+            out.append(row)
+            continue
+        tokens, tags = row, None
+        if isinstance(row, str):
+            tokens = [w for w, _, _ in split_words(row)]
+        elif isinstance(row, dict):
+            tokens, tags = row.get("tokens"), row.get("tags")
+        elif isinstance(row, tuple) and len(row) == 2 and isinstance(row[0], list | tuple):
+            tokens, tags = row
+        if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) and t for t in tokens):
+            raise UserError(f"input {i}: expected a Sentence, a text, a list of tokens or (tokens, tags)")
+        if tags is not None and len(tags) != len(tokens):
+            raise UserError(f"input {i}: {len(tags)} tags for {len(tokens)} tokens")
+        for tag in tags or ():
+            check_tag(tag, f"input {i}")
+        out.append(Sentence(str(i), list(tokens), None if tags is None else list(tags), 0))
+    return out
 
 
 def _conll(path, invalid_utf8, tag_column):
@@ -101,7 +143,7 @@ def _conll(path, invalid_utf8, tag_column):
             cells = []
         if not cells:
             if tokens:
-                sentences.append(Sentence("", tokens, tags if columns > 1 else None, start))
+                sentences.append(Sentence("", tokens, tags if columns > 1 else None, start, True))
             tokens, tags, start = [], [], None
             continue
         if columns is None:

@@ -15,11 +15,13 @@ Example:
 """
 
 import dataclasses
+import unicodedata
 
 import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.input_pipeline import _plain, length_batches, sorted_batches
 from bert_mgpu.model.objectives import TokenClassification
 
 IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
@@ -126,3 +128,64 @@ def window_arrays(windows, max_seq_length):
         labels[i, :len(w.labels)] = w.labels
     mask = np.arange(max_seq_length)[None, :] < np.array([len(w.token_ids) for w in windows])[:, None]
     return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}, labels
+
+
+def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=None, rows_multiple=None):
+    """A dataset of ({token_ids, segment_ids, padding_mask}, labels [batch, width], index) over `windows`, as
+    `input_pipeline.make_dataset` makes for sentences: training shuffles with `seed`, repeats and buckets by
+    length (full batches); otherwise every window once, sorted by length, `index` its position."""
+    if not windows:
+        raise UserError("no sentences")
+    lengths = np.array([len(w.token_ids) for w in windows], np.int64)
+    ids = np.concatenate([np.asarray(w.token_ids, np.int32) for w in windows])
+    labels = np.concatenate([np.asarray(w.labels, np.int32) for w in windows])
+    segments = np.zeros_like(ids)
+    if not training:
+        return sorted_batches(ids, segments, lengths, labels, tokenizer, max_seq_length, batch_size,
+                              rows_multiple=rows_multiple, per_token=True)
+    width = int(lengths.max())
+    padded = {"token_ids": np.zeros((len(windows), width), np.int32), "label": np.full((len(windows), width), -1,
+                                                                                      np.int32)}
+    for i, w in enumerate(windows):
+        padded["token_ids"][i, :len(w.token_ids)], padded["label"][i, :len(w.labels)] = w.token_ids, w.labels
+    ds = tf.data.Dataset.from_tensor_slices({**padded, "length": lengths.astype(np.int32),
+                                             "index": np.arange(len(windows), dtype=np.int32)})
+
+    def unpad(x):  # one window, back to its own length
+        n = x.pop("length")
+        return dict(x, token_ids=x["token_ids"][:n], segment_ids=tf.zeros([n], tf.int32), label=x["label"][:n])
+
+    ds = ds.shuffle(len(windows), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, per_token=True)
+
+
+def _is_cjk(code):
+    """google-bert's _is_chinese_char: the CJK Unified Ideograph blocks, each character a word."""
+    return (0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x20000 <= code <= 0x2A6DF
+            or 0x2A700 <= code <= 0x2B81F or 0x2B820 <= code <= 0x2CEAF or 0xF900 <= code <= 0xFAFF
+            or 0x2F800 <= code <= 0x2FA1F)
+
+
+def _stands_alone(char):
+    """Punctuation (google-bert's: ASCII symbols and Unicode P*) and CJK characters are words by themselves."""
+    code = ord(char)
+    return (33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126
+            or unicodedata.category(char).startswith("P") or _is_cjk(code))
+
+
+def split_words(text):
+    """A raw text's words with their character offsets -> [(word, start, end)], split as google-bert's
+    BasicTokenizer splits (white space; punctuation and each CJK character apart), so entities found on
+    the words map back to the text."""
+    words, start = [], None
+    for i, char in enumerate([*text, " "]):
+        if char.isspace() or _stands_alone(char):
+            if start is not None:
+                words.append((text[start:i], start, i))
+                start = None
+            if not char.isspace() and i < len(text):
+                words.append((char, i, i + 1))
+        elif start is None:
+            start = i
+    return words

@@ -293,7 +293,8 @@ class Trainer:
     # ------------------------------------------------------------------ prediction
     def predict_logits(self, dataset: tf.data.Dataset, progress=None) -> tuple[np.ndarray, np.ndarray]:
         """(logits [N, C], labels [N]) for a dataset of (features, label, index), in input order; rows
-        whose index is negative are filler and dropped. `progress(n)` hears of each batch's n rows."""
+        whose index is negative are filler and dropped. A token head's [N, width, C] are padded to the
+        widest batch. `progress(n)` hears of each batch's n rows."""
         dist = distribute.distribute_dataset(self.strategy, dataset)
         if self._predict_fn is None:
             def step(batch):
@@ -309,10 +310,21 @@ class Trainer:
                 parts.append(tuple(t.numpy() for t in self._predict_fn(batch)))
                 if progress is not None:
                     progress(int(np.sum(parts[-1][2] >= 0)))
-        logits, labels, index = (np.concatenate(p) for p in zip(*parts))
+        logits, labels, index = (_concatenate(p) for p in zip(*parts))
         real = index >= 0  # rows of index -1 only fill a batch (input_pipeline's rows_multiple)
         logits, labels, index = logits[real], labels[real], index[real]
         order = np.argsort(index, kind="stable")
         if not np.array_equal(index[order], np.arange(len(index))):
             raise RuntimeError(f"prediction lost or duplicated examples ({len(index)} rows)")
         return logits[order], labels[order]
+
+
+def _concatenate(parts, pad=-1):
+    """Batches end to end; a token head's batches have their own widths, padded to the widest (logits with 0,
+    labels with -1, which nothing reads)."""
+    widest = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
+    if all(list(p.shape[1:]) == widest for p in parts):
+        return np.concatenate(parts)
+    value = 0 if np.issubdtype(parts[0].dtype, np.floating) else pad
+    return np.concatenate([np.pad(p, [(0, 0)] + [(0, w - n) for w, n in zip(widest, p.shape[1:])],
+                                  constant_values=value) for p in parts])
