@@ -75,8 +75,9 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     """BertTagger on two towers: trained with evaluation while training and the best model kept; sentences
     longer than a window are predicted in windows, each word once; entities map back to the text's
     characters; a rerun resumes (nothing left to train) and the run directory loads back with its head."""
-    import bert_mgpu
     from conftest import NER_TAGS, WORDS, ner_sentences, write_google_release
+
+    import bert_mgpu
 
     release, _ = write_google_release(str(tmp_path / "release"), tiny_config(
         10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,

@@ -20,11 +20,11 @@ import keras
 import numpy as np
 
 from bert_mgpu.api.fine_tuning import FineTuned
+from bert_mgpu.core import storage
 from bert_mgpu.core.entities import entities
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.tagged import as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
-from bert_mgpu.core import storage
 from bert_mgpu.io import checkpoints, run_dir
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
