@@ -11,42 +11,19 @@ import time
 
 from absl import app, flags
 
-from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags
+from bert_mgpu.cli import fine_tuning
+from bert_mgpu.cli.fine_tuning import define_fine_tuning_flags
 
 FLAGS = flags.FLAGS
-# google-research/bert's flags
-flags.DEFINE_string("data_dir", None, "Directory with the task's train/dev/test files.")
-flags.DEFINE_string("bert_config_file", None, "bert_config.json (default: beside the checkpoint).")
+define_fine_tuning_flags(
+    "Directory with the task's train/dev/test files.",
+    "Longer inputs are truncated (batches are padded only to their longest example).",
+    "Predict test; writes test_results.tsv, predict.txt, predictions.tsv.",
+    "What picks the model kept in best/: accuracy, loss, f1 (MRPC), mcc (CoLA); default the task's (f1 for "
+    "MRPC, mcc for CoLA, else accuracy).", "Train with the largest per-tower batch that fits")
+flags.adopt_module_key_flags(fine_tuning)  # --help lists them as this script's own
 flags.DEFINE_string("task_name", None, "A GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, mnli-mm, qnli, rte, "
                     "wnli, ax), xnli, tsv, csv or tfds.")
-flags.DEFINE_string("vocab_file", None, "vocab.txt (default: beside the checkpoint).")
-flags.DEFINE_string("output_dir", None, "Checkpoints, logs and results go here; rerun to resume.")
-flags.DEFINE_string("init_checkpoint", None, "Google bert_model.ckpt, Hugging Face or keras-hub directory, "
-                    "or a bert_mgpu output directory (default for eval/predict: --output_dir).")
-flags.DEFINE_bool("do_lower_case", None, "Lower-case and strip accents (default: what the checkpoint says, "
-                  "else true, as google-bert).")
-flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (batches are padded only to "
-                     "their longest example).")
-flags.DEFINE_bool("do_train", False, "Fine-tune.")
-flags.DEFINE_bool("do_eval", False, "Evaluate on dev; writes eval_results.txt.")
-flags.DEFINE_bool("do_predict", False, "Predict test; writes test_results.tsv, predict.txt, predictions.tsv.")
-flags.DEFINE_integer("train_batch_size", 32, "Per tower; the global batch is this x towers x "
-                     "--gradient_accumulation_steps.")
-flags.DEFINE_integer("gradient_accumulation_steps", 1, "Batches each tower runs per step, their gradients "
-                     "averaged: a larger global batch in the same memory.")
-flags.DEFINE_integer("eval_batch_size", 8, "Per tower.")
-flags.DEFINE_integer("predict_batch_size", 8, "Per tower.")
-for _kind in ("train", "eval", "predict"):  # the same flags, named for what they are
-    flags.DEFINE_alias(f"per_tower_{_kind}_batch_size", f"{_kind}_batch_size")
-flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
-flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
-flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")
-flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
-flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
-flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
-flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
-# bert_mgpu's flags
-define_tower_flags()
 flags.DEFINE_enum("task_type", None, ["classification", "regression", "multi_label"], "regression: the labels "
                   "are scores, one output trained with mean squared error, Pearson and Spearman reported; "
                   "multi_label: each label a set (--label_separator), sigmoid outputs, binary cross-entropy, micro "
@@ -66,27 +43,6 @@ flags.DEFINE_string("tfds_name", None, "tfds: dataset name, prepared in --tfds_d
 flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
 flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
 flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
-flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
-# evaluation while training (Hugging Face's names)
-flags.DEFINE_enum("evaluation_strategy", "no", ["no", "steps", "epoch"], "Evaluate on dev while training: "
-                  "every --eval_every_steps (steps) or every epoch; writes eval_history.tsv and best/.")
-flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every this many steps (implies "
-                     "--evaluation_strategy=steps).")
-flags.DEFINE_string("metric_for_best_model", None, "What picks the model kept in best/: accuracy, loss, f1 "
-                    "(MRPC), mcc (CoLA); default the task's (f1 for MRPC, mcc for CoLA, else accuracy).")
-flags.DEFINE_bool("greater_is_better", None, "Whether a larger --metric_for_best_model is better (default: "
-                  "true but for a loss).")
-flags.DEFINE_bool("load_best_model_at_end", False, "Evaluate and predict with best/ rather than the last step.")
-flags.DEFINE_integer("early_stopping_patience", None, "Stop after this many evaluations without improvement.")
-flags.DEFINE_float("early_stopping_threshold", 0.0, "An improvement must exceed this to count.")
-flags.DEFINE_alias("eval_strategy", "evaluation_strategy")  # Hugging Face's newer names for the two
-flags.DEFINE_alias("eval_steps", "eval_every_steps")
-# reliability (shared with the other script)
-define_reliability_flags("Train with the largest per-tower batch that fits")
-define_export_flags()
-flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "
-                  "line, or replace it by U+FFFD and count the lines.")
-
 
 def run():
     import bert_mgpu
@@ -96,12 +52,8 @@ def run():
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
-    cli.check_numbers(
-        at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
-                  "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
-                  "num_warmup_steps": 0, "eval_every_steps": 1, "early_stopping_patience": 1,
-                  "max_consecutive_skips": 0, "seed": 0, "save_total_limit": 1},
-        positive=("num_train_epochs", "learning_rate"), fraction=("warmup_proportion", "threshold"))
+    cli.check_numbers(at_least=fine_tuning.AT_LEAST, positive=fine_tuning.POSITIVE,
+                      fraction=("warmup_proportion", "threshold"))
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))

@@ -2,7 +2,7 @@
 
 from setuptools import find_packages, setup
 
-SCRIPTS = ["run_classifier_mgpu", "run_pretraining_mgpu", "run_glue_mgpu", "extract_features",
+SCRIPTS = ["run_classifier_mgpu", "run_ner_mgpu", "run_pretraining_mgpu", "run_glue_mgpu", "extract_features",
            "create_pretraining_data", "build_vocab"]
 
 setup(

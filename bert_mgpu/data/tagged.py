@@ -97,6 +97,23 @@ def tag_set(sentences):
     return ["O", *sorted(tags, key=lambda t: (t.partition("-")[2], order.get(t.partition("-")[0], 9)))]
 
 
+SPLIT_NAMES = {"train": ("train", "eng.train"), "dev": ("dev", "valid", "validation", "eng.testa"),
+               "test": ("test", "eng.testb")}
+EXTENSIONS = ("", ".txt", ".conll", ".bio", ".bmes", ".char.bmes", ".json", ".jsonl", ".tsv")
+
+
+def find_split(data_dir, split):
+    """The file of a split in data_dir (train.txt, dev.json, valid.txt, eng.testa, ...), or UserError."""
+    for name in SPLIT_NAMES[split]:
+        for ext in EXTENSIONS:
+            path = os.path.join(data_dir, name + ext)
+            if os.path.isfile(path):
+                return path
+    tried = ", ".join(SPLIT_NAMES[split])
+    raise UserError(f"--data_dir={data_dir}: no {split} file ({tried}, with {'/'.join(e for e in EXTENSIONS if e)} "
+                    "or no extension)")
+
+
 def check_known(sentences, labels, path):
     """UserError naming the file and line of the first tag outside `labels` (the training tags)."""
     known = set(labels)

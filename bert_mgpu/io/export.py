@@ -34,6 +34,7 @@ from bert_mgpu.model.objectives import MaskedLanguageModel, objective
 
 log = logging.getLogger("bert_mgpu")
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
+TAGGER_FORMATS = ("hf", "google")
 # Texts the keras-hub export is compared on, besides any the caller gives.
 PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
                "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
@@ -65,6 +66,9 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
         raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
                         "express (its BERT is post-LN); export it as saved_model")
+    if trained.kind == "tagger" and format not in TAGGER_FORMATS:
+        raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
+                        "(keras-hub has no token classifier; the SavedModel is not written for one yet)")
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
@@ -84,9 +88,7 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
 
 def _labels_config(trained):
     """The head's labels as Hugging Face writes them (google-bert's readers ignore the extra keys)."""
-    if trained.kind != "classifier":
-        return {}
-    return objective(trained.task_type).hf_facts(trained.labels)
+    return {} if trained.head is None else trained.head.hf_facts(trained.labels)
 
 
 def _copy_vocab(trained, directory, name="vocab.txt"):
@@ -108,16 +110,16 @@ def write_google(trained, directory):
 
 def write_hf(trained, directory):
     """config.json, model.safetensors, vocab.txt and the tokenizer's files, as transformers saves
-    `BertForSequenceClassification` (a classifier), `BertForPreTraining` (masked-LM and next-sentence
-    heads) or `BertForMaskedLM`."""
+    `BertForSequenceClassification` (a classifier), `BertForTokenClassification` (a tagger),
+    `BertForPreTraining` (masked-LM and next-sentence heads) or `BertForMaskedLM`."""
     from safetensors.numpy import save_file
 
     tensors = {}
     for name, value in trained.weights.items():
         hf, transpose = weight_names.google_to_hf_name(name)
         tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
-    if trained.kind == "classifier":
-        architecture = objective(trained.task_type).hf_architecture(trained.weights)
+    if trained.head is not None:
+        architecture = trained.head.hf_architecture(trained.weights)
     elif "cls/predictions/output_bias" in trained.weights:
         architecture = MaskedLanguageModel().hf_architecture(trained.weights)
     else:

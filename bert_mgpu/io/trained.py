@@ -11,8 +11,8 @@ import numpy as np
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints
 from bert_mgpu.model.config import BertConfig
-from bert_mgpu.model.modeling import build_backbone, build_classifier
-from bert_mgpu.model.objectives import objective
+from bert_mgpu.model.modeling import build_backbone, build_classifier, build_tagger
+from bert_mgpu.model.objectives import TokenClassification, objective
 from bert_mgpu.model.pretraining_model import head_weights
 
 
@@ -21,8 +21,8 @@ class Trained:
     """What every export writes.
 
     Args:
-        kind: "classifier" (a head over the pooled output) or "pretrainer" (the encoder and any
-            pretraining heads).
+        kind: "classifier" (a head over the pooled output), "tagger" (a head on every token) or "pretrainer"
+            (the encoder and any pretraining heads).
         config: the `BertConfig`.
         vocab_file: its `vocab.txt`.
         do_lower_case: the tokenizer's setting.
@@ -43,14 +43,32 @@ class Trained:
     max_seq_length: int = 128
     pairs: bool = False
 
+    @property
+    def head(self):
+        """The head's objective (None for a pretrainer): what its labels mean in an export."""
+        if self.kind == "tagger":
+            return TokenClassification()
+        return objective(self.task_type) if self.kind == "classifier" else None
+
+
+def _with_head(model, weights):
+    weights["output_weights"] = np.asarray(model.head.kernel.numpy(), np.float32).T
+    weights["output_bias"] = np.asarray(model.head.bias.numpy(), np.float32)
+    return weights
+
 
 def from_classifier(clf):
     """A `BertClassifier`'s weights as they are now."""
-    weights = checkpoints.encoder_weights(clf.model.backbone)
-    weights["output_weights"] = np.asarray(clf.model.head.kernel.numpy(), np.float32).T
-    weights["output_bias"] = np.asarray(clf.model.head.bias.numpy(), np.float32)
+    weights = _with_head(clf.model, checkpoints.encoder_weights(clf.model.backbone))
     return Trained("classifier", clf.config, clf.tokenizer.vocab_file, clf.tokenizer.do_lower_case, weights,
                    list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)))
+
+
+def from_tagger(tagger):
+    """A `BertTagger`'s weights as they are now."""
+    weights = _with_head(tagger.model, checkpoints.encoder_weights(tagger.model.backbone))
+    return Trained("tagger", tagger.config, tagger.tokenizer.vocab_file, tagger.tokenizer.do_lower_case, weights,
+                   list(tagger.labels), TokenClassification.name, tagger.max_seq_length)
 
 
 def from_pretrainer(pretrainer, max_seq_length=128):
@@ -64,8 +82,9 @@ def read_trained(path):
     """Any model `--init_checkpoint` reads (a bert_mgpu run directory above all) as a `Trained`."""
     pre = checkpoints.load_pretrained(path)
     run = pre.run or {}
-    classifier = run.get("kind", "classifier") == "classifier" if pre.kind == "bert_mgpu" \
-        else "output_weights" in pre.weights
+    kind = run.get("kind", "classifier") if pre.kind == "bert_mgpu" else (
+        "classifier" if "output_weights" in pre.weights else "pretrainer")
+    classifier = kind in ("classifier", "tagger")  # a head to read
     if pre.kind == "bert_mgpu" and classifier:
         head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
         kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
@@ -78,7 +97,7 @@ def read_trained(path):
     if classifier and not labels and objective(task_type).has_classes:
         labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
     settings = run.get("settings") or {}
-    return Trained("classifier" if classifier else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
+    return Trained(kind if classifier else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
                    pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
                    bool(run.get("pairs", False)))
@@ -86,11 +105,12 @@ def read_trained(path):
 
 def build_model(trained, precision="float32"):
     """The reference (unfused) Keras model of `trained` with its weights: the classifier, or the encoder."""
-    if trained.kind != "classifier":
+    if trained.kind not in ("classifier", "tagger"):
         backbone = build_backbone(trained.config, precision)
         checkpoints.assign_encoder(backbone, trained.weights, "export")
         return backbone
-    model = build_classifier(trained.config, max(len(trained.labels), 1), precision, fused=False)
+    build = build_tagger if trained.kind == "tagger" else build_classifier
+    model = build(trained.config, max(len(trained.labels), 1), precision, fused=False)
     checkpoints.assign_encoder(model.backbone, trained.weights, "export")
     model.head.kernel.assign(trained.weights["output_weights"].T)
     model.head.bias.assign(trained.weights["output_bias"])
@@ -102,6 +122,8 @@ def as_trained(source):
         return source
     if isinstance(source, (str, os.PathLike)):
         return read_trained(str(source))
+    if isinstance(getattr(source, "objective", None), TokenClassification):
+        return from_tagger(source)
     if hasattr(source, "labels") and hasattr(source, "task_type"):
         return from_classifier(source)
     return from_pretrainer(source)

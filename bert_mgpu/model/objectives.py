@@ -14,12 +14,14 @@ Example:
     files = obj.prediction_files(obj.predict(logits), labels=["a", "b"], guids=["test-0"], threshold=0.5)
 """
 
+import json
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core import metrics
-from bert_mgpu.core.entities import entity_scores
+from bert_mgpu.core.entities import entities, entity_scores
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.kernels import sparse_xent
 
@@ -377,6 +379,30 @@ class TokenClassification(Objective):
     def hf_facts(self, labels):
         """config.json's id2label and label2id, as Hugging Face writes them."""
         return label_maps(labels)
+
+    def prediction_files(self, sentences, predicted, data_format=None):
+        """{file name: text} for sentences (guid, tokens, tags or None) and their predicted tags:
+        test_predictions.txt (CoNLL columns `token [true] predicted`, a blank line between sentences: what
+        conlleval reads), test_entities.jsonl (each sentence's entities, token offsets, end exclusive) and,
+        for CLUENER's data, cluener_predict.json (its submission format, character offsets, end inclusive)."""
+        columns, found, cluener = [], [], []
+        for n, (s, tags) in enumerate(zip(sentences, predicted, strict=True)):
+            gold = s.tags or [None] * len(tags)
+            columns.append("".join(" ".join(c for c in (token, true, tag) if c is not None) + "\n"
+                                   for token, true, tag in zip(s.tokens, gold, tags)) + "\n")
+            joiner = "" if all(len(t) == 1 for t in s.tokens) else " "
+            spans = [(kind, start, end, joiner.join(s.tokens[start:end])) for kind, start, end in entities(tags)]
+            found.append(json.dumps({"id": s.guid, "entities": [
+                {"type": kind, "start": start, "end": end, "text": text} for kind, start, end, text in spans]},
+                ensure_ascii=False) + "\n")
+            label = {}
+            for kind, start, end, text in spans:
+                label.setdefault(kind, {}).setdefault(text, []).append([start, end - 1])
+            cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
+        files = {"test_predictions.txt": "".join(columns), "test_entities.jsonl": "".join(found)}
+        if data_format == "cluener":
+            files["cluener_predict.json"] = "".join(cluener)
+        return files
 
 
 KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices

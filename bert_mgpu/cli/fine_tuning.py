@@ -1,0 +1,67 @@
+"""The flags every fine-tuning script shares (run_classifier_mgpu.py, run_ner_mgpu.py): google-bert's
+run_classifier flags, the towers', reliability and export flags, and evaluation while training under
+Hugging Face's names. Each script adds only its task's own flags; `cli.train_config()` reads these."""
+
+from absl import flags
+
+from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags
+
+
+def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_help, auto_batch_help):
+    """Define the shared flags; the `*_help` strings say what the flag means in that script. A script then
+    calls `flags.adopt_module_key_flags(fine_tuning)` so its --help lists them as its own."""
+    # google-research/bert's flags
+    flags.DEFINE_string("data_dir", None, data_help)
+    flags.DEFINE_string("bert_config_file", None, "bert_config.json (default: beside the checkpoint).")
+    flags.DEFINE_string("vocab_file", None, "vocab.txt (default: beside the checkpoint).")
+    flags.DEFINE_string("output_dir", None, "Checkpoints, logs and results go here; rerun to resume.")
+    flags.DEFINE_string("init_checkpoint", None, "Google bert_model.ckpt, Hugging Face or keras-hub directory, "
+                        "or a bert_mgpu output directory (default for eval/predict: --output_dir).")
+    flags.DEFINE_bool("do_lower_case", None, "Lower-case and strip accents (default: what the checkpoint says, "
+                      "else true, as google-bert).")
+    flags.DEFINE_integer("max_seq_length", 128, max_seq_length_help)
+    flags.DEFINE_bool("do_train", False, "Fine-tune.")
+    flags.DEFINE_bool("do_eval", False, "Evaluate on dev; writes eval_results.txt.")
+    flags.DEFINE_bool("do_predict", False, predict_help)
+    flags.DEFINE_integer("train_batch_size", 32, "Per tower; the global batch is this x towers x "
+                         "--gradient_accumulation_steps.")
+    flags.DEFINE_integer("gradient_accumulation_steps", 1, "Batches each tower runs per step, their gradients "
+                         "averaged: a larger global batch in the same memory.")
+    flags.DEFINE_integer("eval_batch_size", 8, "Per tower.")
+    flags.DEFINE_integer("predict_batch_size", 8, "Per tower.")
+    for kind in ("train", "eval", "predict"):  # the same flags, named for what they are
+        flags.DEFINE_alias(f"per_tower_{kind}_batch_size", f"{kind}_batch_size")
+    flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
+    flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
+    flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")
+    flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
+    flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
+    flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
+    flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")
+    flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, dropout).")
+    define_tower_flags()
+    # evaluation while training (Hugging Face's names)
+    flags.DEFINE_enum("evaluation_strategy", "no", ["no", "steps", "epoch"], "Evaluate on dev while training: "
+                      "every --eval_every_steps (steps) or every epoch; writes eval_history.tsv and best/.")
+    flags.DEFINE_integer("eval_every_steps", None, "Evaluate on dev every this many steps (implies "
+                         "--evaluation_strategy=steps).")
+    flags.DEFINE_string("metric_for_best_model", None, best_help)
+    flags.DEFINE_bool("greater_is_better", None, "Whether a larger --metric_for_best_model is better (default: "
+                      "true but for a loss).")
+    flags.DEFINE_bool("load_best_model_at_end", False, "Evaluate and predict with best/ rather than the last step.")
+    flags.DEFINE_integer("early_stopping_patience", None, "Stop after this many evaluations without improvement.")
+    flags.DEFINE_float("early_stopping_threshold", 0.0, "An improvement must exceed this to count.")
+    flags.DEFINE_alias("eval_strategy", "evaluation_strategy")  # Hugging Face's newer names for the two
+    flags.DEFINE_alias("eval_steps", "eval_every_steps")
+    define_reliability_flags(auto_batch_help)
+    define_export_flags()
+    flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the data: stop naming the "
+                      "line, or replace it by U+FFFD and count the lines.")
+
+
+# The numeric flags `define_fine_tuning_flags` makes and their smallest values (cli.check_numbers).
+AT_LEAST = {"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "predict_batch_size": 1,
+            "gradient_accumulation_steps": 1, "save_checkpoints_steps": 1, "log_every_steps": 1,
+            "num_warmup_steps": 0, "eval_every_steps": 1, "early_stopping_patience": 1,
+            "max_consecutive_skips": 0, "seed": 0, "save_total_limit": 1}
+POSITIVE = ("num_train_epochs", "learning_rate")

@@ -1,0 +1,145 @@
+"""Named-entity recognition (token classification) on every GPU, with google-bert's flags plus --n_gpus.
+
+    python run_ner_mgpu.py --data_dir=data/msra --init_checkpoint=chinese_L-12_H-768_A-12 --output_dir=out \
+        --do_train=true --do_eval=true --do_predict=true --n_gpus=4
+
+train/dev/test files in --data_dir in CoNLL columns, one character a line, segmented words, CLUENER's JSON
+or JSON lines (--data_format, detected by default). A thin wrapper over `bert_mgpu.BertTagger`; a user
+mistake ends in one line and exit status 1.
+"""
+
+import logging
+import time
+
+from absl import app, flags
+
+from bert_mgpu.cli import fine_tuning
+from bert_mgpu.cli.fine_tuning import define_fine_tuning_flags
+
+FLAGS = flags.FLAGS
+define_fine_tuning_flags(
+    "Directory with train, dev and test files (train.txt, dev.txt, test.txt; CoNLL-2003's eng.train, "
+    "eng.testa, eng.testb; CLUENER's train.json, dev.json, test.json).",
+    "WordPieces a window holds; a longer sentence is read in windows --doc_stride apart, never cut short.",
+    "Predict test; writes test_predictions.txt (CoNLL columns), test_entities.jsonl (and cluener_predict.json "
+    "for CLUENER's data).",
+    "What picks the model kept in best/: f1 (entity-level, the default), precision, recall, accuracy, loss.",
+    "Train with the largest per-tower batch that fits")
+flags.adopt_module_key_flags(fine_tuning)  # --help lists them as this script's own
+flags.DEFINE_enum("data_format", "auto", ["auto", "conll", "segmented", "cluener", "jsonl"], "How the files are "
+                  "written: conll (a token a line, columns, blank lines between sentences; also one Chinese "
+                  "character a line), segmented (word/pos items, --tag_map), cluener (CLUENER2020's JSON lines), "
+                  "jsonl ({\"tokens\": [...], \"tags\": [...]}); auto tells from each file.")
+flags.DEFINE_integer("tag_column", -1, "conll: the column of the tag (0 = first; default: the last).")
+flags.DEFINE_list("tag_map", None, "segmented: parts of speech that are entities and their types, e.g. "
+                  "nr=PER,ns=LOC,nt=ORG (the others are O).")
+flags.DEFINE_integer("doc_stride", None, "WordPieces between the starts of a long sentence's windows (default: "
+                     "half a window).")
+flags.DEFINE_list("labels", None, "The tags, comma-separated, O first (default: the tags of the training data).")
+
+
+def _tag_map():
+    from bert_mgpu.core.errors import UserError
+
+    mapping = {}
+    for item in FLAGS.tag_map or ():
+        pos, equals, kind = item.partition("=")
+        if not (equals and pos and kind):
+            raise UserError(f"--tag_map: {item!r} is not pos=TYPE (as nr=PER)")
+        mapping[pos.strip()] = kind.strip()
+    return mapping
+
+
+def run():
+    import bert_mgpu
+    from bert_mgpu import cli
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data import tagged
+    from bert_mgpu.io import outputs
+    from bert_mgpu.parallel import precision
+
+    started = time.monotonic()
+    cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
+                      fraction=("warmup_proportion",))
+    tag_map = _tag_map()
+    from bert_mgpu.io.export import TAGGER_FORMATS
+
+    for fmt in FLAGS.export_format if FLAGS.do_export else ():
+        if fmt not in TAGGER_FORMATS:  # before any training
+            raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {' and '.join(TAGGER_FORMATS)} "
+                            "(keras-hub has no token classifier; a SavedModel for NER is not written yet)")
+    begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
+                        lambda plan: FLAGS.train_batch_size,
+                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    if begun is None:
+        return
+    towers, exports = begun
+    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
+    files = {split: tagged.find_split(FLAGS.data_dir, split) for split, wanted in (
+        ("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch), ("test", FLAGS.do_predict)) if wanted}
+    read = {split: tagged.read_tagged(path, FLAGS.data_format, FLAGS.tag_column, tag_map, FLAGS.invalid_utf8, split)
+            for split, path in files.items()}
+    train, dev, test = read.get("train"), read.get("dev"), read.get("test")
+    if train is not None and any(s.tags is None for s in train):
+        raise UserError(f"{files['train']}: has no tags (a tag column, \"tags\" or \"label\")")
+    labels = FLAGS.labels or (tagged.tag_set(train) if train else None)
+    if dev is not None and any(s.tags is None for s in dev):
+        raise UserError(f"{files['dev']}: has no tags to evaluate with")
+    init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
+    given_length = FLAGS["max_seq_length"].present or FLAGS.do_train  # else the run directory's windows
+    tagger = bert_mgpu.BertTagger.from_pretrained(
+        init, labels=labels, towers=towers, precision=FLAGS.precision,
+        max_seq_length=FLAGS.max_seq_length if given_length else None, do_lower_case=FLAGS.do_lower_case,
+        bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file, fused_encoder=FLAGS.fused_encoder,
+        doc_stride=FLAGS.doc_stride)
+    for split in ("train", "dev"):  # a tag the model has no output for, named by file and line
+        if read.get(split) is not None:
+            tagged.check_known(read[split], tagger.labels, files[split])
+    if FLAGS.do_train:
+        if FLAGS.auto_batch_size:
+            tagger.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
+                                   memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
+        settings = {name: getattr(FLAGS, name) for name in (
+            "data_dir", "data_format", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
+        tagger.fit(train, FLAGS.output_dir, cli.train_config(), dev=dev, settings=settings)
+        if tagger.interrupted:
+            print(f"interrupted by {tagger.interrupted} at step {tagger.global_step}; checkpoint saved in "
+                  f"{FLAGS.output_dir}. Rerun the same command to resume")
+            return
+    results = {}
+    if FLAGS.do_eval:
+        results = tagger.evaluate(dev, batch_size=FLAGS.eval_batch_size)
+        for key in sorted(results):
+            logging.info("  %s = %s", key, results[key])
+        if towers.is_chief:
+            path = outputs.write_eval_results(FLAGS.output_dir, results, tagger.report)
+            print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
+                  f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
+    if FLAGS.do_predict:
+        predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
+        if towers.is_chief:
+            form = tagged.detect_format(files["test"]) if FLAGS.data_format == "auto" else FLAGS.data_format
+            paths = storage.write_set(FLAGS.output_dir, tagger.objective.prediction_files(test, predicted, form))
+            print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
+    if towers.is_chief:
+        cli.run_exports(tagger, exports)
+        if FLAGS.do_train:
+            outputs.draw("learning_curves", FLAGS.output_dir)
+        rates = [r["examples_per_second"] for r in tagger.history if "examples_per_second" in r]
+        print(cli.summary("run_ner_mgpu.py", towers, tagger, {
+            "tags": len(tagger.labels),
+            "trained": f"{tagger.trained_steps} steps ({tagger.stop})" if FLAGS.do_train and tagger.stop else None,
+            "best model": f"step {tagger.best_step}" if tagger.best_step is not None else None,
+            "windows/s": rates[-1] if rates else None,
+            **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")}}, started))
+
+
+def _console():
+    from bert_mgpu.cli import main_wrapper
+
+    app.run(main_wrapper(run))
+
+
+if __name__ == "__main__":
+    _console()

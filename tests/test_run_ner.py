@@ -1,0 +1,159 @@
+"""run_ner_mgpu.py end to end, as a user runs it: train with evaluation and the best model, evaluate,
+predict the files people read, export and load back, and bad input in one line."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import NER_TAGS, WORDS, ner_sentences, run_script, tiny_config, write_google_release
+
+
+def run(*args, check=True):
+    return run_script("run_ner_mgpu.py", *args, check=check)
+
+
+def write_conll(path, sentences, tagged=True):
+    """CoNLL-2003's layout: a -DOCSTART- line, a token a line with a POS column, a blank line between."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("-DOCSTART- -X- O\n\n")
+        for s in sentences:
+            for token, tag in zip(s.tokens, s.tags):
+                f.write(f"{token} NN {tag}\n" if tagged else f"{token}\n")
+            f.write("\n")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ner")
+    write_conll(d / "train.txt", ner_sentences(512, 3, 30))
+    write_conll(d / "dev.txt", ner_sentences(40, 3, 14, seed=1, split="dev"))
+    write_conll(d / "test.txt", ner_sentences(13, 15, 40, seed=2, split="test"), tagged=False)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    directory, _ = write_google_release(str(tmp_path_factory.mktemp("release")), tiny_config(
+        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+    return directory
+
+
+def common(data, release, out, *extra):
+    return [f"--data_dir={data}", f"--init_checkpoint={release}", f"--output_dir={out}", "--n_gpus=0",
+            "--towers_per_gpu=2", "--train_batch_size=16", "--eval_batch_size=4", "--predict_batch_size=4",
+            "--max_seq_length=16", "--doc_stride=6", "--precision=float32", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(data, release, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("out"))
+    args = common(data, release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=30",
+                  "--learning_rate=5e-3", "--warmup_proportion=0.05", "--eval_every_steps=200",
+                  "--load_best_model_at_end", "--do_export", "--export_format=hf,google")
+    return out, args, run(*args)
+
+
+def test_train_evaluate_predict_and_export_write_what_people_read(trained, data):
+    out, _, proc = trained
+    results = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
+    assert float(results["eval_f1"]) > 0.95 and int(results["eval_examples"]) == 40, results
+    assert float(results["report_PER_support"]) > 5 and 0 <= float(results["report_LOC_f1"]) <= 1
+    history = open(os.path.join(out, "eval_history.tsv")).read().splitlines()
+    assert history[0].split("\t")[:4] == ["step", "loss", "accuracy", "f1"] and len(history) >= 4
+    assert os.path.exists(os.path.join(out, "best", "bert_mgpu.json"))
+    assert "eval: entity f1" in proc.stdout and "predict: 13 sentences" in proc.stdout
+
+    test_tokens = [line.split() for line in open(os.path.join(data, "test.txt")).read().split("\n\n")[1:]
+                   if line.strip()]
+    columns = open(os.path.join(out, "test_predictions.txt")).read().split("\n\n")
+    rows = [[line.split() for line in block.splitlines()] for block in columns if block.strip()]
+    assert [[r[0] for r in row] for row in rows] == [[t for t in block] for block in test_tokens]
+    assert all(len(r) == 2 and r[1] in NER_TAGS for row in rows for r in row)  # token, predicted tag
+    found = [json.loads(line) for line in open(os.path.join(out, "test_entities.jsonl"))]
+    assert [f["id"] for f in found] == [f"test-{i}" for i in range(13)]
+    from bert_mgpu.core.entities import entities
+
+    for f, row in zip(found, rows):  # the predicted column's chunks, with their words
+        assert [(e["type"], e["start"], e["end"]) for e in f["entities"]] == entities([r[1] for r in row])
+        assert all(e["text"] == " ".join(r[0] for r in row[e["start"]:e["end"]]) for e in f["entities"])
+    assert sum(len(f["entities"]) for f in found) > 13
+
+    import bert_mgpu
+    from bert_mgpu.data.tagged import read_tagged
+
+    dev = read_tagged(os.path.join(data, "dev.txt"))
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
+    for fmt in ("hf", "google"):  # each export loads back with its head and tags, to the same entity F1
+        back = bert_mgpu.BertTagger.from_pretrained(os.path.join(out, "export", fmt), towers=towers,
+                                                    max_seq_length=16, doc_stride=6)
+        assert back.labels == NER_TAGS
+        assert back.evaluate(dev)["eval_f1"] == pytest.approx(float(results["eval_f1"]), abs=1e-9), fmt
+
+
+def test_the_hf_export_gives_transformers_the_same_logits(trained, reference):
+    """The exported directory read by transformers' own BertForTokenClassification: logits to 1e-4."""
+    import torch
+    import transformers
+
+    import bert_mgpu
+
+    out = trained[0]
+    ours = bert_mgpu.BertTagger.from_pretrained(os.path.join(out, "export", "hf"), max_seq_length=16,
+                                                precision="float32")
+    theirs = transformers.BertForTokenClassification.from_pretrained(os.path.join(out, "export", "hf")).eval()
+    assert theirs.config.id2label == dict(enumerate(NER_TAGS))
+    ids = np.array([[2, 12, 14, 19, 20, 11, 3, 0]], np.int32)
+    mask = ids != 0
+    a = ours.model({"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": mask}).numpy()
+    with torch.no_grad():
+        b = theirs(input_ids=torch.tensor(ids, dtype=torch.long),
+                   attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+    assert np.abs(a[mask] - b[mask]).max() < 1e-4
+
+
+def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trained):
+    out, args, _ = trained
+    before = open(os.path.join(out, "eval_results.txt")).read()
+    proc = run(*args)
+    assert "export: hf" in proc.stdout and "already there" in proc.stdout
+    assert open(os.path.join(out, "eval_results.txt")).read() == before
+
+
+@pytest.mark.parametrize("case", ["unknown_dev_tag", "bad_tag_map", "saved_model_export", "no_train_file",
+                                  "stride_too_long", "ragged_columns"])
+def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    for name in ("train.txt", "dev.txt", "test.txt"):
+        (d / name).write_text(open(os.path.join(data, name)).read())
+    extra, expected = ["--do_train", "--do_eval"], None
+    if case == "unknown_dev_tag":
+        lines = (d / "dev.txt").read_text().splitlines()
+        lines[3] = lines[3].rsplit(" ", 1)[0] + " B-ORG"
+        (d / "dev.txt").write_text("\n".join(lines) + "\n")
+        expected = f"{d}/dev.txt:4: tag 'B-ORG' is not one of the training tags (O, B-LOC, B-PER, I-PER)"
+    elif case == "bad_tag_map":
+        extra.append("--tag_map=nr:PER")
+        expected = "--tag_map: 'nr:PER' is not pos=TYPE (as nr=PER)"
+    elif case == "saved_model_export":
+        extra += ["--do_export", "--export_format=saved_model"]
+        expected = "--export_format=saved_model: run_ner_mgpu.py exports hf and google"
+    elif case == "no_train_file":
+        os.remove(d / "train.txt")
+        expected = f"--data_dir={d}: no train file"
+    elif case == "stride_too_long":
+        extra.append("--doc_stride=14")
+        expected = "--doc_stride=14: must be above 0 and below the 14 pieces a window holds"
+    elif case == "ragged_columns":
+        lines = (d / "train.txt").read_text().splitlines()
+        lines[5] += " extra"
+        (d / "train.txt").write_text("\n".join(lines) + "\n")
+        expected = f"{d}/train.txt:6: 4 columns but line 3 has 3"
+    out = tmp_path / "out"
+    proc = run(*common(str(d), release, str(out)), *extra, check=False)  # a later flag wins
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("run_ner_mgpu.py: error: ") and expected in last, proc.stderr
+    assert not os.path.exists(out / "checkpoint")  # nothing trained
