@@ -21,8 +21,8 @@ define_fine_tuning_flags(
     "Directory with train, dev and test files (train.txt, dev.txt, test.txt; CoNLL-2003's eng.train, "
     "eng.testa, eng.testb; CLUENER's train.json, dev.json, test.json).",
     "WordPieces a window holds; a longer sentence is read in windows --doc_stride apart, never cut short.",
-    "Predict test; writes test_predictions.txt (CoNLL columns), test_entities.jsonl (and cluener_predict.json "
-    "for CLUENER's data).",
+    "Predict test; writes predict.txt (CoNLL columns), predictions.jsonl (entities with character offsets; "
+    "and cluener_predict.json for CLUENER's data).",
     "What picks the model kept in best/: f1 (entity-level, the default), precision, recall, accuracy, loss.",
     "Train with the largest per-tower batch that fits")
 flags.adopt_module_key_flags(fine_tuning)  # --help lists them as this script's own

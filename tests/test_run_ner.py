@@ -67,17 +67,20 @@ def test_train_evaluate_predict_and_export_write_what_people_read(trained, data)
 
     test_tokens = [line.split() for line in open(os.path.join(data, "test.txt")).read().split("\n\n")[1:]
                    if line.strip()]
-    columns = open(os.path.join(out, "test_predictions.txt")).read().split("\n\n")
+    columns = open(os.path.join(out, "predict.txt")).read().split("\n\n")
     rows = [[line.split() for line in block.splitlines()] for block in columns if block.strip()]
     assert [[r[0] for r in row] for row in rows] == [[t for t in block] for block in test_tokens]
     assert all(len(r) == 2 and r[1] in NER_TAGS for row in rows for r in row)  # token, predicted tag
-    found = [json.loads(line) for line in open(os.path.join(out, "test_entities.jsonl"))]
+    found = [json.loads(line) for line in open(os.path.join(out, "predictions.jsonl"))]
     assert [f["id"] for f in found] == [f"test-{i}" for i in range(13)]
     from bert_mgpu.core.entities import entities
 
-    for f, row in zip(found, rows):  # the predicted column's chunks, with their words
-        assert [(e["type"], e["start"], e["end"]) for e in f["entities"]] == entities([r[1] for r in row])
-        assert all(e["text"] == " ".join(r[0] for r in row[e["start"]:e["end"]]) for e in f["entities"])
+    for f, row in zip(found, rows):  # the predicted column's chunks, with their words and characters
+        assert f["text"] == " ".join(r[0] for r in row)
+        assert [(e["type"], e["token_start"], e["token_end"]) for e in f["entities"]] == entities([r[1] for r in row])
+        for e in f["entities"]:
+            assert e["text"] == " ".join(r[0] for r in row[e["token_start"]:e["token_end"]])
+            assert f["text"][e["start"]:e["end"]] == e["text"]
     assert sum(len(f["entities"]) for f in found) > 13
 
     import bert_mgpu

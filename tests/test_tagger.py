@@ -113,3 +113,40 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     loaded = bert_mgpu.BertTagger.from_pretrained(os.path.join(out, "best"), towers=towers)
     assert loaded.labels == NER_TAGS and loaded.doc_stride == 6 and loaded.max_seq_length == 16  # its windows
     assert loaded.evaluate(test)["eval_f1"] == pytest.approx(results["eval_f1"], abs=1e-9)
+
+
+def test_prediction_files_give_conll_columns_entities_with_character_offsets_and_cluener_submissions():
+    import json
+
+    from bert_mgpu.data.tagged import Sentence
+
+    sentences = [Sentence("test-0", list("张三在北京"), None, 1), Sentence("test-1", ["New", "York", "is"], ["B-LOC",
+                 "I-LOC", "O"], 1)]
+    predicted = [["B-PER", "I-PER", "O", "B-LOC", "I-LOC"], ["B-LOC", "I-LOC", "I-PER"]]
+    files = TokenClassification().prediction_files(sentences, predicted, "cluener")
+    assert files["predict.txt"].split("\n\n")[1] == "New B-LOC B-LOC\nYork I-LOC I-LOC\nis O I-PER"
+    assert files["predict.txt"].startswith("张 B-PER\n三 I-PER\n在 O\n")
+    first, second = (json.loads(line) for line in files["predictions.jsonl"].splitlines())
+    assert first == {"id": "test-0", "text": "张三在北京", "entities": [
+        {"type": "PER", "text": "张三", "start": 0, "end": 2, "token_start": 0, "token_end": 2},
+        {"type": "LOC", "text": "北京", "start": 3, "end": 5, "token_start": 3, "token_end": 5}]}
+    assert [(e["text"], e["start"], e["end"]) for e in second["entities"]] == [("New York", 0, 8), ("is", 9, 11)]
+    assert json.loads(files["cluener_predict.json"].splitlines()[0]) == {
+        "id": 0, "label": {"PER": {"张三": [[0, 1]]}, "LOC": {"北京": [[3, 4]]}}}
+
+
+def test_stray_inside_tags_are_counted_in_one_warning(tmp_path, caplog):
+    from bert_mgpu.data.tagged import read_tagged
+
+    path = tmp_path / "train.txt"
+    path.write_text("a O\nb I-PER\nc I-PER\n\nd B-LOC\ne I-PER\n")
+    with caplog.at_level("WARNING", logger="bert_mgpu"):
+        read_tagged(str(path))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 2 I- tag(s) follow O or another type (first at {path}:2); read as conlleval reads them, "
+        "each starts an entity"]
+    (tmp_path / "io.txt").write_text("a O\nb I-PER\n")  # the IO scheme: nothing to warn of
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bert_mgpu"):
+        read_tagged(str(tmp_path / "io.txt"))
+    assert caplog.records == []

@@ -20,12 +20,14 @@ Example:
 
 import dataclasses
 import json
+import logging
 import os
 import re
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import text_files
 
+log = logging.getLogger("bert_mgpu")
 FORMATS = ("conll", "segmented", "cluener", "jsonl")
 PREFIXES = ("B", "I", "E", "S", "L", "U")
 _ARTICLE = re.compile(r"^\d{8}-\d{2}-\d{3}-\d{3}/m$")  # People's Daily's article number opening a line
@@ -87,7 +89,26 @@ def read_tagged(path, data_format="auto", tag_column=-1, tag_map=None, invalid_u
         s.guid = f"{name}-{i}"
         for k, tag in enumerate(s.tags or ()):  # a CoNLL sentence's tokens are its lines in a row
             check_tag(tag, f"{path}:{s.where(k)}")
+    _warn_stray_inside(sentences, path)
     return sentences
+
+
+def _warn_stray_inside(sentences, path):
+    """One warning counting I- tags that follow O or another type in a file that also has B- tags (BIO): read
+    as conlleval reads them, each starts an entity. IO files (no B-) are left alone."""
+    tags = [s.tags for s in sentences if s.tags]
+    if not any(t.startswith("B-") for row in tags for t in row):
+        return
+    stray, first = 0, None
+    for s in sentences:
+        for k, tag in enumerate(s.tags or ()):
+            before = s.tags[k - 1] if k else "O"
+            if tag.startswith("I-") and before[2:] != tag[2:]:
+                stray += 1
+                first = first or f"{path}:{s.where(k)}"
+    if stray:
+        log.warning("%s: %d I- tag(s) follow O or another type (first at %s); read as conlleval reads them, "
+                    "each starts an entity", path, stray, first)
 
 
 def tag_set(sentences):

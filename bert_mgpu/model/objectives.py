@@ -382,24 +382,30 @@ class TokenClassification(Objective):
 
     def prediction_files(self, sentences, predicted, data_format=None):
         """{file name: text} for sentences (guid, tokens, tags or None) and their predicted tags:
-        test_predictions.txt (CoNLL columns `token [true] predicted`, a blank line between sentences: what
-        conlleval reads), test_entities.jsonl (each sentence's entities, token offsets, end exclusive) and,
-        for CLUENER's data, cluener_predict.json (its submission format, character offsets, end inclusive)."""
+        predict.txt (CoNLL columns `token [true] predicted`, a blank line between sentences: what conlleval
+        reads), predictions.jsonl (each sentence's text and entities: type, text, character start and end in
+        the text, end exclusive, and the token span) and, for CLUENER's data, cluener_predict.json (its
+        submission format, character offsets, end inclusive). The text is the tokens joined by a space, or
+        run together when every token is one character (Chinese)."""
         columns, found, cluener = [], [], []
         for n, (s, tags) in enumerate(zip(sentences, predicted, strict=True)):
             gold = s.tags or [None] * len(tags)
             columns.append("".join(" ".join(c for c in (token, true, tag) if c is not None) + "\n"
                                    for token, true, tag in zip(s.tokens, gold, tags)) + "\n")
             joiner = "" if all(len(t) == 1 for t in s.tokens) else " "
-            spans = [(kind, start, end, joiner.join(s.tokens[start:end])) for kind, start, end in entities(tags)]
-            found.append(json.dumps({"id": s.guid, "entities": [
-                {"type": kind, "start": start, "end": end, "text": text} for kind, start, end, text in spans]},
-                ensure_ascii=False) + "\n")
+            starts = np.cumsum([0] + [len(t) + len(joiner) for t in s.tokens])
+            text = joiner.join(s.tokens)
+            spans = []
+            for kind, first, end in entities(tags):
+                begin, stop = int(starts[first]), int(starts[end] - len(joiner))
+                spans.append({"type": kind, "text": text[begin:stop], "start": begin, "end": stop,
+                              "token_start": first, "token_end": end})
+            found.append(json.dumps({"id": s.guid, "text": text, "entities": spans}, ensure_ascii=False) + "\n")
             label = {}
-            for kind, start, end, text in spans:
-                label.setdefault(kind, {}).setdefault(text, []).append([start, end - 1])
+            for e in spans:
+                label.setdefault(e["type"], {}).setdefault(e["text"], []).append([e["start"], e["end"] - 1])
             cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
-        files = {"test_predictions.txt": "".join(columns), "test_entities.jsonl": "".join(found)}
+        files = {"predict.txt": "".join(columns), "predictions.jsonl": "".join(found)}
         if data_format == "cluener":
             files["cluener_predict.json"] = "".join(cluener)
         return files
