@@ -35,6 +35,8 @@ flags.DEFINE_list("tag_map", None, "segmented: parts of speech that are entities
                   "nr=PER,ns=LOC,nt=ORG (the others are O).")
 flags.DEFINE_integer("doc_stride", None, "WordPieces between the starts of a long sentence's windows (default: "
                      "half a window).")
+flags.DEFINE_bool("crf", None, "A linear-chain CRF over the tag scores: transitions learnt, Viterbi decoding "
+                  "(default: whether --init_checkpoint is a tagger with one). Exports as google only.")
 flags.DEFINE_list("labels", None, "The tags, comma-separated, O first (default: the tags of the training data).")
 
 
@@ -66,6 +68,9 @@ def run():
     from bert_mgpu.io.export import TAGGER_FORMATS
 
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
+        if FLAGS.crf and fmt == "hf":
+            raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; "
+                            "export google")
         if fmt not in TAGGER_FORMATS:  # before any training
             raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {' and '.join(TAGGER_FORMATS)} "
                             "(keras-hub has no token classifier; a SavedModel for NER is not written yet)")
@@ -92,7 +97,7 @@ def run():
         init, labels=labels, towers=towers, precision=FLAGS.precision,
         max_seq_length=FLAGS.max_seq_length if given_length else None, do_lower_case=FLAGS.do_lower_case,
         bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file, fused_encoder=FLAGS.fused_encoder,
-        doc_stride=FLAGS.doc_stride)
+        doc_stride=FLAGS.doc_stride, crf=FLAGS.crf)
     for split in ("train", "dev"):  # a tag the model has no output for, named by file and line
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])

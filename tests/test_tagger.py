@@ -150,3 +150,33 @@ def test_stray_inside_tags_are_counted_in_one_warning(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="bert_mgpu"):
         read_tagged(str(tmp_path / "io.txt"))
     assert caplog.records == []
+
+
+def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with_the_transitions(tmp_path):
+    """--crf: the transitions learn that I-PER follows B-PER, not O; predictions are Viterbi paths; the
+    google export carries crf/transitions and loads back as a CRF tagger giving the same entities."""
+    from conftest import NER_TAGS, WORDS, ner_sentences, write_google_release
+
+    import bert_mgpu
+
+    release, _ = write_google_release(str(tmp_path / "release"), tiny_config(
+        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+    tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, towers=towers, max_seq_length=16,
+                                                  doc_stride=6, precision="float32", crf=True)
+    tagger.fit(ner_sentences(512, 3, 30), str(tmp_path / "out"), epochs=20, learning_rate=5e-3,
+               warmup_proportion=0.05)
+    test = ner_sentences(40, 15, 40, seed=2, split="test")
+    results = tagger.evaluate(test)
+    assert results["eval_f1"] > 0.9, results
+    t = tagger.model.crf.transitions.numpy()
+    o, b_per, i_per = (NER_TAGS.index(x) for x in ("O", "B-PER", "I-PER"))
+    assert t[b_per, i_per] > t[o, i_per] + 1.0, t  # learnt: I-PER continues a person, never starts one
+    with pytest.raises(bert_mgpu.UserError, match="has no CRF; export the model as google"):
+        tagger.export(str(tmp_path / "hf"), "hf")
+    tagger.export(str(tmp_path / "google"), "google")
+    back = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "google"), towers=towers, max_seq_length=16,
+                                                doc_stride=6, precision="float32")
+    assert back.model.crf is not None and np.array_equal(back.model.crf.transitions.numpy(), t)
+    assert back.predict_tags(test) == tagger.predict_tags(test)

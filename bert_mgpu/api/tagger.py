@@ -25,14 +25,15 @@ from bert_mgpu.core.entities import entities
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.tagged import as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
-from bert_mgpu.io import checkpoints, run_dir
+from bert_mgpu.io import checkpoints, export, run_dir
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
-from bert_mgpu.model.objectives import TokenClassification
+from bert_mgpu.model.objectives import CRFTagging, TokenClassification
 from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train import memory
 
 log = logging.getLogger("bert_mgpu")
+CRF_WEIGHT = "crf/transitions"  # the CRF's transitions under Google's names (a google export holds them)
 
 
 def sentences_digest(sentences):
@@ -84,8 +85,9 @@ class BertTagger(FineTuned):
 
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, fused_encoder=True,
                  doc_stride=None):
-        super().__init__(model, tokenizer, labels, config, towers, policy, max_seq_length, TokenClassification(),
-                         fused_encoder)
+        crf = getattr(model, "crf", None) is not None
+        super().__init__(model, tokenizer, labels, config, towers, policy, max_seq_length,
+                         CRFTagging() if crf else TokenClassification(), fused_encoder)
         self.doc_stride = doc_stride
 
     @classmethod
@@ -93,10 +95,11 @@ class BertTagger(FineTuned):
                         precision: str = "auto", max_seq_length: int | None = None,
                         do_lower_case: bool | None = None, bert_config_file: str | None = None,
                         vocab_file: str | None = None, fused_encoder: bool = True,
-                        doc_stride: int | None = None) -> "BertTagger":
+                        doc_stride: int | None = None, crf: bool | None = None) -> "BertTagger":
         """A tagger from any checkpoint bert_mgpu reads; the head is fresh unless the checkpoint holds a
         tagger's head for the same tags (a bert_mgpu tagger run, a Hugging Face BertForTokenClassification).
-        max_seq_length and doc_stride: the windows (default: a tagger run's own, else 128 and half a window)."""
+        max_seq_length and doc_stride: the windows (default: a tagger run's own, else 128 and half a window).
+        crf: a CRF over the scores (crf.py; default: whether the checkpoint has one)."""
         before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
         if before.get("kind") == "tagger":
             max_seq_length = max_seq_length or before.get("max_seq_length")
@@ -109,19 +112,24 @@ class BertTagger(FineTuned):
         labels = list(labels or (run.get("labels") if own else pre.labels) or [])
         if not labels:
             raise UserError("no labels: give the tags (from the training data, or --labels)")
+        if crf is None:
+            crf = bool(run.get("crf")) if own else CRF_WEIGHT in pre.weights
         model, unused = opened.build(lambda config, policy: build_tagger(config, len(labels), policy,
-                                                                         fused=fused_encoder))
+                                                                         fused=fused_encoder, crf=crf))
         if not opened.has_weights:
             log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
+        unused = [name for name in unused if not (crf and name == CRF_WEIGHT)]
         if unused:
             log.info("not used by a tagger: %s", ", ".join(unused))
         head = pre.weights.get("output_weights") if opened.has_weights and not own else None
-        if own and run.get("labels") == labels:
+        if own and run.get("labels") == labels and bool(run.get("crf")) == crf:
             checkpoints.restore_head(model, pre.ckpt_prefix)
             log.info("tagger head restored from %s", pre.ckpt_prefix)
         elif head is not None and list(pre.labels or []) == labels and head.T.shape == tuple(model.head.kernel.shape):
             model.head.kernel.assign(head.T)
             model.head.bias.assign(pre.weights["output_bias"])
+            if crf and CRF_WEIGHT in pre.weights:
+                model.crf.transitions.assign(pre.weights[CRF_WEIGHT])
             log.info("tagger head loaded from %s", init_checkpoint)
         else:
             log.info("tagger head (%d tags) is freshly initialized", len(labels))
@@ -162,10 +170,17 @@ class BertTagger(FineTuned):
 
     def _write_run(self, output_dir, step):
         run = {"kind": "tagger", "task_type": self.objective.name, "labels": self.labels,
+               "crf": isinstance(self.objective, CRFTagging),
                "do_lower_case": self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length,
                "doc_stride": self._stride(), "global_step": step, "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
+
+    def export(self, output_dir: str, format: str = "hf") -> str:
+        """Write the model as it is now to the new directory output_dir: "hf" (transformers'
+        BertForTokenClassification, id2label) or "google" (bert_model.ckpt, with a CRF's crf/transitions).
+        Each reads back through `from_pretrained`."""
+        return export.export_model(export.from_tagger(self), output_dir, format)
 
     # ------------------------------------------------------------------ inference
     def _tag_ids(self, sentences, batch_size, verbose, source):
@@ -179,7 +194,8 @@ class BertTagger(FineTuned):
         if verbose is True or (verbose == "auto" and len(windows) >= 1000):
             bar = keras.utils.Progbar(len(windows), unit_name="window")
         logits, labels = self._predictor.predict_logits(data, progress=bar.add if bar else None)
-        return word_predictions(windows, logits, [len(s.tokens) for s in sentences]), masked_loss(logits, labels)
+        ids = word_predictions(windows, logits, [len(s.tokens) for s in sentences], self.objective.decoder(self.model))
+        return ids, masked_loss(logits, labels)
 
     def predict_tags(self, sentences, batch_size: int = 8, verbose="auto") -> list:
         """Each sentence's tags, a word each (`as_sentences` inputs: raw texts are cut into words)."""

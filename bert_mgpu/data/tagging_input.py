@@ -103,15 +103,19 @@ def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=No
     return windows
 
 
-def word_predictions(windows, logits, lengths):
+def word_predictions(windows, logits, lengths, decode=None):
     """Each sentence's label id per word, from the window that owns the word -> [np.ndarray per sentence].
-    `logits`: [windows, positions, labels] (positions at least each window's length), in windows' order."""
+    `logits`: [windows, positions, labels] (positions at least each window's length), in windows' order.
+    `decode(scores [words, labels]) -> ids [words]`: a window's words decoded together (a CRF's Viterbi);
+    default each word's best label."""
     out = [np.full(n, -1, np.int64) for n in lengths]
     for window, scores in zip(windows, logits, strict=True):
-        chosen = np.asarray(scores)[:len(window.words)].argmax(-1)
-        for position, word in enumerate(window.words):
-            if word in window.owned:
-                out[window.sentence][word] = chosen[position]
+        firsts = [p for p, word in enumerate(window.words) if word >= 0]
+        scores = np.asarray(scores)[firsts]
+        chosen = scores.argmax(-1) if decode is None else decode(scores)
+        for position, label in zip(firsts, chosen):
+            if window.words[position] in window.owned:
+                out[window.sentence][window.words[position]] = label
     missing = [n for n, tags in enumerate(out) if (tags < 0).any()]
     if missing:
         raise RuntimeError(f"sentence {missing[0]}: a word no window predicts")

@@ -403,7 +403,10 @@ def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
 
 
 def _head(model):
-    return {"kernel": model.head.kernel, "bias": model.head.bias}
+    head = {"kernel": model.head.kernel, "bias": model.head.bias}
+    if getattr(model, "crf", None) is not None:  # a tagger's CRF transitions go with its head
+        head["transitions"] = model.crf.transitions
+    return head
 
 
 def restore_head(model, prefix):

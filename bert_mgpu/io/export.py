@@ -28,6 +28,7 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
     build_model,
     from_classifier,
     from_pretrainer,
+    from_tagger,
     read_trained,
 )
 from bert_mgpu.model.objectives import MaskedLanguageModel, objective

@@ -12,7 +12,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints
 from bert_mgpu.model.config import BertConfig
 from bert_mgpu.model.modeling import build_backbone, build_classifier, build_tagger
-from bert_mgpu.model.objectives import TokenClassification, objective
+from bert_mgpu.model.objectives import CRFTagging, TokenClassification, objective
 from bert_mgpu.model.pretraining_model import head_weights
 
 
@@ -47,7 +47,7 @@ class Trained:
     def head(self):
         """The head's objective (None for a pretrainer): what its labels mean in an export."""
         if self.kind == "tagger":
-            return TokenClassification()
+            return CRFTagging() if "crf/transitions" in self.weights else TokenClassification()
         return objective(self.task_type) if self.kind == "classifier" else None
 
 
@@ -67,6 +67,8 @@ def from_classifier(clf):
 def from_tagger(tagger):
     """A `BertTagger`'s weights as they are now."""
     weights = _with_head(tagger.model, checkpoints.encoder_weights(tagger.model.backbone))
+    if getattr(tagger.model, "crf", None) is not None:
+        weights["crf/transitions"] = np.asarray(tagger.model.crf.transitions.numpy(), np.float32)
     return Trained("tagger", tagger.config, tagger.tokenizer.vocab_file, tagger.tokenizer.do_lower_case, weights,
                    list(tagger.labels), TokenClassification.name, tagger.max_seq_length)
 
@@ -92,6 +94,9 @@ def read_trained(path):
         if not (kernel and bias):
             raise UserError(f"{path}: holds no trained classifier head")
         pre.weights.update(output_weights=kernel[0].T, output_bias=bias[0])
+        transitions = [v for k, v in head.items() if k.startswith("head/transitions")]
+        if transitions:  # a tagger's CRF
+            pre.weights["crf/transitions"] = transitions[0]
     task_type = run.get("task_type") or pre.task_type or "classification"
     labels = list(run.get("labels") or pre.labels or [])
     if classifier and not labels and objective(task_type).has_classes:

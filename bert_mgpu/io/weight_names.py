@@ -28,7 +28,7 @@ _KERAS_TO_GOOGLE = [
 # Head tensors a bert_mgpu checkpoint keeps in Keras' layout, and their Google name.
 KERAS_LAYOUT_HEADS = {"cls/seq_relationship/kernel": "cls/seq_relationship/output_weights"}
 # Tensors a classifier does not use: pretraining heads and other tasks' heads.
-HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias")
+HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias", "crf/")
 
 
 def google_name(keras_path):

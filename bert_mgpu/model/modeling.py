@@ -14,6 +14,7 @@ import keras
 import keras_hub
 
 from bert_mgpu.core import _compat
+from bert_mgpu.model.crf import CRF
 from bert_mgpu.model.fused_encoder import FusedBertEncoder
 from bert_mgpu.model.kernels import ACTIVATIONS
 
@@ -51,11 +52,18 @@ def build_classifier(config, num_labels, policy="float32", dropout=None, fused=T
     return _with_head(config, num_labels, policy, dropout, fused, "pooled_output", "bert_classifier")
 
 
-def build_tagger(config, num_labels, policy="float32", dropout=None, fused=True):
+def build_tagger(config, num_labels, policy="float32", dropout=None, fused=True, crf=False):
     """Functional Keras model: dict of token_ids/segment_ids/padding_mask -> float32 logits [batch, length,
     labels], one row of label scores a position. `.backbone` and `.head` as build_classifier's (the head's
-    weights are google-bert's output_weights/output_bias, transformers' classifier.weight/bias)."""
-    return _with_head(config, num_labels, policy, dropout, fused, "sequence_output", "bert_tagger")
+    weights are google-bert's output_weights/output_bias, transformers' classifier.weight/bias). `crf`: the
+    model also holds a CRF's transitions (`.crf`, crf.py), which its objective trains and decodes with."""
+    model = _with_head(config, num_labels, policy, dropout, fused, "sequence_output", "bert_tagger")
+    if not crf:
+        return model
+    layer = CRF(num_labels, name="crf")
+    with_crf = keras.Model(model.input, layer(model.output), name="bert_tagger_crf")
+    with_crf.backbone, with_crf.head, with_crf.crf = model.backbone, model.head, layer
+    return with_crf
 
 
 def _with_head(config, num_labels, policy, dropout, fused, output, name):

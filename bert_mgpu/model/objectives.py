@@ -23,6 +23,7 @@ import tensorflow as tf
 from bert_mgpu.core import metrics
 from bert_mgpu.core.entities import entities, entity_scores
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
 
 
@@ -356,7 +357,10 @@ class TokenClassification(Objective):
 
     def loss(self, model, features, labels, training=True):
         """(mean cross-entropy over labelled positions, {"token_accuracy"}); a batch without one gives 0."""
-        logits = model(features, training=training)
+        return self.token_stats(model(features, training=training), labels)
+
+    def token_stats(self, logits, labels):
+        """(mean cross-entropy over labelled positions, {"token_accuracy"}) of the scores."""
         labels = tf.reshape(labels, [-1])
         flat = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
         weight = tf.cast(labels != self.IGNORED, tf.float32)
@@ -364,6 +368,10 @@ class TokenClassification(Objective):
         count = tf.maximum(tf.reduce_sum(weight), 1.0)
         right = tf.cast(tf.equal(tf.argmax(flat, -1, output_type=labels.dtype), labels), tf.float32)
         return tf.reduce_sum(per * weight) / count, {"token_accuracy": tf.reduce_sum(right * weight) / count}
+
+    def decoder(self, model):
+        """How a window's word scores become label ids: None, each word's best label."""
+        return None
 
     def evaluate(self, true_tags, predicted_tags):
         """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report)."""
@@ -409,6 +417,30 @@ class TokenClassification(Objective):
         if data_format == "cluener":
             files["cluener_predict.json"] = "".join(cluener)
         return files
+
+
+class CRFTagging(TokenClassification):
+    """Token classification with a linear-chain CRF over each window's words (crf.py): the loss is the
+    negative log-likelihood of the true tag path, averaged over windows; prediction is the Viterbi path."""
+
+    def loss(self, model, features, labels, training=True):
+        """(mean negative log-likelihood over windows with a label, {"token_accuracy"} of the scores alone)."""
+        logits = model(features, training=training)
+        likelihood = log_likelihood(logits, labels, model.crf.transitions)
+        rows = tf.maximum(tf.reduce_sum(tf.cast(tf.reduce_any(labels != self.IGNORED, 1), tf.float32)), 1.0)
+        _, stats = super().token_stats(logits, labels)
+        return -tf.reduce_sum(likelihood) / rows, stats
+
+    def settings(self):
+        return {**super().settings(), "crf": True}
+
+    def decoder(self, model):
+        """Each window's best path under the model's transitions as they are now."""
+        transitions = model.crf.transitions.numpy()
+        return lambda scores: viterbi(scores, transitions)
+
+    def hf_architecture(self, weights):
+        raise UserError("--crf: transformers' BertForTokenClassification has no CRF; export the model as google")
 
 
 KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices

@@ -1,0 +1,79 @@
+"""A linear-chain CRF over a tagger's label scores: learnt transitions, negative log-likelihood, Viterbi.
+
+The score of a tag path y over n positions is sum_t emissions[t, y_t] + sum_{t>0} transitions[y_{t-1}, y_t];
+the likelihood normalizes it over every path (the forward algorithm, in float32 whatever the policy). Only
+the positions that carry a label take part (each word's first WordPiece): they are moved to the front of their
+row by a stable sort, so shapes stay static (XLA) and the chain runs word to word, as BERT-BiLSTM-CRF-NER's
+and bert4keras' CRFs do over their tokens. Decoding runs on the host per window (`viterbi`).
+
+Example:
+    crf = CRF(num_labels)                  # in the model, after the head: it passes the scores through
+    nll = -log_likelihood(logits, labels, crf.transitions)   # labels -1 where a position has none
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+class CRF(keras.layers.Layer):
+    """Holds the transition scores [from, to] (float32); called on the scores, returns them unchanged, so the
+    transitions are the model's weights (checkpoints, gradients, every tower)."""
+
+    def __init__(self, num_labels, **kwargs):
+        super().__init__(dtype="float32", **kwargs)
+        self.num_labels = num_labels
+        self.transitions = self.add_weight(shape=(num_labels, num_labels), initializer="zeros", name="transitions")
+
+    def call(self, scores):
+        return scores
+
+    def get_config(self):
+        return {**super().get_config(), "num_labels": self.num_labels}
+
+
+def _front(values, mask):
+    """Each row's masked positions moved to its front, in order (a stable sort keeps shapes static)."""
+    width = tf.shape(mask)[1]
+    key = tf.where(mask, 0, width) + tf.range(width)[None, :]
+    return tf.gather(values, tf.argsort(key, axis=1, stable=True), batch_dims=1)
+
+
+def log_likelihood(emissions, labels, transitions):
+    """Log-probability [batch] of each row's labelled path (labels -1 elsewhere); 0 for a row with none."""
+    emissions, transitions = tf.cast(emissions, tf.float32), tf.cast(tf.convert_to_tensor(transitions), tf.float32)
+    mask = labels >= 0
+    lengths = tf.reduce_sum(tf.cast(mask, tf.int32), 1)
+    scores, tags = _front(emissions, mask), _front(tf.where(mask, labels, 0), mask)
+    steps = tf.sequence_mask(lengths, tf.shape(labels)[1])
+    stepf = tf.cast(steps, tf.float32)
+    unary = tf.reduce_sum(tf.gather(scores, tags, batch_dims=2) * stepf, 1)
+    pair = tf.gather_nd(transitions, tf.stack([tags[:, :-1], tags[:, 1:]], -1))
+    binary = tf.reduce_sum(pair * stepf[:, 1:], 1)
+
+    def forward(alpha, step):  # time-major: one position of every row
+        emission, live = step
+        moved = tf.reduce_logsumexp(alpha[:, :, None] + transitions[None], axis=1) + emission
+        return tf.where(live[:, None], moved, alpha)
+
+    time_major = tf.transpose(scores, [1, 0, 2])
+    alpha = tf.scan(forward, (time_major[1:], tf.transpose(steps)[1:]), initializer=time_major[0])
+    last = tf.cond(tf.shape(time_major)[0] > 1, lambda: alpha[-1], lambda: time_major[0])
+    log_z = tf.reduce_logsumexp(last, axis=1)
+    return tf.where(lengths > 0, unary + binary - log_z, 0.0)
+
+
+def viterbi(emissions, transitions):
+    """The best tag path (numpy [n]) of emissions [n, labels] under `transitions`."""
+    emissions, transitions = np.asarray(emissions, np.float64), np.asarray(transitions, np.float64)
+    if len(emissions) == 0:
+        return np.zeros(0, np.int64)
+    score, back = emissions[0], []
+    for emission in emissions[1:]:
+        total = score[:, None] + transitions
+        back.append(total.argmax(0))
+        score = total.max(0) + emission
+    path = [int(score.argmax())]
+    for pointers in reversed(back):
+        path.append(int(pointers[path[-1]]))
+    return np.array(path[::-1], np.int64)
