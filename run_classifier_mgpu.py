@@ -6,7 +6,6 @@
 A thin wrapper over `bert_mgpu.BertClassifier`; a user mistake ends in one line and exit status 1.
 """
 
-import logging
 import time
 
 from absl import app, flags
@@ -87,24 +86,12 @@ def run():
     for name in ("label_separator", "threshold"):  # given ones win over what a run directory recorded
         if FLAGS[name].present:
             setattr(clf, name, getattr(FLAGS, name))
-    if FLAGS.do_train:
-        if FLAGS.auto_batch_size:
-            clf.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
-                                memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
-        settings = {name: getattr(FLAGS, name) for name in (
-            "task_name", "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
-        clf.fit(train, FLAGS.output_dir, cli.train_config(), dev=dev, settings=settings)
-        if clf.interrupted:
-            print(f"interrupted by {clf.interrupted} at step {clf.global_step}; checkpoint saved in "
-                  f"{FLAGS.output_dir}. Rerun the same command to resume")
-            return
+    if FLAGS.do_train and not fine_tuning.train(clf, train, dev, ("task_name",)):
+        return
     results = {}
     if FLAGS.do_eval:
-        results = clf.evaluate(dev, batch_size=FLAGS.eval_batch_size)
-        for key in sorted(results):
-            logging.info("  %s = %s", key, results[key])
+        results, path = fine_tuning.evaluate(clf, dev, towers.is_chief)
         if towers.is_chief:
-            path = outputs.write_eval_results(FLAGS.output_dir, results, clf.report)
             main = clf.main_metric
             print(f"eval: {main[len('eval_'):]} {results[main]:.4f} on {len(dev)} examples -> {path}")
     if FLAGS.do_predict:

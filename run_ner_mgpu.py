@@ -8,7 +8,6 @@ or JSON lines (--data_format, detected by default). A thin wrapper over `bert_mg
 mistake ends in one line and exit status 1.
 """
 
-import logging
 import time
 
 from absl import app, flags
@@ -101,24 +100,12 @@ def run():
     for split in ("train", "dev"):  # a tag the model has no output for, named by file and line
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])
-    if FLAGS.do_train:
-        if FLAGS.auto_batch_size:
-            tagger.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
-                                   memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
-        settings = {name: getattr(FLAGS, name) for name in (
-            "data_dir", "data_format", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")}
-        tagger.fit(train, FLAGS.output_dir, cli.train_config(), dev=dev, settings=settings)
-        if tagger.interrupted:
-            print(f"interrupted by {tagger.interrupted} at step {tagger.global_step}; checkpoint saved in "
-                  f"{FLAGS.output_dir}. Rerun the same command to resume")
-            return
+    if FLAGS.do_train and not fine_tuning.train(tagger, train, dev, ("data_format",)):
+        return
     results = {}
     if FLAGS.do_eval:
-        results = tagger.evaluate(dev, batch_size=FLAGS.eval_batch_size)
-        for key in sorted(results):
-            logging.info("  %s = %s", key, results[key])
+        results, path = fine_tuning.evaluate(tagger, dev, towers.is_chief)
         if towers.is_chief:
-            path = outputs.write_eval_results(FLAGS.output_dir, results, tagger.report)
             print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
                   f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
     if FLAGS.do_predict:

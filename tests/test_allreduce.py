@@ -71,7 +71,7 @@ def test_the_gpu_step_runs_with_every_precision_in_packs_of_one_dtype_last_layer
 def test_a_crf_tagger_steps_on_the_gpu_path_in_mixed_float16():
     """run_ner_mgpu.py --crf on GPUs: the token head's float32 logits, the CRF's float32 transitions and the
     encoder's float16 gradients cross in packs of one dtype on NCCL; both towers stay equal."""
-    from bert_mgpu.model.objectives import CRFTagging
+    from bert_mgpu.model.tagging_objectives import CRFTagging
 
     _, strategy = gpu_strategy()
     with strategy.scope():

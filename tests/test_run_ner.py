@@ -160,3 +160,33 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("run_ner_mgpu.py: error: ") and expected in last, proc.stderr
     assert not os.path.exists(out / "checkpoint")  # nothing trained
+
+
+def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(tmp_path, google_release):
+    """The tagger's windows come back in the same order after a resume: its batches skip what was seen."""
+    import random
+    import signal
+
+    from test_crash_resume import assert_bit_identical, interrupted, latest_step
+
+    d = tmp_path / "data"
+    d.mkdir()
+    write_conll(d / "train.txt", ner_sentences(96, 3, 30))
+    write_conll(d / "dev.txt", ner_sentences(8, 3, 14, seed=1, split="dev"))
+
+    def args(out):
+        return [*common(str(d), google_release, out), "--do_train", "--do_eval", "--train_batch_size=4",
+                "--num_train_epochs=1", "--save_checkpoints_steps=4", "--deterministic", "--learning_rate=1e-3"]
+
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run(*args(whole))
+    last = latest_step(whole)
+    assert last > 12
+    code, _, stderr = interrupted("run_ner_mgpu.py", args(parts), signal.SIGKILL, parts, 4,
+                                  delay=random.uniform(0.0, 0.3))
+    assert code == -signal.SIGKILL and 4 < latest_step(parts) < last, (code, latest_step(parts), stderr[-2000:])
+    proc = run(*args(parts))
+    assert f"resuming from {parts}/ckpt-" in proc.stderr
+    assert_bit_identical(whole, parts, last)
+    assert open(os.path.join(whole, "eval_results.txt")).read() == open(os.path.join(parts,
+                                                                                    "eval_results.txt")).read()

@@ -10,7 +10,7 @@ from conftest import tiny_config
 
 from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
-from bert_mgpu.model.objectives import TokenClassification
+from bert_mgpu.model.tagging_objectives import TokenClassification
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "keras_hub"])

@@ -28,7 +28,7 @@ from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_data
 from bert_mgpu.io import checkpoints, export, run_dir
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
-from bert_mgpu.model.objectives import CRFTagging, TokenClassification
+from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train import memory
 

@@ -2,9 +2,13 @@
 run_classifier flags, the towers', reliability and export flags, and evaluation while training under
 Hugging Face's names. Each script adds only its task's own flags; `cli.train_config()` reads these."""
 
+import logging
+
 from absl import flags
 
-from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags
+from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags, train_config
+
+FLAGS = flags.FLAGS
 
 
 def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_help, auto_batch_help):
@@ -65,3 +69,30 @@ AT_LEAST = {"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "p
             "num_warmup_steps": 0, "eval_every_steps": 1, "early_stopping_patience": 1,
             "max_consecutive_skips": 0, "seed": 0, "save_total_limit": 1}
 POSITIVE = ("num_train_epochs", "learning_rate")
+
+
+def train(model, train_rows, dev, settings=()):
+    """--do_train for a `FineTuned` head: the automatic batch size if asked, then `fit` with the flags' config
+    (`settings`: more flags a resumed run must share). False when a signal stopped it (said on stdout)."""
+    if FLAGS.auto_batch_size:
+        model.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
+                              memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
+    names = (*settings, "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")
+    model.fit(train_rows, FLAGS.output_dir, train_config(), dev=dev,
+              settings={name: getattr(FLAGS, name) for name in names})
+    if model.interrupted:
+        print(f"interrupted by {model.interrupted} at step {model.global_step}; checkpoint saved in "
+              f"{FLAGS.output_dir}. Rerun the same command to resume")
+        return False
+    return True
+
+
+def evaluate(model, dev, chief):
+    """--do_eval: the results logged and, on the chief, written to eval_results.txt -> (results, its path)."""
+    from bert_mgpu.io import outputs
+
+    results = model.evaluate(dev, batch_size=FLAGS.eval_batch_size)
+    for key in sorted(results):
+        logging.info("  %s = %s", key, results[key])
+    path = outputs.write_eval_results(FLAGS.output_dir, results, model.report) if chief else None
+    return results, path

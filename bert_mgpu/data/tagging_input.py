@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import _plain, length_batches, sorted_batches
-from bert_mgpu.model.objectives import TokenClassification
+from bert_mgpu.model.tagging_objectives import TokenClassification
 
 IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
 

@@ -12,8 +12,9 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints
 from bert_mgpu.model.config import BertConfig
 from bert_mgpu.model.modeling import build_backbone, build_classifier, build_tagger
-from bert_mgpu.model.objectives import CRFTagging, TokenClassification, objective
+from bert_mgpu.model.objectives import objective
 from bert_mgpu.model.pretraining_model import head_weights
+from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 
 
 @dataclasses.dataclass

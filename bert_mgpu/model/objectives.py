@@ -6,7 +6,8 @@ export names. A sentence head's (`SentenceObjective`) also owns its head's width
 and encoded, the evaluation's numbers, how logits become predictions, the prediction files, the Hugging Face
 label facts and the SavedModel's outputs. Everything else (the encoder, the towers, the session, checkpoints)
 is shared, so a new head kind (spans, multiple choice) is a new objective and its reader.
-`objective(name)` is the one place a --task_type string is read.
+`objective(name)` is the one place a --task_type string is read. Token classification's objectives
+(NER, with or without a CRF) are in tagging_objectives.py.
 
 Example:
     obj = objective("multi_label")
@@ -14,16 +15,12 @@ Example:
     files = obj.prediction_files(obj.predict(logits), labels=["a", "b"], guids=["test-0"], threshold=0.5)
 """
 
-import json
-
 import keras
 import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core import metrics
-from bert_mgpu.core.entities import entities, entity_scores
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
 
 
@@ -346,101 +343,6 @@ class MaskedLanguageModel(Objective):
     def hf_architecture(self, weights):
         """BertForPreTraining with the next-sentence head, else BertForMaskedLM."""
         return "BertForPreTraining" if "cls/seq_relationship/output_weights" in weights else "BertForMaskedLM"
-
-
-class TokenClassification(Objective):
-    """A label a token (NER): cross-entropy over the positions that carry a label (each word's first
-    WordPiece; the others are -1), and entity-level scores as conlleval counts them."""
-
-    name = "token_classification"
-    IGNORED = -1
-
-    def loss(self, model, features, labels, training=True):
-        """(mean cross-entropy over labelled positions, {"token_accuracy"}); a batch without one gives 0."""
-        return self.token_stats(model(features, training=training), labels)
-
-    def token_stats(self, logits, labels):
-        """(mean cross-entropy over labelled positions, {"token_accuracy"}) of the scores."""
-        labels = tf.reshape(labels, [-1])
-        flat = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
-        weight = tf.cast(labels != self.IGNORED, tf.float32)
-        per = sparse_xent(tf.where(labels == self.IGNORED, 0, labels), flat)
-        count = tf.maximum(tf.reduce_sum(weight), 1.0)
-        right = tf.cast(tf.equal(tf.argmax(flat, -1, output_type=labels.dtype), labels), tf.float32)
-        return tf.reduce_sum(per * weight) / count, {"token_accuracy": tf.reduce_sum(right * weight) / count}
-
-    def decoder(self, model):
-        """How a window's word scores become label ids: None, each word's best label."""
-        return None
-
-    def evaluate(self, true_tags, predicted_tags):
-        """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report)."""
-        scores = entity_scores(true_tags, predicted_tags)
-        return {f"eval_{k}": scores[k] for k in ("precision", "recall", "f1", "accuracy")}, scores["per_type"]
-
-    def main_metric(self, task=None):
-        return "eval_f1"
-
-    def hf_architecture(self, weights):
-        return "BertForTokenClassification"
-
-    def hf_facts(self, labels):
-        """config.json's id2label and label2id, as Hugging Face writes them."""
-        return label_maps(labels)
-
-    def prediction_files(self, sentences, predicted, data_format=None):
-        """{file name: text} for sentences (guid, tokens, tags or None) and their predicted tags:
-        predict.txt (CoNLL columns `token [true] predicted`, a blank line between sentences: what conlleval
-        reads), predictions.jsonl (each sentence's text and entities: type, text, character start and end in
-        the text, end exclusive, and the token span) and, for CLUENER's data, cluener_predict.json (its
-        submission format, character offsets, end inclusive). The text is the tokens joined by a space, or
-        run together when every token is one character (Chinese)."""
-        columns, found, cluener = [], [], []
-        for n, (s, tags) in enumerate(zip(sentences, predicted, strict=True)):
-            gold = s.tags or [None] * len(tags)
-            columns.append("".join(" ".join(c for c in (token, true, tag) if c is not None) + "\n"
-                                   for token, true, tag in zip(s.tokens, gold, tags)) + "\n")
-            joiner = "" if all(len(t) == 1 for t in s.tokens) else " "
-            starts = np.cumsum([0] + [len(t) + len(joiner) for t in s.tokens])
-            text = joiner.join(s.tokens)
-            spans = []
-            for kind, first, end in entities(tags):
-                begin, stop = int(starts[first]), int(starts[end] - len(joiner))
-                spans.append({"type": kind, "text": text[begin:stop], "start": begin, "end": stop,
-                              "token_start": first, "token_end": end})
-            found.append(json.dumps({"id": s.guid, "text": text, "entities": spans}, ensure_ascii=False) + "\n")
-            label = {}
-            for e in spans:
-                label.setdefault(e["type"], {}).setdefault(e["text"], []).append([e["start"], e["end"] - 1])
-            cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
-        files = {"predict.txt": "".join(columns), "predictions.jsonl": "".join(found)}
-        if data_format == "cluener":
-            files["cluener_predict.json"] = "".join(cluener)
-        return files
-
-
-class CRFTagging(TokenClassification):
-    """Token classification with a linear-chain CRF over each window's words (crf.py): the loss is the
-    negative log-likelihood of the true tag path, averaged over windows; prediction is the Viterbi path."""
-
-    def loss(self, model, features, labels, training=True):
-        """(mean negative log-likelihood over windows with a label, {"token_accuracy"} of the scores alone)."""
-        logits = model(features, training=training)
-        likelihood = log_likelihood(logits, labels, model.crf.transitions)
-        rows = tf.maximum(tf.reduce_sum(tf.cast(tf.reduce_any(labels != self.IGNORED, 1), tf.float32)), 1.0)
-        _, stats = super().token_stats(logits, labels)
-        return -tf.reduce_sum(likelihood) / rows, stats
-
-    def settings(self):
-        return {**super().settings(), "crf": True}
-
-    def decoder(self, model):
-        """Each window's best path under the model's transitions as they are now."""
-        transitions = model.crf.transitions.numpy()
-        return lambda scores: viterbi(scores, transitions)
-
-    def hf_architecture(self, weights):
-        raise UserError("--crf: transformers' BertForTokenClassification has no CRF; export the model as google")
 
 
 KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices
