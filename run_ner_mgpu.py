@@ -67,12 +67,12 @@ def run():
     from bert_mgpu.io.export import TAGGER_FORMATS
 
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if FLAGS.crf and fmt == "hf":
-            raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; "
-                            "export google")
+        if FLAGS.crf and fmt in ("hf", "saved_model"):
+            raise UserError(f"--crf --export_format={fmt}: {fmt} cannot decode a CRF (transformers has none; the "
+                            "served graph does not yet); export google")
         if fmt not in TAGGER_FORMATS:  # before any training
-            raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {' and '.join(TAGGER_FORMATS)} "
-                            "(keras-hub has no token classifier; a SavedModel for NER is not written yet)")
+            raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {', '.join(TAGGER_FORMATS)} "
+                            "(keras-hub has no token classifier)")
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))

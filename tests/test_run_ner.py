@@ -51,7 +51,7 @@ def trained(data, release, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("out"))
     args = common(data, release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=30",
                   "--learning_rate=5e-3", "--warmup_proportion=0.05", "--eval_every_steps=200",
-                  "--load_best_model_at_end", "--do_export", "--export_format=hf,google")
+                  "--load_best_model_at_end", "--do_export", "--export_format=hf,google,saved_model")
     return out, args, run(*args)
 
 
@@ -88,7 +88,7 @@ def test_train_evaluate_predict_and_export_write_what_people_read(trained, data)
 
     dev = read_tagged(os.path.join(data, "dev.txt"))
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
-    for fmt in ("hf", "google"):  # each export loads back with its head and tags, to the same entity F1
+    for fmt in ("hf", "google", "saved_model"):  # each export loads back with its head and tags, to the same F1
         back = bert_mgpu.BertTagger.from_pretrained(os.path.join(out, "export", fmt), towers=towers,
                                                     max_seq_length=16, doc_stride=6)
         assert back.labels == NER_TAGS
@@ -124,7 +124,7 @@ def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trai
     assert open(os.path.join(out, "eval_results.txt")).read() == before
 
 
-@pytest.mark.parametrize("case", ["unknown_dev_tag", "bad_tag_map", "saved_model_export", "no_train_file",
+@pytest.mark.parametrize("case", ["unknown_dev_tag", "bad_tag_map", "crf_saved_model", "no_train_file",
                                   "stride_too_long", "ragged_columns"])
 def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
     d = tmp_path / "data"
@@ -140,9 +140,9 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     elif case == "bad_tag_map":
         extra.append("--tag_map=nr:PER")
         expected = "--tag_map: 'nr:PER' is not pos=TYPE (as nr=PER)"
-    elif case == "saved_model_export":
-        extra += ["--do_export", "--export_format=saved_model"]
-        expected = "--export_format=saved_model: run_ner_mgpu.py exports hf and google"
+    elif case == "crf_saved_model":
+        extra += ["--crf", "--do_export", "--export_format=saved_model"]
+        expected = "--crf --export_format=saved_model: saved_model cannot decode a CRF"
     elif case == "no_train_file":
         os.remove(d / "train.txt")
         expected = f"--data_dir={d}: no train file"

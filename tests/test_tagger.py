@@ -106,6 +106,27 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     (by_token,) = tagger.predict([text.replace(",the", ", the").split()])
     assert [(e["type"], e["start"], e["end"]) for e in by_token] == [("LOC", 1, 2), ("PER", 5, 7), ("LOC", 9, 10)]
 
+    # The SavedModel: raw text in, tags and entities with character offsets out, as predict gives them.
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the served graph's tokenizer ops)
+
+    tagger.export(str(tmp_path / "served"), "saved_model")
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
+    texts = [text, "a actor story , the film", "", "good good"]
+    got = {k: v.numpy() for k, v in served(text=tf.constant(texts)).items()}
+    for i, (tags, found) in enumerate(zip(tagger.predict_tags(texts), tagger.predict(texts))):
+        assert [t.decode() for t in got["tags"][i] if t] == tags
+        assert [(a.decode(), b.decode(), int(s), int(e)) for a, b, s, e in zip(
+            got["entity_types"][i], got["entity_texts"][i], got["entity_starts"][i], got["entity_ends"][i])
+            if s >= 0] == [(e["type"], e["text"], e["start"], e["end"]) for e in found]
+    assert sum(1 for row in got["entity_types"] for t in row if t) >= 4
+    long = " ".join(t.tokens[0] for t in test)  # 40 words: past the window's 14 pieces, tagged O there
+    tags = [t.decode() for t in served(text=tf.constant([long]))["tags"].numpy()[0]]
+    assert len(tags) == 40 and set(tags[14:]) == {"O"}
+    back = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "served"), towers=towers, max_seq_length=16,
+                                                doc_stride=6, precision="float32")
+    assert back.labels == NER_TAGS and back.predict_tags(texts) == tagger.predict_tags(texts)
+
     steps = tagger.trained_steps
     again = tagger.fit(train, out, epochs=36, learning_rate=5e-3, warmup_proportion=0.05, dev=dev,
                        eval_every_steps=200)
@@ -180,3 +201,29 @@ def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with
                                                 doc_stride=6, precision="float32")
     assert back.model.crf is not None and np.array_equal(back.model.crf.transitions.numpy(), t)
     assert back.predict_tags(test) == tagger.predict_tags(test)
+
+
+def test_the_served_chunking_equals_conllevals_on_random_tag_sequences():
+    """The SavedModel's entities (TensorFlow ops over every text's words end to end) against
+    core.entities, per text, on random BIO/BIOES/BILOU/IO sequences and texts with no words."""
+    import tensorflow as tf
+
+    from bert_mgpu.core.entities import entities
+
+    labels = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "L-LOC", "U-LOC", "ORG"]
+    rng = np.random.default_rng(0)
+    rows = [[labels[i] for i in rng.integers(0, len(labels), int(rng.integers(0, 12)))] for _ in range(300)]
+    rows += [[], ["I-PER"], ["E-PER", "I-PER"]]
+    flat = [labels.index(t) for row in rows for t in row]
+    lengths = np.array([len(r) for r in rows])
+    last = np.zeros(len(flat), bool)
+    last[np.cumsum(lengths)[lengths > 0] - 1] = True
+    first, final, kind, types = TokenClassification().serving_chunks(tf.constant(flat, tf.int32),
+                                                                    tf.constant(last), labels)
+    row_of = np.repeat(np.arange(len(rows)), lengths)
+    starts = np.r_[0, np.cumsum(lengths)[:-1]]
+    got = [[] for _ in rows]
+    for a, b, k in zip(first.numpy(), final.numpy(), kind.numpy()):
+        assert row_of[a] == row_of[b]
+        got[row_of[a]].append((types[k], int(a - starts[row_of[a]]), int(b - starts[row_of[a]]) + 1))
+    assert got == [entities(row) for row in rows]

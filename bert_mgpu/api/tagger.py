@@ -176,11 +176,12 @@ class BertTagger(FineTuned):
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
-    def export(self, output_dir: str, format: str = "hf") -> str:
-        """Write the model as it is now to the new directory output_dir: "hf" (transformers'
-        BertForTokenClassification, id2label) or "google" (bert_model.ckpt, with a CRF's crf/transitions).
-        Each reads back through `from_pretrained`."""
-        return export.export_model(export.from_tagger(self), output_dir, format)
+    def export(self, output_dir: str, format: str = "saved_model", precision: str = "float32") -> str:
+        """Write the model as it is now to the new directory output_dir: "saved_model" (TensorFlow Serving:
+        raw text in, each word's tag and the entities with character offsets out; `precision` its compute
+        dtype), "hf" (transformers' BertForTokenClassification, id2label) or "google" (bert_model.ckpt, with a
+        CRF's crf/transitions). Each reads back through `from_pretrained`."""
+        return export.export_model(export.from_tagger(self), output_dir, format, precision)
 
     # ------------------------------------------------------------------ inference
     def _tag_ids(self, sentences, batch_size, verbose, source):

@@ -19,6 +19,7 @@ import unicodedata
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_text as tf_text
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import _plain, length_batches, sorted_batches
@@ -193,3 +194,16 @@ def split_words(text):
         elif start is None:
             start = i
     return words
+
+
+# split_words' rules as RE2 patterns, for the SavedModel: white space (Python's str.isspace), and the
+# characters that stand alone (ASCII symbols, Unicode punctuation, the CJK blocks of _is_cjk).
+_SPACE = r"[\s\v\x{1c}-\x{1f}\x{85}\p{Z}]+"
+_ALONE = (r"[!-/:-@\[-`{-~\p{P}\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B81F}"
+          r"\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]")
+
+
+def split_words_tf(text):
+    """`split_words` as TensorFlow ops: strings [batch] -> (words, byte starts, byte ends), each ragged
+    [batch, (words)]; offsets into the UTF-8 bytes of each text."""
+    return tf_text.regex_split_with_offsets(text, f"{_SPACE}|{_ALONE}", _ALONE)

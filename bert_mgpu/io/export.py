@@ -35,7 +35,7 @@ from bert_mgpu.model.objectives import MaskedLanguageModel, objective
 
 log = logging.getLogger("bert_mgpu")
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
-TAGGER_FORMATS = ("hf", "google")
+TAGGER_FORMATS = ("saved_model", "hf", "google")
 # Texts the keras-hub export is compared on, besides any the caller gives.
 PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
                "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
@@ -69,7 +69,7 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
                         "express (its BERT is post-LN); export it as saved_model")
     if trained.kind == "tagger" and format not in TAGGER_FORMATS:
         raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
-                        "(keras-hub has no token classifier; the SavedModel is not written for one yet)")
+                        "(keras-hub has no token classifier)")
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole

@@ -22,7 +22,9 @@ import keras
 import tensorflow as tf
 
 from bert_mgpu.core import storage
+from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
+from bert_mgpu.data.tagging_input import split_words_tf
 from bert_mgpu.data.tokenization import FullTokenizer
 from bert_mgpu.io import weight_names
 from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
@@ -47,7 +49,7 @@ def write_saved_model(trained, path, precision="float32"):
     `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
     """
     tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
-    classifier = trained.kind == "classifier"
+    classifier = trained.kind in ("classifier", "tagger")
     model = build_model(trained, precision)
     backbone = model.backbone if classifier else model
     labels = tf.constant(trained.labels or [""])
@@ -61,6 +63,8 @@ def write_saved_model(trained, path, precision="float32"):
             sequence = tf.cast(out["sequence_output"], tf.float32)
             return {"pooled_output": tf.cast(out["pooled_output"], tf.float32), "sequence_output": sequence,
                     "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
+        if trained.kind == "tagger":
+            return {"logits": out}
         return objective(trained.task_type).serving(out, labels)
 
     def from_text(text_a, text_b=None):
@@ -69,11 +73,15 @@ def write_saved_model(trained, path, precision="float32"):
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    if trained.pairs:
-        archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b),
-                             _text_specs(True))
+    if trained.kind == "tagger":
+        text_specs = _text_specs(False)
+        archive.add_endpoint("serving_default", _tagger_endpoint(trained, tokenizer, model), text_specs)
+    elif trained.pairs:
+        text_specs = _text_specs(True)
+        archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b), text_specs)
     else:
-        archive.add_endpoint("serving_default", lambda text: from_text(text), _text_specs(False))
+        text_specs = _text_specs(False)
+        archive.add_endpoint("serving_default", lambda text: from_text(text), text_specs)
     archive.add_endpoint("serving_ids", run, _id_specs())
     # Every weight, its Google name in the meta file: what `read_saved_model` reads back.
     named = _named_variables(model, backbone)
@@ -83,7 +91,7 @@ def write_saved_model(trained, path, precision="float32"):
     meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type,
             "max_seq_length": trained.max_seq_length, "pairs": trained.pairs,
             "do_lower_case": trained.do_lower_case, "precision": precision, "weights": list(named),
-            "signatures": {"serving_default": [s.name for s in _text_specs(trained.pairs)],
+            "signatures": {"serving_default": [s.name for s in text_specs],
                            "serving_ids": [s.name for s in _id_specs()]}}
     storage.write_atomic(os.path.join(path, EXTRA, META), json.dumps(meta, indent=2) + "\n")
     storage.write_atomic(os.path.join(path, EXTRA, "bert_config.json"),
@@ -99,3 +107,62 @@ def _named_variables(model, backbone):
     return named
 
 
+
+
+def _tagger_endpoint(trained, tokenizer, model):
+    """Raw text -> each word's tag and the entities, with character offsets into the text: the words cut as
+    `split_words` cuts them, labels read on each word's first WordPiece. A text of more than
+    max_seq_length - 2 WordPieces is read up to there: its later words are tagged O (`BertTagger.predict`
+    reads long texts in windows)."""
+    labels = list(trained.labels)
+    head = trained.head
+    if "crf/transitions" in trained.weights:
+        raise UserError("--crf --export_format=saved_model: the served graph does not decode a CRF yet; export "
+                        "google")
+    room, pad = trained.max_seq_length - 2, tokenizer.pad_id
+    outside = labels.index("O") if "O" in labels else 0
+
+    def tag(text):
+        words, byte_starts, byte_ends = split_words_tf(text)
+        rows = words.value_rowids()
+        flat_text = tf.gather(text, rows)
+        byte_starts, byte_ends = byte_starts.flat_values, byte_ends.flat_values
+        char = lambda ends: tf.strings.length(tf.strings.substr(flat_text, tf.zeros_like(ends), ends),  # noqa: E731
+                                              unit="UTF8_CHAR")
+        starts, ends = char(byte_starts), char(byte_ends)
+        pieces = tokenizer(words.flat_values)  # [words, (pieces)]; a word with none reads as [UNK]
+        plus = tf.concat([pieces, tf.RaggedTensor.from_tensor(tf.fill([tf.shape(rows)[0], 1], tokenizer.unk_id))], 1)
+        pieces = tf.ragged.boolean_mask(plus, tf.ragged.range(plus.row_lengths()) < tf.maximum(
+            pieces.row_lengths(), 1)[:, None])
+        counts = tf.cast(pieces.row_lengths(), tf.int32)
+        before = tf.cumsum(counts, exclusive=True)
+        first = before - tf.gather(tf.gather(tf.concat([before, [0]], 0), tf.cast(words.row_splits, tf.int32)),
+                                   tf.cast(rows, tf.int32))  # each word's first piece within its text
+        per_text = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)[:, :room]
+        n = tf.shape(text)[0]
+        ids = tf.concat([tf.fill([n, 1], tokenizer.cls_id), per_text,
+                         tf.fill([n, 1], tokenizer.sep_id)], 1).to_tensor(pad)
+        logits = model({"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": ids != pad},
+                       training=False)
+        width = tf.shape(logits)[1]
+        at = tf.cast(rows, tf.int32) * width + tf.minimum(first + 1, width - 1)
+        chosen = tf.argmax(tf.gather(tf.reshape(logits, [-1, len(labels)]), at), -1, output_type=tf.int32)
+        tag_ids = tf.where(first < room, chosen, outside)
+        count = tf.size(rows)
+        last_in_row = (rows != tf.roll(rows, -1, 0)) | (tf.range(count) == count - 1)
+        first_word, last_word, kind, types = head.serving_chunks(tag_ids, last_in_row, labels)
+        entity_rows = tf.gather(rows, first_word)
+        span = tf.gather(byte_starts, first_word)
+        n64 = tf.cast(n, tf.int64)
+        by_entity = lambda values: tf.RaggedTensor.from_value_rowids(values, entity_rows, n64)  # noqa: E731
+        by_word = lambda values: tf.RaggedTensor.from_value_rowids(values, rows, n64)  # noqa: E731
+        texts = tf.strings.substr(tf.gather(flat_text, first_word), span,
+                                  tf.gather(byte_ends, last_word) - span)
+        return {"tags": by_word(tf.gather(tf.constant(labels), tag_ids)).to_tensor(""),
+                "word_starts": by_word(starts).to_tensor(-1), "word_ends": by_word(ends).to_tensor(-1),
+                "entity_types": by_entity(tf.gather(tf.constant(types or [""]), kind)).to_tensor(""),
+                "entity_texts": by_entity(texts).to_tensor(""),
+                "entity_starts": by_entity(tf.gather(starts, first_word)).to_tensor(-1),
+                "entity_ends": by_entity(tf.gather(ends, last_word)).to_tensor(-1)}
+
+    return tag

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu.core.entities import entities, entity_scores
+from bert_mgpu.core.entities import entities, entity_scores, split_tag
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
@@ -43,6 +43,28 @@ class TokenClassification(Objective):
     def decoder(self, model):
         """How a window's word scores become label ids: None, each word's best label."""
         return None
+
+    def serving_chunks(self, tag_ids, last_in_row, labels):
+        """`entities`' chunks in TensorFlow ops, over words end to end (`last_in_row`: a text's last word)
+        -> (first word, last word, type index) of each entity in order, and the type names. The same rules
+        as core/entities.py: an I- or E- after O, E-, S- or another type starts one."""
+        prefixes, kinds = zip(*(split_tag(label) for label in labels))
+        types = sorted({k for k in kinds if k})
+        code = {"O": 0, "B": 1, "I": 2, "E": 3, "S": 4}
+        prefix = tf.gather(tf.constant([code.get(p, 2) for p in prefixes], tf.int32), tag_ids)
+        kind = tf.gather(tf.constant([types.index(k) if k else -1 for k in kinds], tf.int32), tag_ids)
+        first_in_row = tf.roll(last_in_row, 1, 0)  # the word after a text's last
+        before_prefix = tf.where(first_in_row, 0, tf.roll(prefix, 1, 0))
+        before_kind = tf.where(first_in_row, -1, tf.roll(kind, 1, 0))
+        after_prefix = tf.where(last_in_row, 0, tf.roll(prefix, -1, 0))
+        after_kind = tf.where(last_in_row, -1, tf.roll(kind, -1, 0))
+        inside = prefix != 0
+        starts = inside & ((prefix == 1) | (prefix == 4) | (before_prefix == 0) | (before_prefix >= 3)
+                           | (kind != before_kind))
+        ends = inside & ((prefix >= 3) | (after_prefix == 0) | (after_prefix == 1) | (after_prefix == 4)
+                         | (kind != after_kind))
+        first, last = tf.where(starts)[:, 0], tf.where(ends)[:, 0]
+        return first, last, tf.gather(kind, first), types
 
     def evaluate(self, true_tags, predicted_tags):
         """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report)."""
