@@ -99,12 +99,12 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     assert results["eval_f1"] > 0.95 and tagger.report["PER"][3] > 20, (results, tagger.report)
     assert 0 < results["eval_loss"] < 0.2 and results["eval_examples"] == 40
 
-    text = "the film , said the actor story ,the movie"
+    text = "the film  good the actor story\ta the  movie"  # only the task's words: others it never saw
     (found,) = tagger.predict([text])
     assert [(e["type"], e["text"]) for e in found] == [("LOC", "film"), ("PER", "actor story"), ("LOC", "movie")]
     assert all(text[e["start"]:e["end"]] == e["text"] for e in found)
-    (by_token,) = tagger.predict([text.replace(",the", ", the").split()])
-    assert [(e["type"], e["start"], e["end"]) for e in by_token] == [("LOC", 1, 2), ("PER", 5, 7), ("LOC", 9, 10)]
+    (by_token,) = tagger.predict([text.split()])
+    assert [(e["type"], e["start"], e["end"]) for e in by_token] == [("LOC", 1, 2), ("PER", 4, 6), ("LOC", 8, 9)]
 
     # The SavedModel: raw text in, tags and entities with character offsets out, as predict gives them.
     import tensorflow as tf

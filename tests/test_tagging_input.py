@@ -74,3 +74,26 @@ def test_bad_strides_and_tags_unseen_in_training(tokenizer):
         make_windows(s, tokenizer, LABELS, max_seq_length=12)
     untagged = make_windows([Sentence("test-0", ["the"], None, 1)], tokenizer, LABELS, max_seq_length=12)
     assert untagged[0].labels == [IGNORED] * 3
+
+
+EDGE_TEXTS = ["John lives in New-York, (really)!", "张三在北京工作。", "  tabs\tand\u3000ideographic\xa0nbsp ",
+              "Ünïcödé ÀÇÇÉNTS … “quotes” — dashes", "x", "", "1984: 12.5% of $3,000",
+              "e\u0301t\u00e9 \x1fctrl\x85 end", "a—b…c", "日本語とＡＢＣ１２３"]
+
+
+def test_raw_text_is_cut_into_words_as_google_berts_basic_tokenizer_cuts_it_in_python_and_in_the_graph():
+    """split_words (Python, for predict) and split_words_tf (the SavedModel's ops) give the same words and
+    offsets: white space apart, punctuation and each CJK character alone."""
+    import tensorflow as tf
+
+    from bert_mgpu.data.tagging_input import split_words, split_words_tf
+
+    assert [w for w, _, _ in split_words("张三在北京工作。New-York, ok")] == [
+        "张", "三", "在", "北", "京", "工", "作", "。", "New", "-", "York", ",", "ok"]
+    assert split_words(" a  bc ") == [("a", 1, 2), ("bc", 4, 6)]
+    words, starts, ends = split_words_tf(tf.constant(EDGE_TEXTS))
+    for i, text in enumerate(EDGE_TEXTS):
+        data = text.encode("utf-8")
+        graph = [(w.decode(), len(data[:a].decode()), len(data[:b].decode()))
+                 for w, a, b in zip(words[i].numpy(), starts[i].numpy(), ends[i].numpy())]
+        assert graph == split_words(text), text
