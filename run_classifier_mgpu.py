@@ -107,14 +107,7 @@ def run():
             outputs.draw("write_confusion", FLAGS.output_dir, clf.confusion, clf.labels)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        rates = [r["examples_per_second"] for r in clf.history if "examples_per_second" in r]
-        print(cli.summary("run_classifier_mgpu.py", towers, clf, {
-            "task": task.name,
-            "trained": f"{clf.trained_steps} steps ({clf.stop})" if FLAGS.do_train and clf.stop else None,
-            "best model": f"step {clf.best_step}" if clf.best_step is not None else None,
-            "examples/s": rates[-1] if rates else None,
-            **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")}}, started))
-
+        print(fine_tuning.summary("run_classifier_mgpu.py", towers, clf, {"task": task.name}, results, started))
 
 def _console():
     from bert_mgpu.cli import main_wrapper

@@ -118,14 +118,8 @@ def run():
         cli.run_exports(tagger, exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        rates = [r["examples_per_second"] for r in tagger.history if "examples_per_second" in r]
-        print(cli.summary("run_ner_mgpu.py", towers, tagger, {
-            "tags": len(tagger.labels),
-            "trained": f"{tagger.trained_steps} steps ({tagger.stop})" if FLAGS.do_train and tagger.stop else None,
-            "best model": f"step {tagger.best_step}" if tagger.best_step is not None else None,
-            "windows/s": rates[-1] if rates else None,
-            **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")}}, started))
-
+        print(fine_tuning.summary("run_ner_mgpu.py", towers, tagger, {"tags": len(tagger.labels)}, results, started,
+                                  "windows/s"))
 
 def _console():
     from bert_mgpu.cli import main_wrapper
