@@ -134,6 +134,9 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     loaded = bert_mgpu.BertTagger.from_pretrained(os.path.join(out, "best"), towers=towers)
     assert loaded.labels == NER_TAGS and loaded.doc_stride == 6 and loaded.max_seq_length == 16  # its windows
     assert loaded.evaluate(test)["eval_f1"] == pytest.approx(results["eval_f1"], abs=1e-9)
+    # A tagger's run as a classifier's --init_checkpoint gives its encoder; the tags are not the classes.
+    clf = bert_mgpu.BertClassifier.from_pretrained(out, labels=["neg", "pos"], towers=towers, max_seq_length=16)
+    assert clf.task_type == "classification" and clf.labels == ["neg", "pos"] and clf.global_step == 0
 
 
 def test_prediction_files_give_conll_columns_entities_with_character_offsets_and_cluener_submissions():

@@ -122,6 +122,9 @@ class BertClassifier(FineTuned):
         opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
                                  max_seq_length, config_alone=True)
         pre, run = opened.pretrained, opened.pretrained.run or {}
+        own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
+        if not own:  # another head's run (a tagger's, a pretrainer's) gives its encoder alone
+            run = {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         kind = objective(task_type)
         labels = list(labels or run.get("labels") or pre.labels or []) if kind.has_classes else []
@@ -148,7 +151,6 @@ class BertClassifier(FineTuned):
                      f"{len(labels)} labels" if labels else "one score")
         clf = cls(model, opened.tokenizer, labels, opened.config, opened.towers, opened.policy, max_seq_length, task,
                   fused_encoder, task_type)
-        own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
         step = pre.checkpoint_step
         clf.global_step = (step if step is not None else int(run.get("global_step", 0))) if own else 0
         clf.pairs = bool(run.get("pairs", clf.pairs))
