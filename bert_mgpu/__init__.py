@@ -25,7 +25,8 @@ _HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "Dev
           "Validation": "api.pretraining", "PretrainingData": "data.pretraining_input", "Example": "data.tasks",
           "get_task": "data.tasks", "FullTokenizer": "data.tokenization", "export_model": "io.export",
           "TrainConfig": "train.train_config", "PretrainConfig": "train.train_config", "BertTagger": "api.tagger",
-          "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged"}
+          "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",
+          "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad"}
 __all__ = sorted(_HOMES)
 
 

@@ -450,10 +450,11 @@ def read_saved_model(path):
     weights = {}
     for name, var in zip(meta["weights"], loaded.bert_weights):
         value = np.asarray(var.numpy(), np.float32)
+        span = meta.get("kind") == "question_answerer"  # run_squad's head names
         if name == "classifier/kernel":
-            name, value = "output_weights", value.T
+            name, value = ("cls/squad/output_weights" if span else "output_weights"), value.T
         elif name == "classifier/bias":
-            name = "output_bias"
+            name = "cls/squad/output_bias" if span else "output_bias"
         weights[name] = fold_to_google_shape(name, value)
     return Pretrained(
         "saved_model", path, config, os.path.join(path, EXTRA, "vocab.txt"), weights, meta.get("do_lower_case"),

@@ -28,6 +28,7 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
     build_model,
     from_classifier,
     from_pretrainer,
+    from_question_answerer,
     from_tagger,
     read_trained,
 )
@@ -36,6 +37,7 @@ from bert_mgpu.model.objectives import MaskedLanguageModel, objective
 log = logging.getLogger("bert_mgpu")
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
 TAGGER_FORMATS = ("saved_model", "hf", "google")
+SPAN_FORMATS = ("saved_model", "hf", "google")  # keras-hub has no span head either
 # Texts the keras-hub export is compared on, besides any the caller gives.
 PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
                "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
@@ -70,6 +72,9 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     if trained.kind == "tagger" and format not in TAGGER_FORMATS:
         raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
                         "(keras-hub has no token classifier)")
+    if trained.kind == "question_answerer" and format not in SPAN_FORMATS:
+        raise UserError(f"--export_format={format}: a question answerer exports as {' or '.join(SPAN_FORMATS)} "
+                        "(keras-hub has no span head)")
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole

@@ -49,7 +49,7 @@ def write_saved_model(trained, path, precision="float32"):
     `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
     """
     tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
-    classifier = trained.kind in ("classifier", "tagger")
+    classifier = trained.kind in ("classifier", "tagger", "question_answerer")
     model = build_model(trained, precision)
     backbone = model.backbone if classifier else model
     labels = tf.constant(trained.labels or [""])
@@ -65,6 +65,8 @@ def write_saved_model(trained, path, precision="float32"):
                     "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
         if trained.kind == "tagger":
             return {"logits": out}
+        if trained.kind == "question_answerer":
+            return {"start_logits": out[:, :, 0], "end_logits": out[:, :, 1]}
         return objective(trained.task_type).serving(out, labels)
 
     def from_text(text_a, text_b=None):
@@ -73,7 +75,10 @@ def write_saved_model(trained, path, precision="float32"):
 
     archive = keras.export.ExportArchive()
     archive.track(model)
-    if trained.kind == "tagger":
+    if trained.kind == "question_answerer":
+        text_specs = _id_specs()  # windows and n-best spans: data/squad_input.py in Python
+        archive.add_endpoint("serving_default", run, text_specs)
+    elif trained.kind == "tagger":
         text_specs = _text_specs(False)
         archive.add_endpoint("serving_default", _tagger_endpoint(trained, tokenizer, model), text_specs)
     elif trained.pairs:

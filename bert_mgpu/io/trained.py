@@ -11,10 +11,13 @@ import numpy as np
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints
 from bert_mgpu.model.config import BertConfig
-from bert_mgpu.model.modeling import build_backbone, build_classifier, build_tagger
+from bert_mgpu.model.modeling import build_backbone, build_classifier, build_span_model, build_tagger
 from bert_mgpu.model.objectives import objective
 from bert_mgpu.model.pretraining_model import head_weights
+from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
+
+SPAN = "question_answerer"  # the kind of a span head (SQuAD)
 
 
 @dataclasses.dataclass
@@ -22,8 +25,9 @@ class Trained:
     """What every export writes.
 
     Args:
-        kind: "classifier" (a head over the pooled output), "tagger" (a head on every token) or "pretrainer"
-            (the encoder and any pretraining heads).
+        kind: "classifier" (a head over the pooled output), "tagger" (a head on every token),
+            "question_answerer" (a start and an end score on every token) or "pretrainer" (the encoder and
+            any pretraining heads).
         config: the `BertConfig`.
         vocab_file: its `vocab.txt`.
         do_lower_case: the tokenizer's setting.
@@ -49,6 +53,8 @@ class Trained:
         """The head's objective (None for a pretrainer): what its labels mean in an export."""
         if self.kind == "tagger":
             return CRFTagging() if "crf/transitions" in self.weights else TokenClassification()
+        if self.kind == SPAN:
+            return SpanExtraction()
         return objective(self.task_type) if self.kind == "classifier" else None
 
 
@@ -74,6 +80,15 @@ def from_tagger(tagger):
                    list(tagger.labels), TokenClassification.name, tagger.max_seq_length)
 
 
+def from_question_answerer(qa):
+    """A `BertQuestionAnswerer`'s weights as they are now (the head under run_squad's names)."""
+    weights = checkpoints.encoder_weights(qa.model.backbone)
+    weights[GOOGLE_HEAD[0]] = np.asarray(qa.model.head.kernel.numpy(), np.float32).T
+    weights[GOOGLE_HEAD[1]] = np.asarray(qa.model.head.bias.numpy(), np.float32)
+    return Trained(SPAN, qa.config, qa.tokenizer.vocab_file, qa.tokenizer.do_lower_case, weights, [],
+                   SpanExtraction.name, qa.max_seq_length)
+
+
 def from_pretrainer(pretrainer, max_seq_length=128):
     """A `BertPretrainer`'s encoder and heads as they are now."""
     weights = {**checkpoints.encoder_weights(pretrainer.model.backbone), **head_weights(pretrainer.model)}
@@ -86,7 +101,14 @@ def read_trained(path):
     pre = checkpoints.load_pretrained(path)
     run = pre.run or {}
     kind = run.get("kind", "classifier") if pre.kind == "bert_mgpu" else (
-        "classifier" if "output_weights" in pre.weights else "pretrainer")
+        "classifier" if "output_weights" in pre.weights else SPAN if GOOGLE_HEAD[0] in pre.weights else "pretrainer")
+    if pre.kind == "bert_mgpu" and kind == SPAN:
+        head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
+        kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
+        bias = [v for k, v in head.items() if k.startswith("head/bias")]
+        if not (kernel and bias):
+            raise UserError(f"{path}: holds no trained span head")
+        pre.weights.update({GOOGLE_HEAD[0]: kernel[0].T, GOOGLE_HEAD[1]: bias[0]})
     classifier = kind in ("classifier", "tagger")  # a head to read
     if pre.kind == "bert_mgpu" and classifier:
         head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
@@ -103,7 +125,7 @@ def read_trained(path):
     if classifier and not labels and objective(task_type).has_classes:
         labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
     settings = run.get("settings") or {}
-    return Trained(kind if classifier else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
+    return Trained(kind if classifier or kind == SPAN else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
                    pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
                    bool(run.get("pairs", False)))
@@ -111,6 +133,12 @@ def read_trained(path):
 
 def build_model(trained, precision="float32"):
     """The reference (unfused) Keras model of `trained` with its weights: the classifier, or the encoder."""
+    if trained.kind == SPAN:
+        model = build_span_model(trained.config, precision, fused=False)
+        checkpoints.assign_encoder(model.backbone, trained.weights, "export")
+        model.head.kernel.assign(trained.weights[GOOGLE_HEAD[0]].T)
+        model.head.bias.assign(trained.weights[GOOGLE_HEAD[1]])
+        return model
     if trained.kind not in ("classifier", "tagger"):
         backbone = build_backbone(trained.config, precision)
         checkpoints.assign_encoder(backbone, trained.weights, "export")
@@ -130,6 +158,8 @@ def as_trained(source):
         return read_trained(str(source))
     if isinstance(getattr(source, "objective", None), TokenClassification):
         return from_tagger(source)
+    if isinstance(getattr(source, "objective", None), SpanExtraction):
+        return from_question_answerer(source)
     if hasattr(source, "labels") and hasattr(source, "task_type"):
         return from_classifier(source)
     return from_pretrainer(source)

@@ -73,6 +73,9 @@ _HF_HEADS = {
     # BertForSequenceClassification's head is google-bert run_classifier's: [labels, hidden] both ways.
     "classifier.weight": ("output_weights", False),
     "classifier.bias": ("output_bias", False),
+    # BertForQuestionAnswering's head is google-bert run_squad's: [2, hidden] both ways.
+    "qa_outputs.weight": ("cls/squad/output_weights", False),
+    "qa_outputs.bias": ("cls/squad/output_bias", False),
 }
 
 

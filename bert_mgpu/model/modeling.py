@@ -66,6 +66,13 @@ def build_tagger(config, num_labels, policy="float32", dropout=None, fused=True,
     return with_crf
 
 
+def build_span_model(config, policy="float32", fused=True):
+    """Functional Keras model: features -> float32 [batch, length, 2], a start and an end score a position
+    (google-bert's run_squad head, cls/squad/output_weights; transformers' qa_outputs). No dropout before
+    the head, as both."""
+    return _with_head(config, 2, policy, 0.0, fused, "sequence_output", "bert_span")
+
+
 def _with_head(config, num_labels, policy, dropout, fused, output, name):
     """The encoder, dropout and one float32 dense layer named "classifier" on its `output`."""
     backbone = build_backbone(config, policy)

@@ -1,0 +1,64 @@
+"""Extractive question answering's objective: a start and an end score on every position (google-bert's
+run_squad and transformers' BertForQuestionAnswering), scored by the official SQuAD or CMRC 2018 rules.
+See objectives.py for the seam; data/squad_input.py turns the scores into answers.
+
+Example:
+    kind = SpanExtraction()
+    loss, stats = kind.loss(model, features, labels)      # labels [batch, 2]: start and end positions
+"""
+
+import json
+
+import tensorflow as tf
+
+from bert_mgpu.core import qa_metrics
+from bert_mgpu.model.kernels import sparse_xent
+from bert_mgpu.model.objectives import Objective
+
+GOOGLE_HEAD = ("cls/squad/output_weights", "cls/squad/output_bias")  # run_squad's names, [2, hidden] and [2]
+
+
+class SpanExtraction(Objective):
+    """The mean of the start and the end position's cross-entropy (run_squad's loss), each over the
+    window's real positions (padding never scores, so a window's loss does not depend on its batch)."""
+
+    name = "span_extraction"
+    METRICS = ("squad", "cmrc")
+
+    def loss(self, model, features, labels, training=True):
+        """(mean loss, {"span_accuracy": both ends right}) of a batch; labels [batch, 2]."""
+        return self.span_stats(model(features, training=training), features["padding_mask"], labels)
+
+    def span_stats(self, logits, padding_mask, labels):
+        hidden = tf.where(padding_mask[:, :, None], logits, tf.constant(-1e4, logits.dtype))
+        starts, ends = hidden[:, :, 0], hidden[:, :, 1]
+        loss = (sparse_xent(labels[:, 0], starts) + sparse_xent(labels[:, 1], ends)) / 2
+        right = ((tf.argmax(starts, -1, output_type=labels.dtype) == labels[:, 0])
+                 & (tf.argmax(ends, -1, output_type=labels.dtype) == labels[:, 1]))
+        return tf.reduce_mean(loss), {"span_accuracy": tf.reduce_mean(tf.cast(right, tf.float32))}
+
+    def evaluate(self, answers, found, metric="squad", version_2_with_negative=False):
+        """{id: [gold texts]} and data/squad_input's `Answers` -> {eval_exact_match, eval_f1, ...}: the
+        official script's numbers (SQuAD v1.1, v2.0 with null_odds, or CMRC 2018)."""
+        if metric == "cmrc":
+            scores = qa_metrics.cmrc_scores(answers, found.predictions)
+        else:
+            scores = qa_metrics.squad_scores(answers, found.predictions,
+                                             found.null_odds if version_2_with_negative else None)
+        return {f"eval_{k}": v for k, v in scores.items() if k not in ("total", "skipped")}
+
+    def main_metric(self, task=None):
+        return "eval_f1"
+
+    def hf_architecture(self, weights):
+        return "BertForQuestionAnswering"
+
+    def hf_facts(self, labels):
+        return {}
+
+    def prediction_files(self, found, version_2_with_negative=False):
+        """run_squad's files: predictions.json, nbest_predictions.json and (v2) null_odds.json."""
+        files = {"predictions.json": found.predictions, "nbest_predictions.json": found.nbest}
+        if version_2_with_negative:
+            files["null_odds.json"] = found.null_odds
+        return {name: json.dumps(value, indent=4, ensure_ascii=False) + "\n" for name, value in files.items()}
