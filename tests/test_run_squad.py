@@ -1,0 +1,144 @@
+"""run_squad_mgpu.py end to end, as a user runs it: train with evaluation and the best model, predict
+run_squad's files, score them with the official rules, export and load back; bad input in one line."""
+
+import json
+import os
+
+import pytest
+from conftest import WORDS, run_script, tiny_config, write_google_release
+from test_question_answering import marker_questions
+
+
+def run(*args, check=True):
+    return run_script("run_squad_mgpu.py", *args, check=check)
+
+
+def write_squad(path, questions, version_2=False):
+    """SQuAD's JSON: an article a question, its context a paragraph."""
+    data = []
+    for q in questions:
+        qa = {"id": q.qid, "question": q.question,
+              "answers": [{"text": t, "answer_start": s} for t, s in q.answers]}
+        if version_2:
+            qa["is_impossible"] = q.impossible
+        data.append({"title": q.qid, "paragraphs": [{"context": q.context, "qas": [qa]}]})
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"version": "v2.0" if version_2 else "1.1", "data": data}, f, indent=1)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("squad")
+    write_squad(d / "train-v1.1.json", marker_questions(512, 3, 20))
+    write_squad(d / "dev-v1.1.json", marker_questions(24, 20, 50, seed=1))  # several windows each
+    return d
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory):
+    directory, _ = write_google_release(str(tmp_path_factory.mktemp("release")), tiny_config(
+        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+    return directory
+
+
+def common(data, release, out, *extra):
+    return [f"--train_file={data}/train-v1.1.json", f"--predict_file={data}/dev-v1.1.json",
+            f"--init_checkpoint={release}", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2",
+            "--train_batch_size=16", "--predict_batch_size=4", "--eval_batch_size=4", "--max_seq_length=24",
+            "--doc_stride=6", "--max_query_length=4", "--precision=float32", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(data, release, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("out"))
+    args = common(data, release, out, "--do_train", "--do_predict", "--num_train_epochs=40", "--learning_rate=2e-3",
+                  "--warmup_proportion=0.05", "--eval_every_steps=160", "--load_best_model_at_end", "--do_export",
+                  "--export_format=hf,google,saved_model")
+    return out, args, run(*args)
+
+
+def test_train_predict_and_score_write_run_squads_files(trained, data):
+    out, _, proc = trained
+    predictions = json.load(open(os.path.join(out, "predictions.json")))
+    nbest = json.load(open(os.path.join(out, "nbest_predictions.json")))
+    gold = json.load(open(data / "dev-v1.1.json"))["data"]
+    answers = {a["paragraphs"][0]["qas"][0]["id"]: a["paragraphs"][0]["qas"][0]["answers"][0]["text"] for a in gold}
+    assert sorted(predictions) == sorted(answers) and sorted(nbest) == sorted(answers)
+    right = sum(predictions[q] == a for q, a in answers.items())
+    assert right >= 22, (right, predictions)
+    assert all(1 <= len(v) <= 20 and abs(sum(k["probability"] for k in v) - 1) < 1e-6 for v in nbest.values())
+    assert not os.path.exists(os.path.join(out, "null_odds.json"))
+    results = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
+    assert float(results["eval_exact_match"]) == pytest.approx(100 * right / 24)  # the official rules on the file
+    assert float(results["eval_f1"]) >= float(results["eval_exact_match"])
+    history = open(os.path.join(out, "eval_history.tsv")).read().splitlines()
+    assert history[0].split("\t") == ["step", "loss", "exact_match", "f1"] and len(history) >= 4
+    assert "eval: f1 " in proc.stdout and "(squad) on 24 questions" in proc.stdout
+    assert "predict: 24 questions -> " in proc.stdout and "metric" in proc.stdout
+    for fmt in ("hf", "google", "saved_model"):
+        assert os.path.isdir(os.path.join(out, "export", fmt)), os.listdir(os.path.join(out, "export"))
+
+
+def test_the_exports_and_the_run_directory_answer_again_the_same(trained, data, tmp_path):
+    out, _, _ = trained
+    expected = json.load(open(os.path.join(out, "predictions.json")))
+    for source in (out, os.path.join(out, "export", "hf"), os.path.join(out, "export", "google")):
+        again = tmp_path / os.path.basename(source)
+        run(f"--init_checkpoint={source}", f"--predict_file={data}/dev-v1.1.json", f"--output_dir={again}",
+            "--do_predict", "--n_gpus=0", "--towers_per_gpu=2", "--max_seq_length=24", "--doc_stride=6",
+            "--max_query_length=4", "--precision=float32")
+        assert json.load(open(again / "predictions.json")) == expected, source
+
+
+def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trained):
+    out, args, _ = trained
+    before = open(os.path.join(out, "predictions.json")).read()
+    proc = run(*args)
+    assert "export: hf" in proc.stdout and "already there" in proc.stdout
+    assert open(os.path.join(out, "predictions.json")).read() == before
+
+
+@pytest.mark.parametrize("case", ["not_json", "past_the_end", "empty_question", "empty_context", "stride_too_long",
+                                  "query_too_long", "v2_data_as_v1", "v1_data_as_v2"])
+def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
+    train = marker_questions(8, 3, 10)
+    extra, expected, version_2 = ["--do_train", "--do_eval"], None, False
+    if case == "past_the_end":
+        train[2].answers = [("brilliant", len(train[2].context) - 3)]
+        expected = "question 0-2's answer ends at character"
+    elif case == "empty_question":
+        train[3].question = " "
+        expected = "question 0-3 is empty"
+    elif case == "empty_context":
+        train[1].context = ""
+        expected = "a paragraph with an empty context"
+    elif case == "stride_too_long":
+        extra.append("--doc_stride=17")
+        expected = "--doc_stride=17: must be above 0 and below the 17 pieces left for the context"
+    elif case == "query_too_long":
+        extra.append("--max_query_length=24")
+        expected = "--max_query_length=24: must be at least 1 and leave room for the context"
+    elif case == "v2_data_as_v1":
+        version_2 = True
+        expected = "is SQuAD v2 data (questions marked is_impossible): pass --version_2_with_negative"
+    elif case == "v1_data_as_v2":
+        extra.append("--version_2_with_negative")
+        expected = "is SQuAD v1 data (no is_impossible marks)"
+    path = write_squad(tmp_path / "train.json", train, version_2)
+    if case == "not_json":
+        text = open(path).read().splitlines()
+        text[4] = "  oops"
+        open(path, "w").write("\n".join(text))
+        expected = f"{path}:5: not JSON"
+    elif case.startswith("v"):
+        expected = f"{path}: {expected}"
+    out = tmp_path / "out"
+    proc = run(*common(str(data), release, str(out)), f"--train_file={path}", *extra, check=False)  # a later flag wins
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("run_squad_mgpu.py: error: ") and expected in last, proc.stderr
+    if case in ("past_the_end", "empty_question", "empty_context"):
+        assert f"{path}:" in last  # the file and its line
+    assert not os.path.exists(out / "checkpoint")  # nothing trained
