@@ -68,25 +68,35 @@ def test_the_gpu_step_runs_with_every_precision_in_packs_of_one_dtype_last_layer
         assert np.array_equal(a.numpy(), b.numpy()), v.path
 
 
-def test_a_crf_tagger_steps_on_the_gpu_path_in_mixed_float16():
-    """run_ner_mgpu.py --crf on GPUs: the token head's float32 logits, the CRF's float32 transitions and the
-    encoder's float16 gradients cross in packs of one dtype on NCCL; both towers stay equal."""
+@pytest.mark.parametrize("head", ["tagger_crf", "span"])
+def test_the_token_heads_step_on_the_gpu_path_in_mixed_float16(head):
+    """run_ner_mgpu.py --crf and run_squad_mgpu.py on GPUs: the token and span heads' float32 logits, the
+    CRF's float32 transitions and the encoder's float16 gradients cross in packs of one dtype on NCCL; both
+    towers stay equal."""
+    from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging
 
     _, strategy = gpu_strategy()
+    config = tiny_config(500, hidden_size=64, intermediate_size=256)
     with strategy.scope():
-        model = modeling.build_tagger(tiny_config(500, hidden_size=64, intermediate_size=256), 5, "mixed_float16",
-                                      crf=True)
+        if head == "span":
+            model, loss = modeling.build_span_model(config, "mixed_float16"), SpanExtraction().loss
+        else:
+            model, loss = modeling.build_tagger(config, 5, "mixed_float16", crf=True), CRFTagging().loss
         opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
-    trainer = training.Trainer(strategy, model, opt, loss_fn=CRFTagging().loss, bytes_per_pack=2**14)
+    trainer = training.Trainer(strategy, model, opt, loss_fn=loss, bytes_per_pack=2**14)
     features, _ = memory.classifier_batch(8, 16)
-    labels = np.where(np.arange(16) % 3 == 1, np.arange(8 * 16).reshape(8, 16) % 5, -1).astype(np.int32)
+    if head == "span":
+        labels = np.stack([np.arange(8) % 16, (np.arange(8) * 3) % 16], 1).astype(np.int32)
+    else:
+        labels = np.where(np.arange(16) % 3 == 1, np.arange(8 * 16).reshape(8, 16) % 5, -1).astype(np.int32)
     batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(2))
     sent = collectives(trainer.step_graph(trainer.input_spec))
     assert {hint for hint, _, _ in sent} == {"nccl"} and {d for _, d, n in sent if n > 1} == {tf.float16, tf.float32}
     losses = [trainer.train_step(next(batches))[0] for _ in range(2)]
     assert all(np.isfinite(losses)) and trainer.applied_steps == 2, losses
-    assert model.crf.transitions.dtype == tf.float32 and np.abs(model.crf.transitions.numpy()).max() > 0
+    if head == "tagger_crf":
+        assert model.crf.transitions.dtype == tf.float32 and np.abs(model.crf.transitions.numpy()).max() > 0
     for v in model.trainable_variables:
         a, b = strategy.experimental_local_results(v.value)
         assert np.array_equal(a.numpy(), b.numpy()), v.path

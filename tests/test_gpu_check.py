@@ -24,7 +24,9 @@ def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(t
         assert step["collectives"] == ["nccl"] and step["differ"] == [] and step["applied"] >= 1
         assert len(step["packs"]) >= 4 and {d for d, _ in step["packs"]} == dtypes, step["packs"]
     assert checks["two_towers_per_gpu"]["all_reduce"] == "ring"
-    assert checks["tagger_crf"]["differ"] == [] and checks["tagger_crf"]["transitions_moved"] > 0
+    heads = checks["heads_mixed_float16"]
+    assert heads["tagger_crf"]["differ"] == [] and heads["tagger_crf"]["transitions_moved"] > 0
+    assert heads["span"]["differ"] == [] and heads["span"]["applied"] >= 1
     failing = checks["failing_tower"]
     assert failing["message"].startswith("out of memory on tower 1 at per-tower batch 4 x sequence length 32")
     assert failing["seconds"] < 120

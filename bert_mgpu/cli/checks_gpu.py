@@ -124,32 +124,43 @@ def step(setup, policy, steps=4):
                        f"{len(differ)} variable(s) differ between towers"}
 
 
-def tagger_crf(setup, steps=3):
-    """run_ner_mgpu.py --crf in mixed_float16: a token head and the CRF's float32 transitions trained on
-    every tower (labels on every other position, -1 on the rest): finite losses, towers bit-equal after."""
+def heads_mixed_float16(setup, steps=3):
+    """run_ner_mgpu.py --crf and run_squad_mgpu.py in mixed_float16: a token head with the CRF's float32
+    transitions (labels on every other position, -1 on the rest) and the span head (start and end labels),
+    each trained on every tower: finite losses, towers bit-equal after."""
     import tensorflow as tf
 
     from bert_mgpu.model import modeling
+    from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging
     from bert_mgpu.train import optimization, training
 
     strategy = setup.strategy()
-    with strategy.scope():
-        model = modeling.build_tagger(_config("tiny"), 9, "mixed_float16", crf=True)
-        opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True)
-    trainer = training.Trainer(strategy, model, opt, loss_fn=CRFTagging().loss)
     rows, seq = 4 * setup.plan.towers, 32
     features, _ = next(iter(_data(rows, seq, 1)))
-    labels = np.where(np.arange(seq) % 2 == 1, np.arange(rows * seq).reshape(rows, seq) % 9, -1).astype("int32")
-    data = tf.data.Dataset.from_tensors((features, labels)).repeat(steps)
-    losses = [trainer.train_step(b)[0] for b in trainer.training_batches(data)]
-    differ = _towers_differ(strategy, model)
-    moved = float(np.abs(model.crf.transitions.numpy()).max())
-    ok = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and moved > 0
-    return {"ok": ok, "losses": losses, "differ": differ, "transitions_moved": moved,
-            "summary": f"{steps} steps on {setup.plan.towers} towers: losses {', '.join(f'{x:.3f}' for x in losses)}, "
-                       f"{trainer.applied_steps} applied, transitions moved {moved:.2g}; {len(differ)} variable(s) "
-                       "differ"}
+    token_labels = np.where(np.arange(seq) % 2 == 1, np.arange(rows * seq).reshape(rows, seq) % 9, -1)
+    span_labels = np.stack([np.arange(rows) % seq, (np.arange(rows) + 3) % seq], 1)
+    heads = {"tagger_crf": (lambda: modeling.build_tagger(_config("tiny"), 9, "mixed_float16", crf=True),
+                            CRFTagging().loss, token_labels),
+             "span": (lambda: modeling.build_span_model(_config("tiny"), "mixed_float16"), SpanExtraction().loss,
+                      span_labels)}
+    out, ok = {}, True
+    for name, (build, loss, labels) in heads.items():
+        with strategy.scope():
+            model = build()
+            opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True)
+        trainer = training.Trainer(strategy, model, opt, loss_fn=loss)
+        data = tf.data.Dataset.from_tensors((features, labels.astype("int32"))).repeat(steps)
+        losses = [trainer.train_step(b)[0] for b in trainer.training_batches(data)]
+        differ = _towers_differ(strategy, model)
+        moved = float(np.abs(model.crf.transitions.numpy()).max()) if name == "tagger_crf" else None
+        good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and moved != 0
+        ok &= good
+        out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps,
+                     **({"transitions_moved": moved} if moved is not None else {})}
+    return {"ok": ok, **out, "summary": "; ".join(
+        f"{name}: losses {', '.join(f'{x:.3f}' for x in r['losses'])}, {r['applied']} applied, "
+        f"{len(r['differ'])} variable(s) differ" for name, r in out.items())}
 
 
 def two_towers_per_gpu(setup, steps=3):

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-CHECKS = ("devices", "libraries", "step_mixed_float16", "step_mixed_bfloat16", "step_float32", "tagger_crf",
+CHECKS = ("devices", "libraries", "step_mixed_float16", "step_mixed_bfloat16", "step_float32", "heads_mixed_float16",
           "two_towers_per_gpu", "failing_tower", "auto_batch_size", "fused_matches_keras_hub", "xla_step",
           "two_workers", "scaling")
 LIMIT_S = {"scaling": 1800, "two_workers": 600}  # each check's time limit; others 600 s
