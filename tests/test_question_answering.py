@@ -178,9 +178,18 @@ def test_a_question_answerer_learns_on_two_towers_answers_long_contexts_in_windo
     assert (loaded.max_seq_length, loaded.doc_stride, loaded.max_query_length) == (24, 6, 4)
     assert loaded.evaluate(test)["eval_f1"] == pytest.approx(results["eval_f1"], abs=1e-9)
 
-    # The SavedModel's ids signature gives the start and end scores.
-    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
-    scores = served(token_ids=tf.constant(ids, tf.int32), segment_ids=tf.constant(segments, tf.int32))
+    # The SavedModel answers raw strings in the graph as predict does, long contexts in windows; its ids
+    # signature gives the start and end scores.
+    loaded = tf.saved_model.load(str(tmp_path / "served"))
+    pairs = [(q.question, q.context) for q in test] + [("brilliant ?", context), ("awful ?", "no answer here"),
+                                                       ("awful ?", "Ünï cödé  awful ,tabs\tawful")]
+    got = loaded.signatures["serving_default"](question=tf.constant([p[0] for p in pairs]),
+                                               context=tf.constant([p[1] for p in pairs]))
+    for i, want in enumerate(qa.predict(pairs)):
+        assert got["answer"].numpy()[i].decode() == want["text"], (i, pairs[i])
+        assert int(got["answer_start"][i]) == (want["start"] if want["text"] else -1), i
+    scores = loaded.signatures["serving_ids"](token_ids=tf.constant(ids, tf.int32),
+                                              segment_ids=tf.constant(segments, tf.int32))
     assert np.abs(scores["start_logits"].numpy()[real] - logits[:, :24, 0][real]).max() < 1e-4
 
     steps = qa.trained_steps
@@ -206,3 +215,12 @@ def test_version_2_learns_when_there_is_no_answer(tmp_path, release):
     files = qa.objective.prediction_files(qa.answers, version_2_with_negative=True)
     assert sorted(files) == ["nbest_predictions.json", "null_odds.json", "predictions.json"]
     assert sum(1 for v in json.loads(files["predictions.json"]).values() if v == "") == results["eval_NoAns_total"]
+
+    # The SavedModel gives the same answers, no-answers and null odds in the graph.
+    import tensorflow as tf
+
+    qa.export(str(tmp_path / "served"), "saved_model")
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"]
+    got = served(question=tf.constant([q.question for q in test]), context=tf.constant([q.context for q in test]))
+    assert [t.decode() for t in got["answer"].numpy()] == [qa.answers.predictions[q.qid] for q in test]
+    assert got["null_odds"].numpy() == pytest.approx([qa.answers.null_odds[q.qid] for q in test], abs=1e-4)

@@ -28,8 +28,14 @@ from bert_mgpu.data.tagging_input import split_words_tf
 from bert_mgpu.data.tokenization import FullTokenizer
 from bert_mgpu.io import weight_names
 from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
+from bert_mgpu.io.span_serving import span_endpoint
 from bert_mgpu.io.trained import build_model
 from bert_mgpu.model.objectives import objective
+
+
+# run_squad's defaults, for a question answerer whose run did not record its own.
+SQUAD_DEFAULTS = {"max_query_length": 64, "doc_stride": 128, "n_best_size": 20, "max_answer_length": 30,
+                  "version_2_with_negative": False, "null_score_diff_threshold": 0.0}
 
 
 def _text_specs(pairs):
@@ -45,7 +51,8 @@ def _id_specs():
 def write_saved_model(trained, path, precision="float32"):
     """Write `trained` (an `export.Trained`) as a SavedModel in the empty directory `path`.
 
-    Signatures: `serving_default` (raw strings: `text`, or `text_a` and `text_b` for a pair task) and
+    Signatures: `serving_default` (raw strings: `text`, `text_a` and `text_b` for a pair task, or `question` and
+    `context` for a question answerer: span_serving.py) and
     `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
     """
     tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
@@ -76,8 +83,10 @@ def write_saved_model(trained, path, precision="float32"):
     archive = keras.export.ExportArchive()
     archive.track(model)
     if trained.kind == "question_answerer":
-        text_specs = _id_specs()  # windows and n-best spans: data/squad_input.py in Python
-        archive.add_endpoint("serving_default", run, text_specs)
+        text_specs = [tf.TensorSpec([None], tf.string, name=n) for n in ("question", "context")]
+        facts = {**SQUAD_DEFAULTS, **trained.facts}
+        archive.add_endpoint("serving_default", span_endpoint(tokenizer, model, trained.max_seq_length, **facts),
+                             text_specs)
     elif trained.kind == "tagger":
         text_specs = _text_specs(False)
         archive.add_endpoint("serving_default", _tagger_endpoint(trained, tokenizer, model), text_specs)
@@ -93,7 +102,7 @@ def write_saved_model(trained, path, precision="float32"):
     archive.add_variable_collection("bert_weights", list(named.values()))
     archive.write_out(path, verbose=False)
     storage.makedirs(os.path.join(path, EXTRA))
-    meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type,
+    meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type, "facts": trained.facts,
             "max_seq_length": trained.max_seq_length, "pairs": trained.pairs,
             "do_lower_case": trained.do_lower_case, "precision": precision, "weights": list(named),
             "signatures": {"serving_default": [s.name for s in text_specs],

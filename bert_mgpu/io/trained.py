@@ -36,6 +36,7 @@ class Trained:
         task_type: "classification" or "regression".
         max_seq_length: what the serving graph truncates to.
         pairs: whether the classifier reads sentence pairs.
+        facts: a question answerer's run_squad settings (doc_stride, max_query_length, ...), for its SavedModel.
     """
 
     kind: str
@@ -47,6 +48,7 @@ class Trained:
     task_type: str = "classification"
     max_seq_length: int = 128
     pairs: bool = False
+    facts: dict = dataclasses.field(default_factory=dict)  # a head's own settings (a question answerer's windows)
 
     @property
     def head(self):
@@ -86,7 +88,7 @@ def from_question_answerer(qa):
     weights[GOOGLE_HEAD[0]] = np.asarray(qa.model.head.kernel.numpy(), np.float32).T
     weights[GOOGLE_HEAD[1]] = np.asarray(qa.model.head.bias.numpy(), np.float32)
     return Trained(SPAN, qa.config, qa.tokenizer.vocab_file, qa.tokenizer.do_lower_case, weights, [],
-                   SpanExtraction.name, qa.max_seq_length)
+                   SpanExtraction.name, qa.max_seq_length, facts=qa._facts())
 
 
 def from_pretrainer(pretrainer, max_seq_length=128):
@@ -128,7 +130,7 @@ def read_trained(path):
     return Trained(kind if classifier or kind == SPAN else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
                    pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
-                   bool(run.get("pairs", False)))
+                   bool(run.get("pairs", False)), run.get("squad") or {})
 
 
 def build_model(trained, precision="float32"):
