@@ -32,7 +32,6 @@ from bert_mgpu.io.span_serving import span_endpoint
 from bert_mgpu.io.trained import build_model
 from bert_mgpu.model.objectives import objective
 
-
 # run_squad's defaults, for a question answerer whose run did not record its own.
 SQUAD_DEFAULTS = {"max_query_length": 64, "doc_stride": 128, "n_best_size": 20, "max_answer_length": 30,
                   "version_2_with_negative": False, "null_score_diff_threshold": 0.0}
