@@ -142,3 +142,32 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     if case in ("past_the_end", "empty_question", "empty_context"):
         assert f"{path}:" in last  # the file and its line
     assert not os.path.exists(out / "checkpoint")  # nothing trained
+
+
+def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(tmp_path, release):
+    """The windows come back in the same order after a resume: its batches skip what was seen."""
+    import random
+    import signal
+
+    from test_crash_resume import assert_bit_identical, interrupted, latest_step
+
+    write_squad(tmp_path / "train.json", marker_questions(64, 3, 40))  # some contexts take two windows
+    write_squad(tmp_path / "dev.json", marker_questions(8, 3, 20, seed=1))
+
+    def args(out):
+        return [*common(str(tmp_path), release, out), f"--train_file={tmp_path}/train.json",
+                f"--predict_file={tmp_path}/dev.json", "--do_train", "--do_eval", "--train_batch_size=4",
+                "--num_train_epochs=1", "--save_checkpoints_steps=4", "--deterministic", "--learning_rate=1e-3"]
+
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run(*args(whole))
+    last = latest_step(whole)
+    assert last > 12
+    code, _, stderr = interrupted("run_squad_mgpu.py", args(parts), signal.SIGKILL, parts, 4,
+                                  delay=random.uniform(0.0, 0.3))
+    assert code == -signal.SIGKILL and 4 < latest_step(parts) < last, (code, latest_step(parts), stderr[-2000:])
+    proc = run(*args(parts))
+    assert f"resuming from {parts}/ckpt-" in proc.stderr
+    assert_bit_identical(whole, parts, last)
+    assert open(os.path.join(whole, "eval_results.txt")).read() == open(os.path.join(parts,
+                                                                                    "eval_results.txt")).read()
