@@ -224,3 +224,24 @@ def test_version_2_learns_when_there_is_no_answer(tmp_path, release):
     got = served(question=tf.constant([q.question for q in test]), context=tf.constant([q.context for q in test]))
     assert [t.decode() for t in got["answer"].numpy()] == [qa.answers.predictions[q.qid] for q in test]
     assert got["null_odds"].numpy() == pytest.approx([qa.answers.null_odds[q.qid] for q in test], abs=1e-4)
+
+
+def test_auto_batch_size_sizes_the_batch_for_windows_of_384_pieces(tmp_path, caplog):
+    """--auto_batch_size at run_squad's length: the largest per-tower batch of 384-piece windows whose step
+    fits the limit, the next one measured over it (both CPU allocators: .ci/run runs this again with oneDNN
+    flipped)."""
+    import logging
+    import re
+
+    import bert_mgpu
+
+    caplog.set_level(logging.INFO, "bert_mgpu")
+    release, _ = write_google_release(str(tmp_path / "release"), tiny_config(10 + len(WORDS),
+                                                                             max_position_embeddings=512))
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+    qa = bert_mgpu.BertQuestionAnswerer.from_pretrained(release, towers=towers, max_seq_length=384,
+                                                        precision="float32")
+    best = qa.auto_batch_size(memory_limit_mb=96)
+    assert qa.train_batch_size == best and 1 <= best <= 8
+    peaks = dict(re.findall(r"(\d+): ([\d.]+ MiB(?: over)?)", caplog.text))
+    assert not peaks[str(best)].endswith("over") and peaks[str(best + 1)].endswith("over"), caplog.text
