@@ -19,7 +19,7 @@ ROUNDS ?= 2
 # the parity tests' reference (PyTorch, transformers), whose CUDA 13 libraries would overwrite TensorFlow's.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu || echo ,reference)
 
-.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo zh-demo bench gpu-check glue
+.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo bench gpu-check glue
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,19 @@ scratch-demo: $(DOCS)/train.txt
 	  --total_training_time=$$($(PY) -c 'print($(MINUTES) / 60)') --lr_schedule=time --warmup_proportion=0.06 \
 	  --finetune_time_markers=0.5,1.0 --save_checkpoints_steps=200
 
+# Question answering on real text: a SQuAD-format set derived from Python's library and C API reference (the
+# python3.11-doc package pretrain-demo uses), MiniLM fine-tuned at run_squad's length with evaluation on dev.
+QA := data/python_qa
+QA_OUT ?= output/python_qa
+$(QA)/train.json: data/prepare_python_qa.py $(DOCS)/train.txt
+	$(PY) data/prepare_python_qa.py $(ASSETS)/python3.11-doc/usr/share/doc/python3.11/html/_sources $(QA)
+
+qa-demo: $(QA)/train.json assets
+	$(PY) run_squad_mgpu.py --train_file=$(QA)/train.json --predict_file=$(QA)/dev.json --init_checkpoint=$(MODEL) \
+	  --output_dir=$(QA_OUT) --do_train --do_predict --n_gpus=0 --towers_per_gpu=$(TOWERS) --max_seq_length=256 \
+	  --doc_stride=128 --train_batch_size=16 --num_train_epochs=4 --learning_rate=2e-4 --eval_every_steps=40 \
+	  --load_best_model_at_end --predict_batch_size=32 --eval_batch_size=32
+
 # Chinese end to end: Debian's fortunes-zh (downloaded, never installed) -> a character vocabulary, a small
 # pre-LN BERT pretrained from scratch for $(MINUTES) min, then a classifier of which collection a text is from.
 ZH := data/fortunes_zh
@@ -145,7 +158,7 @@ glue: venv
 	  --tasks=$(GLUE_TASKS)
 
 clean:
-	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH) $(ZH) $(ZH_OUT)
+	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH) $(ZH) $(ZH_OUT) $(QA) $(QA_OUT)
 
 # bert_mgpu vs keras-hub fit vs transformers (bf16 autocast), same shapes, data and batch: table + JSON.
 bench: assets

@@ -46,8 +46,9 @@ def build(case, towers=1, fused=True):
     import tensorflow as tf
 
     from bert_mgpu.model.config import BertConfig
-    from bert_mgpu.model.modeling import build_classifier
+    from bert_mgpu.model.modeling import build_classifier, build_span_model
     from bert_mgpu.model.pretraining_model import build_pretrainer, pretraining_loss
+    from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.train import optimization
     from bert_mgpu.train.training import Trainer, classification_loss
 
@@ -58,21 +59,25 @@ def build(case, towers=1, fused=True):
     with tw.strategy.scope():
         if spec["mode"] == "mlm":
             model = build_pretrainer(config, policy, nsp=False, fused=fused)
+        elif spec["mode"] == "span":
+            model = build_span_model(config, policy, fused=fused)
         else:
             model = build_classifier(config, 2, policy, fused=fused)
         optimizer = optimization.create_optimizer(5e-5, 100000, 100)
-    trainer = Trainer(tw.strategy, model, optimizer,
-                      loss_fn=pretraining_loss if spec["mode"] == "mlm" else classification_loss)
+    losses = {"mlm": pretraining_loss, "span": SpanExtraction().loss}
+    trainer = Trainer(tw.strategy, model, optimizer, loss_fn=losses.get(spec["mode"], classification_loss))
 
     if spec["data"] == "rt":
         ds = rt_dataset(case)
     else:
-        d = common.synthetic(8 * common.BATCH)
+        d = common.synthetic(8 * common.BATCH, seq=spec.get("seq", common.SEQ))
         ids = d["masked_ids"] if spec["mode"] == "mlm" else d["token_ids"]
         features = {"token_ids": ids, "segment_ids": d["segment_ids"], "padding_mask": d["padding_mask"]}
         if spec["mode"] == "mlm":
             features["mask_positions"] = d["mask_positions"]
             labels = {"masked_lm_ids": d["mask_ids"], "masked_lm_weights": np.ones_like(d["mask_ids"], np.float32)}
+        elif spec["mode"] == "span":
+            labels = d["spans"]
         else:
             labels = d["labels"]
         ds = tf.data.Dataset.from_tensor_slices((features, labels, np.arange(len(ids), dtype=np.int32)))

@@ -29,6 +29,8 @@ def main(case):
         max_position_embeddings=512, num_labels=2)
     if spec["mode"] == "mlm":
         model = transformers.BertForMaskedLM(config)
+    elif spec["mode"] == "span":
+        model = transformers.BertForQuestionAnswering(config)
     else:
         model = transformers.BertForSequenceClassification(config)
     b = common.BATCH
@@ -47,11 +49,13 @@ def main(case):
                                     max_length=common.SEQ, return_tensors="pt")
                     yield dict(enc), torch.tensor([y for _, y in chunk])
     else:
-        d = common.synthetic(8 * b)
+        d = common.synthetic(8 * b, seq=spec.get("seq", common.SEQ))
         ids = d["masked_ids"] if spec["mode"] == "mlm" else d["token_ids"]
         if spec["mode"] == "mlm":
             target = np.full_like(ids, -100)
             np.put_along_axis(target, d["mask_positions"], d["mask_ids"], 1)
+        elif spec["mode"] == "span":
+            target = d["spans"]
         else:
             target = d["labels"]
 
@@ -84,7 +88,10 @@ def main(case):
         for _ in range(spec["warmup"] + spec["steps"]):
             x, y = next(it)
             with autocast():
-                loss = model(**x, labels=y).loss
+                if spec["mode"] == "span":
+                    loss = model(**x, start_positions=y[:, 0], end_positions=y[:, 1]).loss
+                else:
+                    loss = model(**x, labels=y).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()

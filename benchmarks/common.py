@@ -32,7 +32,8 @@ SHAPES = {
     "base": dict(vocab=30522, hidden=768, layers=12, heads=12, inter=3072),    # BERT-base
 }
 
-# mode: train | mlm | predict; data: full (every token real, length seq) | rt (Rotten Tomatoes, real lengths)
+# mode: train | mlm | predict | span (a start and an end label); data: full (every token real, length seq, the
+# case's "seq" or SEQ) | rt (Rotten Tomatoes, real lengths)
 CASES = {
     "a": dict(title="(a) MiniLM shape, seq 128, batch 32, training", shape="minilm", mode="train", data="full",
               warmup=4, steps=12),
@@ -46,6 +47,8 @@ CASES = {
                warmup=4, steps=16),
     "eb": dict(title="(e) inference, Rotten Tomatoes dev set", shape="minilm", mode="predict", data="rt",
                warmup=1, steps=1),  # passes over the dev set
+    "q": dict(title="(q) question answering (span head), MiniLM shape, seq 384, batch 32, training", shape="minilm",
+              mode="span", data="full", seq=384, warmup=2, steps=6),
 }
 SEQ, BATCH, PREDICTIONS = 128, 32, 20
 
@@ -61,9 +64,10 @@ def synthetic(n, seed=0, seq=SEQ, vocab=30522):
     mask_ids = np.take_along_axis(ids, positions, 1)
     masked = ids.copy()
     np.put_along_axis(masked, positions, 103, 1)  # [MASK]
+    spans = np.sort(rng.integers(seq // 2 + 1, seq - 1, (n, 2)), axis=1).astype(np.int32)  # inside segment 2
     return {"token_ids": ids, "masked_ids": masked, "segment_ids": segments,
             "padding_mask": np.ones((n, seq), bool), "labels": rng.integers(0, 2, n).astype(np.int32),
-            "mask_positions": positions, "mask_ids": mask_ids}
+            "mask_positions": positions, "mask_ids": mask_ids, "spans": spans}
 
 
 def rotten_tomatoes(split):

@@ -92,6 +92,24 @@ def test_the_exports_and_the_run_directory_answer_again_the_same(trained, data, 
         assert json.load(open(again / "predictions.json")) == expected, source
 
 
+def test_chinese_data_is_scored_by_cmrc_2018s_rules(trained, tmp_path):
+    """--do_predict on a file with answers scores it; Chinese contexts (CMRC 2018, DRCD) by CMRC's rules."""
+    out, _, _ = trained
+    context = "北京是中国的首都。"
+    path = tmp_path / "cmrc2018_dev.json"
+    path.write_text(json.dumps({"version": "v1.0", "data": [{"paragraphs": [{"id": "p", "context": context, "qas": [
+        {"id": f"c{i}", "question": "中国的首都是哪里？", "answers": [{"text": "北京", "answer_start": 0}]}
+        for i in range(2)]}]}]}, ensure_ascii=False), encoding="utf-8")
+    again = tmp_path / "out"
+    proc = run(f"--init_checkpoint={out}", f"--predict_file={path}", f"--output_dir={again}", "--do_predict",
+               "--n_gpus=0", "--max_seq_length=24", "--doc_stride=6", "--max_query_length=4", "--precision=float32")
+    assert "(cmrc) on 2 questions" in proc.stdout
+    results = dict(line.split(" = ") for line in open(again / "eval_results.txt").read().splitlines())
+    predicted = json.load(open(again / "predictions.json"))
+    assert sorted(predicted) == ["c0", "c1"] and all(p in context for p in predicted.values())
+    assert "eval_average" in results and 0 <= float(results["eval_f1"]) <= 100
+
+
 def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trained):
     out, args, _ = trained
     before = open(os.path.join(out, "predictions.json")).read()

@@ -159,3 +159,19 @@ def test_read_squad_places_answers_warns_of_lost_ones_and_names_file_and_line(tm
     path.write_text(json.dumps(data, indent=1))
     with pytest.raises(UserError, match=r"train.json:\d+: question c's answer ends at character 30, past the end"):
         read_squad(str(path))
+
+
+def test_chinese_contexts_are_read_a_character_a_piece_and_scored_by_cmrc_rules(tokenizer, tmp_path):
+    """CMRC 2018 and DRCD: no spaces in the context; each character its own piece and offset; the metric is
+    told from the text."""
+    context = "北京人在中国。"
+    data = {"version": "v1.0", "data": [{"paragraphs": [{"id": "p", "context": context, "qas": [
+        {"id": "c1", "question": "谁在中国？", "answers": [{"text": "北京人", "answer_start": 0}]}]}]}]}
+    path = tmp_path / "cmrc2018_dev.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    questions, _ = read_squad(str(path))
+    assert metric_for(questions) == "cmrc"
+    windows, cut = make_windows(questions, tokenizer, 32, 8, 8)
+    pieces = cut[context]
+    assert [context[s:e] for s, e in zip(pieces.starts, pieces.ends)] == list(context)
+    assert (windows[0].start, windows[0].end) == (windows[0].offset, windows[0].offset + 2)  # 北京人
