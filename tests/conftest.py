@@ -116,6 +116,13 @@ def write_google_release(directory, config=None, seed=0):
     return directory, weights
 
 
+def learning_release(directory):
+    """A tiny release (WORDS' vocabulary, hidden 64, no dropout) in which a made-up task is learnt in a few
+    hundred steps: the NER and question-answering tests train from it."""
+    return write_google_release(directory, tiny_config(10 + len(WORDS), hidden_size=64, intermediate_size=128,
+                                                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))[0]
+
+
 @pytest.fixture(scope="session")
 def google_release(tmp_path_factory):
     directory, _ = write_google_release(str(tmp_path_factory.mktemp("release")))

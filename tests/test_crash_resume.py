@@ -137,3 +137,22 @@ def test_a_run_with_other_flags_is_refused_and_nothing_is_lost(tmp_path, script,
     assert "--overwrite_output_dir" in last
     assert (out / "eval_results.txt").read_text() == "earlier results"
     assert (out / "checkpoint").exists()
+
+
+def killed_then_resumed(script, args, tmp_path, run):
+    """`script` with `args(out)` run whole, then killed with -9 after its first checkpoint and rerun: the
+    rerun resumes and ends bit-identical, with the same eval_results.txt. `run(*argv)` runs the script."""
+    import random
+    import signal
+
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run(*args(whole))
+    last = latest_step(whole)
+    assert last > 12
+    code, _, stderr = interrupted(script, args(parts), signal.SIGKILL, parts, 4, delay=random.uniform(0.0, 0.3))
+    assert code == -signal.SIGKILL and 4 < latest_step(parts) < last, (code, latest_step(parts), stderr[-2000:])
+    proc = run(*args(parts))
+    assert f"resuming from {parts}/ckpt-" in proc.stderr
+    assert_bit_identical(whole, parts, last)
+    assert open(os.path.join(whole, "eval_results.txt")).read() == open(os.path.join(parts,
+                                                                                    "eval_results.txt")).read()

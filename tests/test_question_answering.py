@@ -8,7 +8,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import WORDS, tiny_config, write_google_release
+from conftest import WORDS, learning_release, tiny_config, write_google_release
 
 from bert_mgpu.data.squad import Question
 from bert_mgpu.io import checkpoints, weight_names
@@ -108,10 +108,7 @@ def marker_questions(count, low, high, seed=0, impossible=0.0):
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    directory, _ = write_google_release(str(tmp_path_factory.mktemp("release")), tiny_config(
-        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0))
-    return directory
+    return learning_release(str(tmp_path_factory.mktemp("release")))
 
 
 def test_a_question_answerer_learns_on_two_towers_answers_long_contexts_in_windows_and_exports(tmp_path, release,

@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import NER_TAGS, WORDS, ner_sentences, run_script, tiny_config, write_google_release
+from conftest import NER_TAGS, learning_release, ner_sentences, run_script
 
 
 def run(*args, check=True):
@@ -34,10 +34,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
-    directory, _ = write_google_release(str(tmp_path_factory.mktemp("release")), tiny_config(
-        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0))
-    return directory
+    return learning_release(str(tmp_path_factory.mktemp("release")))
 
 
 def common(data, release, out, *extra):
@@ -164,10 +161,7 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
 
 def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(tmp_path, google_release):
     """The tagger's windows come back in the same order after a resume: its batches skip what was seen."""
-    import random
-    import signal
-
-    from test_crash_resume import assert_bit_identical, interrupted, latest_step
+    from test_crash_resume import killed_then_resumed
 
     d = tmp_path / "data"
     d.mkdir()
@@ -178,15 +172,4 @@ def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(t
         return [*common(str(d), google_release, out), "--do_train", "--do_eval", "--train_batch_size=4",
                 "--num_train_epochs=1", "--save_checkpoints_steps=4", "--deterministic", "--learning_rate=1e-3"]
 
-    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
-    run(*args(whole))
-    last = latest_step(whole)
-    assert last > 12
-    code, _, stderr = interrupted("run_ner_mgpu.py", args(parts), signal.SIGKILL, parts, 4,
-                                  delay=random.uniform(0.0, 0.3))
-    assert code == -signal.SIGKILL and 4 < latest_step(parts) < last, (code, latest_step(parts), stderr[-2000:])
-    proc = run(*args(parts))
-    assert f"resuming from {parts}/ckpt-" in proc.stderr
-    assert_bit_identical(whole, parts, last)
-    assert open(os.path.join(whole, "eval_results.txt")).read() == open(os.path.join(parts,
-                                                                                    "eval_results.txt")).read()
+    killed_then_resumed("run_ner_mgpu.py", args, tmp_path, run)

@@ -75,13 +75,11 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     """BertTagger on two towers: trained with evaluation while training and the best model kept; sentences
     longer than a window are predicted in windows, each word once; entities map back to the text's
     characters; a rerun resumes (nothing left to train) and the run directory loads back with its head."""
-    from conftest import NER_TAGS, WORDS, ner_sentences, write_google_release
+    from conftest import NER_TAGS, learning_release, ner_sentences
 
     import bert_mgpu
 
-    release, _ = write_google_release(str(tmp_path / "release"), tiny_config(
-        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0))  # a tiny model learns the task in fewer steps without dropout
+    release = learning_release(str(tmp_path / "release"))
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
     train = ner_sentences(512, 3, 30)  # the longer ones take two windows
     dev = ner_sentences(32, 3, 14, seed=1, split="dev")
@@ -179,13 +177,11 @@ def test_stray_inside_tags_are_counted_in_one_warning(tmp_path, caplog):
 def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with_the_transitions(tmp_path):
     """--crf: the transitions learn that I-PER follows B-PER, not O; predictions are Viterbi paths; the
     google export carries crf/transitions and loads back as a CRF tagger giving the same entities."""
-    from conftest import NER_TAGS, WORDS, ner_sentences, write_google_release
+    from conftest import NER_TAGS, learning_release, ner_sentences
 
     import bert_mgpu
 
-    release, _ = write_google_release(str(tmp_path / "release"), tiny_config(
-        10 + len(WORDS), hidden_size=64, intermediate_size=128, hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0))
+    release = learning_release(str(tmp_path / "release"))
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
     tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, towers=towers, max_seq_length=16,
                                                   doc_stride=6, precision="float32", crf=True)

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 
+import keras
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
@@ -80,6 +81,17 @@ class FineTuned:
 
     def evaluate(self, examples, batch_size=8, verbose="auto"):
         raise NotImplementedError
+
+    def _window_logits(self, rows, make_dataset, batch_size, verbose, source):
+        """(logits, labels) of `rows` (windows) in their order: `make_dataset(rows, global batch,
+        rows_multiple)` batches them for prediction; a progress bar from 1,000 rows (or `verbose=True`)."""
+        if int(batch_size) < 1:
+            raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
+        data = make_dataset(rows, self.towers.batch(batch_size), self.towers.batch(min(batch_size, 8)))
+        bar = None
+        if verbose is True or (verbose == "auto" and len(rows) >= 1000):
+            bar = keras.utils.Progbar(len(rows), unit_name="window")
+        return self._predictor.predict_logits(data, progress=bar.add if bar else None)
 
     @property
     def main_metric(self):

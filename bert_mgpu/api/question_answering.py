@@ -14,7 +14,6 @@ Example:
 import hashlib
 import logging
 
-import keras
 import numpy as np
 
 from bert_mgpu.api.fine_tuning import FineTuned
@@ -189,15 +188,10 @@ class BertQuestionAnswerer(FineTuned):
     # ------------------------------------------------------------------ inference
     def logits(self, questions, batch_size: int = 8, verbose="auto", source="predict"):
         """(windows, contexts, start and end scores [windows, positions, 2])."""
-        if int(batch_size) < 1:
-            raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
         windows, cut = self._windows(questions)
-        data = span_dataset(windows, self.tokenizer, self.max_seq_length, self.towers.batch(batch_size),
-                            training=False, rows_multiple=self.towers.batch(min(batch_size, 8)))
-        bar = None
-        if verbose is True or (verbose == "auto" and len(windows) >= 1000):
-            bar = keras.utils.Progbar(len(windows), unit_name="window")
-        logits, _ = self._predictor.predict_logits(data, progress=bar.add if bar else None)
+        logits, _ = self._window_logits(windows, lambda rows, batch, multiple: span_dataset(
+            rows, self.tokenizer, self.max_seq_length, batch, training=False, rows_multiple=multiple), batch_size,
+            verbose, source)
         return windows, cut, logits
 
     def answer(self, questions, batch_size: int = 8, verbose="auto", source="predict"):

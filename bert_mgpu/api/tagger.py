@@ -16,7 +16,6 @@ import hashlib
 import logging
 from collections.abc import Sequence
 
-import keras
 import numpy as np
 
 from bert_mgpu.api.fine_tuning import FineTuned
@@ -186,15 +185,10 @@ class BertTagger(FineTuned):
     # ------------------------------------------------------------------ inference
     def _tag_ids(self, sentences, batch_size, verbose, source):
         """(label ids per word of each sentence, mean loss over the labelled pieces)."""
-        if int(batch_size) < 1:
-            raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
         windows = self._windows(sentences)
-        data = tagging_dataset(windows, self.tokenizer, self.max_seq_length, self.towers.batch(batch_size),
-                               training=False, rows_multiple=self.towers.batch(min(batch_size, 8)))
-        bar = None
-        if verbose is True or (verbose == "auto" and len(windows) >= 1000):
-            bar = keras.utils.Progbar(len(windows), unit_name="window")
-        logits, labels = self._predictor.predict_logits(data, progress=bar.add if bar else None)
+        logits, labels = self._window_logits(windows, lambda rows, batch, multiple: tagging_dataset(
+            rows, self.tokenizer, self.max_seq_length, batch, training=False, rows_multiple=multiple), batch_size,
+            verbose, source)
         ids = word_predictions(windows, logits, [len(s.tokens) for s in sentences], self.objective.decoder(self.model))
         return ids, masked_loss(logits, labels)
 
