@@ -104,21 +104,15 @@ def read_trained(path):
     run = pre.run or {}
     kind = run.get("kind", "classifier") if pre.kind == "bert_mgpu" else (
         "classifier" if "output_weights" in pre.weights else SPAN if GOOGLE_HEAD[0] in pre.weights else "pretrainer")
-    if pre.kind == "bert_mgpu" and kind == SPAN:
+    classifier = kind in ("classifier", "tagger")  # a head under output_weights / output_bias
+    if pre.kind == "bert_mgpu" and (classifier or kind == SPAN):  # the head from its checkpoint
         head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
         kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
         bias = [v for k, v in head.items() if k.startswith("head/bias")]
         if not (kernel and bias):
-            raise UserError(f"{path}: holds no trained span head")
-        pre.weights.update({GOOGLE_HEAD[0]: kernel[0].T, GOOGLE_HEAD[1]: bias[0]})
-    classifier = kind in ("classifier", "tagger")  # a head to read
-    if pre.kind == "bert_mgpu" and classifier:
-        head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
-        kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
-        bias = [v for k, v in head.items() if k.startswith("head/bias")]
-        if not (kernel and bias):
-            raise UserError(f"{path}: holds no trained classifier head")
-        pre.weights.update(output_weights=kernel[0].T, output_bias=bias[0])
+            raise UserError(f"{path}: holds no trained {'span' if kind == SPAN else 'classifier'} head")
+        names = GOOGLE_HEAD if kind == SPAN else ("output_weights", "output_bias")
+        pre.weights.update({names[0]: kernel[0].T, names[1]: bias[0]})
         transitions = [v for k, v in head.items() if k.startswith("head/transitions")]
         if transitions:  # a tagger's CRF
             pre.weights["crf/transitions"] = transitions[0]
