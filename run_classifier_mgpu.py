@@ -42,6 +42,9 @@ flags.DEFINE_string("tfds_name", None, "tfds: dataset name, prepared in --tfds_d
 flags.DEFINE_string("tfds_data_dir", None, "tfds: its local data_dir.")
 flags.DEFINE_list("tfds_splits", ["train", "validation", "test"], "tfds: the splits used as train,dev,test.")
 flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
+flags.DEFINE_enum("truncation", None, ["head", "tail", "head+tail"], "Which pieces of a text longer than "
+                  "--max_seq_length stay: its start (google-bert's), its end, or its first quarter and the rest "
+                  "from its end (Sun et al. 2019: 128 + 382 at 512). Default: the run's, else head.")
 
 def run():
     import bert_mgpu
@@ -78,7 +81,7 @@ def run():
     clf = bert_mgpu.BertClassifier.from_pretrained(
         init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
-        task=task.name, fused_encoder=FLAGS.fused_encoder,
+        task=task.name, fused_encoder=FLAGS.fused_encoder, truncation=FLAGS.truncation,
         # Evaluating or predicting with a run directory, unless told: the task type it was trained for.
         task_type=FLAGS.task_type or (None if task.task_type == "classification" and not FLAGS.do_train
                                       else task.task_type))

@@ -346,3 +346,33 @@ def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(traine
     assert step == json.load(open(out / "bert_mgpu.json"))["global_step"] and step > 0
     for fmt in FORMATS:
         assert f"export: {fmt} -> {out / 'export' / fmt} (already there, from step {step})" in proc.stdout
+
+
+def test_truncation_is_kept_by_the_run_and_served_by_its_saved_model(trained, tmp_path):
+    """--truncation=head+tail: the run directory records it, from_pretrained reads it back, the SavedModel
+    cuts raw text the same way, and keras-hub's preprocessor (head only) is refused."""
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    out, clf, _ = trained
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=8)
+    both = bert_mgpu.BertClassifier.from_pretrained(str(out), towers=towers, precision="float32", max_seq_length=32,
+                                                    truncation="head+tail")
+    rng = np.random.default_rng(3)
+    filler = ["the", "movie", "film", "plot", "actor", "story", "was", "very", "it"]
+    long = [" ".join(rng.choice(filler, 60)) + " " + w for w in ("good", "awful", "fun", "boring")]  # its word last
+    assert np.abs(both.predict(ASCII) - clf.predict(ASCII)).max() <= 1e-6  # short texts: nothing cut
+    assert np.abs(both.predict(long) - clf.predict(long)).max() > 1e-3  # long ones: other pieces read
+    rows = [bert_mgpu.Example(str(i), t, None, label) for i, (label, t) in enumerate(sentiment_rows(32, seed=4))]
+    both.fit(rows, str(tmp_path / "run"), epochs=1, learning_rate=1e-4, verbose=False)
+    back = bert_mgpu.BertClassifier.from_pretrained(str(tmp_path / "run"), towers=towers, precision="float32",
+                                                    max_seq_length=32)
+    assert back.truncation == "head+tail"
+    assert np.abs(back.predict(long) - both.predict(long)).max() <= 1e-6
+    path = both.export(str(tmp_path / "saved_model"))
+    served = tf.saved_model.load(path).signatures["serving_default"](text=tf.constant(long + ASCII))
+    assert np.abs(served["probabilities"].numpy() - both.predict(long + ASCII)).max() <= 1e-5
+    with pytest.raises(UserError, match="keeps the head of a long text; this model was trained on its head"):
+        both.export(str(tmp_path / "keras_hub"), "keras_hub")
+    with pytest.raises(UserError, match="--truncation=middle: one of"):
+        bert_mgpu.BertClassifier.from_pretrained(str(out), towers=towers, max_seq_length=32, truncation="middle")

@@ -152,3 +152,45 @@ def test_single_texts_among_pairs_are_encoded_as_they_are_alone(tok, training):
     assert together == alone
     sep = tok.sep_id
     assert [row.count(sep) for _, row in sorted(together.items())] == [1, 2, 1, 2]
+
+
+def kept(tokens, room, truncation):
+    """The reference for `--truncation`: which of a segment's pieces stay when `room` of them may."""
+    if truncation == "head":
+        return tokens[:room]
+    head = room * 128 // 510 if truncation == "head+tail" else 0  # Sun et al.'s 128 of 510
+    return tokens[:head] + tokens[len(tokens) - (room - head):]
+
+
+@pytest.mark.parametrize("truncation", ["tail", "head+tail"])
+@pytest.mark.parametrize("training", [False, True])
+def test_truncation_keeps_the_pieces_it_names_with_google_bert_counts(tok, truncation, training):
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(0, 90, size=(48, 2))
+    examples = [Example(str(i), words(int(a), i), words(int(b), 30 + i) if i % 3 else None, "x")
+                for i, (a, b) in enumerate(sizes)]  # singles among pairs, short ones and ones far too long
+    ds = make_dataset(examples, tok, ["x"], 64, 8, training=training, seed=0, truncation=truncation)
+    rows = {}
+    for features, _, index in (ds.take(40) if training else ds):
+        for ids, i in zip(features["token_ids"].numpy(), index.numpy()):
+            rows[int(i)] = ids[ids != 0].tolist()
+    # Training batches come from buckets of a width; the few very short rows rarely fill theirs.
+    assert len(rows) >= 44 if training else sorted(rows) == list(range(48))
+    for i, ids in rows.items():
+        e = examples[i]
+        a, b = tok.tokenize(e.text_a), tok.tokenize(e.text_b) if e.text_b is not None else None
+        if b is None:
+            want = ["[CLS]"] + kept(a, min(len(a), 62), truncation) + ["[SEP]"]
+        else:
+            room_a, room_b = map(len, truncate_seq_pair(a, b, 61))  # how many: google-bert's rule
+            want = ["[CLS]"] + kept(a, room_a, truncation) + ["[SEP]"] + kept(b, room_b, truncation) + ["[SEP]"]
+        assert ids == tok.convert_tokens_to_ids(want), (i, truncation)
+    long_single = next(i for i in rows if examples[i].text_b is None and sizes[i][0] > 62)
+    assert rows[long_single][-2] == tok.convert_tokens_to_ids(tok.tokenize(examples[long_single].text_a))[-1]
+
+
+def test_truncation_must_be_one_it_knows():
+    from bert_mgpu.data.input_pipeline import check_truncation
+
+    with pytest.raises(UserError, match=r"--truncation=middle: one of head, tail, head\+tail"):
+        check_truncation("middle")

@@ -22,7 +22,7 @@ import numpy as np
 from bert_mgpu.api.embeddings import Encoder
 from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import make_dataset
+from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
 from bert_mgpu.data.tasks import as_examples
 from bert_mgpu.io import checkpoints, export
 from bert_mgpu.io.loading import open_checkpoint
@@ -66,6 +66,8 @@ class BertClassifier(FineTuned):
         towers: the `Towers` it runs on.
         policy: the Keras dtype policy it computes in.
         max_seq_length: longer inputs are truncated.
+        truncation: which pieces of a longer text stay: "head" (google-bert's), "tail" or "head+tail"
+            (the first quarter of the room and the rest from its end: Sun et al. 2019).
         task: the task's name (picks the GLUE metric), or None.
         fused_encoder: whether `model` runs the fused encoder (recorded in a run's settings).
         task_type: "classification" (softmax over `labels`) or "regression" (one output, a score,
@@ -79,10 +81,10 @@ class BertClassifier(FineTuned):
     """
 
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None,
-                 fused_encoder=True, task_type="classification"):
+                 fused_encoder=True, task_type="classification", truncation="head"):
         super().__init__(model, tokenizer, labels, config, towers, policy, max_seq_length, objective(task_type),
                          fused_encoder)  # the head kind: objectives.py
-        self.task = task
+        self.task, self.truncation = task, check_truncation(truncation)
         self.pairs = task in PAIR_TASKS  # whether it reads sentence pairs: what its training data had
         self.threshold = 0.5  # multi_label: the decision threshold
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
@@ -104,17 +106,19 @@ class BertClassifier(FineTuned):
 
     def _data(self, examples, batch_size, **kwargs):
         return make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, batch_size,
-                            encode_labels=self.objective.encode, **kwargs)
+                            encode_labels=self.objective.encode, truncation=self.truncation, **kwargs)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, labels: Sequence[str] | None = None, towers: Towers | None = None,
                         precision: str = "auto", max_seq_length: int = 128, do_lower_case: bool | None = None,
                         bert_config_file: str | None = None, vocab_file: str | None = None, task: str | None = None,
-                        fused_encoder: bool = True, task_type: str | None = None) -> "BertClassifier":
+                        fused_encoder: bool = True, task_type: str | None = None,
+                        truncation: str | None = None) -> "BertClassifier":
         """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh.
 
         task_type: "classification" or "regression" (None: what a bert_mgpu run directory was trained for,
         else classification).
+        truncation: "head", "tail" or "head+tail" (None: the run directory's, else head).
 
         fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
         tested against, and slower; the variables and checkpoints are the same.
@@ -150,7 +154,7 @@ class BertClassifier(FineTuned):
             log.info("%s head (%s) is freshly initialized", task_type,
                      f"{len(labels)} labels" if labels else "one score")
         clf = cls(model, opened.tokenizer, labels, opened.config, opened.towers, opened.policy, max_seq_length, task,
-                  fused_encoder, task_type)
+                  fused_encoder, task_type, truncation or run.get("truncation", "head"))
         step = pre.checkpoint_step
         clf.global_step = (step if step is not None else int(run.get("global_step", 0))) if own else 0
         clf.pairs = bool(run.get("pairs", clf.pairs))
@@ -174,7 +178,7 @@ class BertClassifier(FineTuned):
         return as_examples(dev)
 
     def _head_settings(self):
-        return self.objective.settings()
+        return {**self.objective.settings(), **({"truncation": self.truncation} if self.truncation != "head" else {})}
 
     def _probe_batch(self, global_batch):
         return memory.classifier_batch(global_batch, self.max_seq_length)
@@ -190,7 +194,8 @@ class BertClassifier(FineTuned):
         run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels, "pairs": self.pairs,
                **self.objective.run_facts(self.threshold),
                "do_lower_case": self.tokenizer.do_lower_case,
-               "max_seq_length": self.max_seq_length, "task": self.task, "global_step": step,
+               "max_seq_length": self.max_seq_length, "truncation": self.truncation, "task": self.task,
+               "global_step": step,
                "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
         checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)

@@ -52,27 +52,59 @@ def pair_kind(has_b):
     return "mixed" if has_b.any() and not has_b.all() else bool(has_b.any())
 
 
-def encode(tokenizer, text_a, text_b, max_seq_length, pairs, has_b=None):
+TRUNCATIONS = ("head", "tail", "head+tail")
+# head+tail keeps this share of a text's room from its start, the rest from its end: Sun et al. 2019 ("How to
+# Fine-Tune BERT for Text Classification?") found the first 128 and the last 382 pieces best at length 512.
+HEAD_SHARE = (128, 510)
+
+
+def check_truncation(truncation):
+    if truncation not in TRUNCATIONS:
+        raise UserError(f"--truncation={truncation}: one of {', '.join(TRUNCATIONS)}")
+    return truncation
+
+
+def encode(tokenizer, text_a, text_b, max_seq_length, pairs, has_b=None, truncation="head"):
     """String tensors [batch] -> (token_ids, segment_ids) ragged [batch, (len)]: [CLS] a [SEP] (b [SEP]).
 
     pairs="mixed": each row by its own kind (`has_b`, bool [batch]): a single text among pairs keeps its
-    one [SEP], as it would alone."""
+    one [SEP], as it would alone. `truncation`: which pieces of a text too long stay (`trim`)."""
     if pairs == "mixed":
-        single = encode(tokenizer, text_a, text_b, max_seq_length, False)
-        both = encode(tokenizer, text_a, text_b, max_seq_length, True)
+        single = encode(tokenizer, text_a, text_b, max_seq_length, False, truncation=truncation)
+        both = encode(tokenizer, text_a, text_b, max_seq_length, True, truncation=truncation)
         n = tf.shape(text_a)[0]
         pick = tf.where(has_b, tf.range(n) + n, tf.range(n))
         return tuple(tf.gather(tf.concat([s, p], 0), pick) for s, p in zip(single, both))
     segments = [tokenizer(text_a)]
     if pairs:
         segments.append(tokenizer(text_b))
-    budget = max_seq_length - 1 - len(segments)
-    segments = tf_text.RoundRobinTrimmer(max_seq_length=budget).trim(segments)
+    segments = trim(segments, max_seq_length - 1 - len(segments), truncation)
     return tf_text.combine_segments(segments, tokenizer.cls_id, tokenizer.sep_id)
 
 
+def trim(segments, budget, truncation="head"):
+    """Ragged [batch, (pieces)] segments cut to `budget` pieces a row in all: how many each keeps is
+    google-bert's `_truncate_seq_pair` (tf-text's RoundRobinTrimmer: the longer one shortened first); which
+    ones is `truncation`: its first (head), its last (tail), or its first HEAD_SHARE and the rest from
+    its end (head+tail)."""
+    trimmer = tf_text.RoundRobinTrimmer(max_seq_length=budget)
+    if truncation == "head":
+        return trimmer.trim(segments)
+    kept = [tf.reduce_sum(tf.cast(m, tf.int64), axis=1) for m in trimmer.generate_mask(segments)]
+    out = []
+    for segment, keep in zip(segments, kept):
+        length = segment.row_lengths()
+        head = keep * HEAD_SHARE[0] // HEAD_SHARE[1] if truncation == "head+tail" else tf.zeros_like(keep)
+        position = tf.ragged.range(length)
+        rows = segment.value_rowids()
+        tail_from = length - (keep - head)  # a row's positions from here on are kept (its tail)
+        mask = (position.flat_values < tf.gather(head, rows)) | (position.flat_values >= tf.gather(tail_from, rows))
+        out.append(tf.ragged.boolean_mask(segment, segment.with_flat_values(mask)))
+    return out
+
+
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data", pad_to_multiple=8, rows_multiple=None, encode_labels=None):
+                 source="data", pad_to_multiple=8, rows_multiple=None, encode_labels=None, truncation="head"):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and yields only full batches (every step has the full global
@@ -80,17 +112,19 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     training=False keeps every example once, sorted by length, with `index` to restore input order;
     `rows_multiple` then pads each batch's rows to a multiple of it with rows of index -1 (a [CLS] alone),
     which prediction drops: the batch shapes a pass can meet are then (width, rows) from short lists, so
-    XLA-compiled kernels compile for few shapes.
+    XLA-compiled kernels compile for few shapes. `truncation`: which pieces of a long text stay (`trim`).
     """
     arrays = examples_to_arrays(examples, label_list, source, encode_labels)
     pairs = pair_kind(arrays["has_b"])
     if not training:
-        return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple)
+        return _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple,
+                               truncation)
     ds = tf.data.Dataset.from_tensor_slices(arrays)
     ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
 
     def tokenize(batch):
-        ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs, batch["has_b"])
+        ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs, batch["has_b"],
+                           truncation)
         return {"token_ids": ids.to_tensor(), "segment_ids": segs.to_tensor(), "length": ids.row_lengths(),
                 "label": batch["label"], "index": batch["index"]}
 
@@ -133,11 +167,11 @@ def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multip
     return ds.map(_plain(to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-_ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs): traced encode}
+_ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs, truncation): traced encode}
 _CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of a large set
 
 
-def traced_encode(tokenizer, max_seq_length, pairs):
+def traced_encode(tokenizer, max_seq_length, pairs, truncation="head"):
     """A traced `encode` kept with the tokenizer, so its kernels (compiled regexes) are built once.
 
     The function reaches the tokenizer through a weak reference (it is traced once, at its first call),
@@ -145,18 +179,19 @@ def traced_encode(tokenizer, max_seq_length, pairs):
     runs alive (tests/test_soak.py).
     """
     fns = _ENCODERS.setdefault(tokenizer, {})
-    key = (max_seq_length, pairs)
+    key = (max_seq_length, pairs, truncation)
     if key not in fns:
         ref = weakref.ref(tokenizer)
         strings, flags = tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool)
-        fns[key] = tf.function(lambda a, b, has_b: encode(ref(), a, b, max_seq_length, pairs, has_b),
+        fns[key] = tf.function(lambda a, b, has_b: encode(ref(), a, b, max_seq_length, pairs, has_b, truncation),
                                input_signature=[strings, strings, flags], autograph=False)
     return fns[key]
 
 
-def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple=None):
+def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple=None,
+                    truncation="head"):
     """Every example once: the set tokenized in chunks, then `sorted_batches`."""
-    encode_fn = traced_encode(tokenizer, max_seq_length, pairs)
+    encode_fn = traced_encode(tokenizer, max_seq_length, pairs, truncation)
     ids, segs, lengths = [], [], []
     for i in range(0, len(arrays["index"]), _CHUNK):
         rows = slice(i, i + _CHUNK)

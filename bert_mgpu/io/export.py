@@ -145,6 +145,8 @@ def write_hf(trained, directory):
                  "strip_accents": None, "tokenize_chinese_chars": True, "model_max_length": c.max_position_embeddings,
                  "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                  "mask_token": "[MASK]"}
+    if trained.truncation == "tail":  # transformers' tokenizers cut a long text's start instead of its end
+        tokenizer["truncation_side"] = "left"
     storage.write_atomic(os.path.join(directory, "tokenizer_config.json"), json.dumps(tokenizer, indent=2) + "\n")
     specials = {k: v for k, v in tokenizer.items() if k.endswith("_token")}
     storage.write_atomic(os.path.join(directory, "special_tokens_map.json"), json.dumps(specials, indent=2) + "\n")
@@ -163,6 +165,10 @@ def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
     """
     import keras_hub
 
+    if trained.truncation != "head" and not allow_approximate:
+        raise UserError(f"--export_format=keras_hub: keras-hub's preprocessor keeps the head of a long text; this "
+                        f"model was trained on its {trained.truncation} (--truncation). Pass "
+                        "--allow_approximate_export to write it anyway")
     c = trained.config
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=c.vocab_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,
@@ -211,7 +217,8 @@ def _keras_hub_difference(trained, directory, texts):
     texts = tf.constant(texts)
     ours_tok = FullTokenizer(trained.vocab_file, trained.do_lower_case)
     # Traced: called eagerly, keras-hub's tokenizer returns Python lists.
-    ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False),
+    ids, segments = tf.function(lambda t: encode(ours_tok, t, None, trained.max_seq_length, False,
+                                                 truncation=trained.truncation),
                                  autograph=False)(texts)
     features = {"token_ids": ids.to_tensor(0), "segment_ids": segments.to_tensor(0)}
     features["padding_mask"] = tf.not_equal(features["token_ids"], 0)

@@ -76,7 +76,8 @@ def write_saved_model(trained, path, precision="float32"):
         return objective(trained.task_type).serving(out, labels)
 
     def from_text(text_a, text_b=None):
-        ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None)
+        ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None,
+                               truncation=trained.truncation)
         return run(ids.to_tensor(pad), segments.to_tensor(0))
 
     archive = keras.export.ExportArchive()

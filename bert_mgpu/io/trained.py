@@ -35,6 +35,7 @@ class Trained:
         labels: the classifier's labels in logit order (empty for a regression or a pretrainer).
         task_type: "classification" or "regression".
         max_seq_length: what the serving graph truncates to.
+        truncation: which pieces of a longer text it keeps ("head", "tail", "head+tail").
         pairs: whether the classifier reads sentence pairs.
         facts: a question answerer's run_squad settings (doc_stride, max_query_length, ...), for its SavedModel.
     """
@@ -49,6 +50,7 @@ class Trained:
     max_seq_length: int = 128
     pairs: bool = False
     facts: dict = dataclasses.field(default_factory=dict)  # a head's own settings (a question answerer's windows)
+    truncation: str = "head"
 
     @property
     def head(self):
@@ -70,7 +72,8 @@ def from_classifier(clf):
     """A `BertClassifier`'s weights as they are now."""
     weights = _with_head(clf.model, checkpoints.encoder_weights(clf.model.backbone))
     return Trained("classifier", clf.config, clf.tokenizer.vocab_file, clf.tokenizer.do_lower_case, weights,
-                   list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)))
+                   list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)),
+                   truncation=clf.truncation)
 
 
 def from_tagger(tagger):
@@ -124,7 +127,7 @@ def read_trained(path):
     return Trained(kind if classifier or kind == SPAN else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
                    pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
-                   bool(run.get("pairs", False)), run.get("squad") or {})
+                   bool(run.get("pairs", False)), run.get("squad") or {}, run.get("truncation", "head"))
 
 
 def build_model(trained, precision="float32"):
