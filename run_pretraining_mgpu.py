@@ -154,7 +154,8 @@ def run():
     if FLAGS.auto_batch_size and FLAGS.do_train:
         pre.auto_batch_size(FLAGS.train_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
                             memory_limit_mb=FLAGS.memory_limit_mb,
-                            memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
+                            memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla,
+                            recompute=FLAGS.recompute)
     files = expand_files(FLAGS.input_file)
     held_out = FLAGS.validation_input_file
     if (FLAGS.do_validation or FLAGS.do_eval) and not held_out:

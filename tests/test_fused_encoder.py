@@ -210,3 +210,34 @@ def test_bias_activation_hand_written_backward_matches_autodiff(kernel, referenc
     for o, a, t in zip(ours, autodiff, truth):
         err = lambda v: float(tf.reduce_max(tf.abs(tf.cast(v, tf.float32) - t)))  # noqa: E731, B023
         assert o.dtype == tf.bfloat16 and err(o) <= err(a), (err(o), err(a))
+
+
+@pytest.mark.parametrize("ln_mode,positions", [("post-ln", False), ("pre-ln", True)])
+def test_recompute_gives_the_same_gradients_with_dropout_on(ln_mode, positions):
+    """--recompute: each layer computed again in the backward pass, dropping what the first pass dropped;
+    eager and traced, with the last layer on chosen rows (a masked LM's) too."""
+    backbone = build_backbone(tiny_config(30, encoder_ln_mode=ln_mode, hidden_dropout_prob=0.2,
+                                          attention_probs_dropout_prob=0.2))
+    fused = FusedBertEncoder(backbone)
+    x = _inputs()
+    if positions:
+        x["output_positions"] = np.array([[1, 2], [3, 0], [1, 1]], np.int32)
+    start = fused.seed_generator.state.numpy()
+    rows = x["output_positions"].shape[1] if positions else x["token_ids"].shape[1]
+    weights = np.random.default_rng(1).normal(size=(3, rows, backbone.hidden_dim)).astype("float32")
+
+    def grads():
+        fused.seed_generator.state.assign(start)  # the same dropout masks for every run
+        with tf.GradientTape() as tape:
+            y = fused(x, training=True)
+            loss = tf.reduce_sum(y["sequence_output"] * weights) + tf.reduce_sum(y["pooled_output"])
+        return [loss] + tape.gradient(loss, backbone.trainable_variables)
+
+    plain = grads(), tf.function(grads, autograph=False)()  # eager and traced
+    assert np.abs(plain[0][0] - grads()[0]) == 0  # the state reset gives the same masks
+    fused.recompute = True
+    for got, want in zip((grads(), tf.function(grads, autograph=False)()), plain):
+        for v, a, b in zip(["loss"] + [v.path for v in backbone.trainable_variables], got, want):
+            a, b = tf.convert_to_tensor(a).numpy(), tf.convert_to_tensor(b).numpy()
+            # Equal up to float32 sums taken in another order: 1e-6, of the tensor's largest value above 1.
+            assert np.abs(a - b).max() <= 1e-6 * max(1.0, np.abs(b).max()), (v, np.abs(a - b).max())

@@ -159,7 +159,7 @@ class FineTuned:
         warmup = config.warmup_steps(num_steps)
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16"), self.objective.loss,
-            accum, config.use_xla)
+            accum, config.use_xla, recompute=config.recompute)
         start = session.start
         if session.restored:
             log.info("resuming from %s at step %d", session.restored, start)
@@ -223,7 +223,8 @@ class FineTuned:
                                lambda d, s: self._write_run(d, s), self.towers.is_chief)
 
     def auto_batch_size(self, memory_limit_mb: float | None = None, output_dir: str | None = None,
-                        memory_per_tower_mb: float | None = None, use_xla: bool = False) -> int:
+                        memory_per_tower_mb: float | None = None, use_xla: bool = False,
+                        recompute: bool = False) -> int:
         """Set `train_batch_size` (per tower) to the largest that fits (see memory.py) and return it.
 
         A run in output_dir that already found one keeps it, so resuming trains as it started.
@@ -235,6 +236,6 @@ class FineTuned:
             return before["per_tower_batch"]
         best = memory.find_for_model(self.towers, self.model, self.policy, self._probe_batch, self.objective.loss,
                                      memory_limit_mb=memory_limit_mb, memory_per_tower_mb=memory_per_tower_mb,
-                                     use_xla=use_xla)
+                                     use_xla=use_xla, recompute=recompute)
         self.train_batch_size = best
         return best

@@ -298,7 +298,7 @@ class BertPretrainer:
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             schedule=schedule, weight_decay=config.weight_decay, float16=self.policy == "mixed_float16",
             optimizer=config.optimizer, beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon,
-            clipnorm=config.clipnorm), self.objective.loss, accum, config.use_xla,
+            clipnorm=config.clipnorm), self.objective.loss, accum, config.use_xla, recompute=config.recompute,
             state={"heads": pretraining_model.head_checkpoint_objects(self.model), "elapsed_seconds": elapsed_var})
         trainer, step = session.trainer, session.start
         if session.restored:
@@ -343,14 +343,14 @@ class BertPretrainer:
 
     def auto_batch_size(self, global_batch: int, max_seq_length: int, max_predictions_per_seq: int,
                         memory_limit_mb: float | None = None, memory_per_tower_mb: float | None = None,
-                        use_xla: bool = False) -> int:
+                        use_xla: bool = False, recompute: bool = False) -> int:
         """Set `micro_batch` (per tower) to the largest that fits (memory.py) and divides the global batch
         into whole accumulation steps; returns it."""
         fits = memory.find_for_model(
             self.towers, self.model, self.policy,
             lambda n: memory.pretraining_batch(n, max_seq_length, max_predictions_per_seq),
             self.objective.loss, memory_limit_mb, memory_per_tower_mb,
-            cap=max(1, global_batch // self.towers.count), use_xla=use_xla)
+            cap=max(1, global_batch // self.towers.count), use_xla=use_xla, recompute=recompute)
         micro = max(m for m in range(1, fits + 1) if global_batch % (m * self.towers.count) == 0)
         log.info("micro-batch %d per tower (%d fits), %d accumulation steps", micro, fits,
                  global_batch // (micro * self.towers.count))

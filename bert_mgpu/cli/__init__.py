@@ -169,6 +169,9 @@ def define_tower_flags():
     flags.DEFINE_float("collective_timeout_seconds", 1800, "A collective between towers or workers that waits "
                        "longer than this ends the run with an error instead of hanging it (0: no limit).")
     flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
+    flags.DEFINE_bool("recompute", False, "Recompute each encoder layer in the backward pass instead of keeping "
+                      "its activations: less memory (a larger batch, or length 512), about one more forward "
+                      "pass a step, the same gradients.")
     flags.DEFINE_bool("fused_encoder", True, "Run the encoder as bert_mgpu's fused layer; false: keras-hub's "
                       "BertBackbone as it is (the reference, slower; same variables and checkpoints).")
     flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
@@ -242,7 +245,8 @@ def towers_from_flags(plan, cluster, train_batch_size):
 def _loop_flags():
     """The LoopConfig fields both scripts' flags give, under the flags' names."""
     f = FLAGS
-    return dict(learning_rate=f.learning_rate, use_xla=f.use_xla, save_checkpoints_steps=f.save_checkpoints_steps,
+    return dict(learning_rate=f.learning_rate, use_xla=f.use_xla, recompute=f.recompute,
+                save_checkpoints_steps=f.save_checkpoints_steps,
                 save_total_limit=f.save_total_limit, log_every=f.log_every_steps,
                 max_consecutive_skips=f.max_consecutive_skips, overwrite=f.overwrite_output_dir)
 

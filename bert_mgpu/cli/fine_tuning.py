@@ -76,7 +76,8 @@ def train(model, train_rows, dev, settings=()):
     (`settings`: more flags a resumed run must share). False when a signal stopped it (said on stdout)."""
     if FLAGS.auto_batch_size:
         model.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
-                              memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla)
+                              memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla,
+                              recompute=FLAGS.recompute)
     names = (*settings, "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")
     model.fit(train_rows, FLAGS.output_dir, train_config(), dev=dev,
               settings={name: getattr(FLAGS, name) for name in names})

@@ -15,6 +15,11 @@ This layer computes the same function with:
 The variables are the backbone's, so checkpoints, optimizers and `model.backbone` are unchanged, and
 `BertBackbone(inputs)` and `FusedBertEncoder(backbone)(inputs)` agree to float rounding (tested).
 
+`recompute=True` (`--recompute`) keeps only each layer's input for the backward pass and computes the
+layer again there (`keras.remat`, TensorFlow's `recompute_grad`): about one more forward pass a step
+for activations that no longer grow with the layer count. A layer's dropout seeds are drawn before it,
+so the recomputed layer drops what the first pass dropped and the gradients are the same.
+
 Example:
     encoder = FusedBertEncoder(build_backbone(config, "mixed_bfloat16"))
     outputs = encoder({"token_ids": ids, "segment_ids": segs, "padding_mask": mask}, training=True)
@@ -26,6 +31,7 @@ import keras
 import tensorflow as tf
 
 from bert_mgpu.core import _compat
+from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import kernels
 from bert_mgpu.model.kernels import ACTIVATIONS
 
@@ -42,10 +48,11 @@ def _read(*variables):
 class FusedBertEncoder(keras.layers.Layer):
     """Runs `backbone` (a keras-hub BertBackbone) -> {"sequence_output", "pooled_output"}, faster."""
 
-    def __init__(self, backbone, pooled_only=False, **kwargs):
-        """pooled_only: the caller uses "pooled_output" alone (a classifier); see `call`."""
+    def __init__(self, backbone, pooled_only=False, recompute=False, **kwargs):
+        """pooled_only: the caller uses "pooled_output" alone (a classifier); see `call`.
+        recompute: recompute each layer in the backward pass instead of keeping its activations."""
         super().__init__(dtype=backbone.dtype_policy, name=kwargs.pop("name", "fused_encoder"), **kwargs)
-        self.backbone, self.pooled_only = backbone, pooled_only
+        self.backbone, self.pooled_only, self.recompute = backbone, pooled_only, recompute
         self.rate = float(backbone.dropout)
         self.seed_generator = keras.random.SeedGenerator(1234, name="dropout_seed")
         # build_backbone records the config's hidden_act; keras-hub's own default is the tanh GELU.
@@ -60,11 +67,16 @@ class FusedBertEncoder(keras.layers.Layer):
         return {"sequence_output": keras.KerasTensor((*rows, hidden), self.compute_dtype),
                 "pooled_output": keras.KerasTensor((ids.shape[0], hidden), self.compute_dtype)}
 
-    def _mask(self, shape, training):
-        if not training or self.rate == 0.0:
+    def _dropping(self, training):
+        return bool(training) and self.rate > 0.0
+
+    def _seed(self):
+        return tf.cast(self.seed_generator.next(), tf.int32)
+
+    def _mask(self, shape, training, seed=None):
+        if not self._dropping(training):
             return tf.ones([], self.compute_dtype)
-        seed = tf.cast(self.seed_generator.next(), tf.int32)
-        return kernels.dropout_mask(shape, self.rate, seed, self.compute_dtype)
+        return kernels.dropout_mask(shape, self.rate, self._seed() if seed is None else seed, self.compute_dtype)
 
     def _w(self, variable, shape=None):
         """The variable's value in the compute dtype: a tensor even when no cast is needed (see `_read`)."""
@@ -115,17 +127,24 @@ class FusedBertEncoder(keras.layers.Layer):
             rows = tf.concat([tf.zeros([batch, 1], rows.dtype), rows], axis=1)
         last = len(bb.transformer_layers) - 1
         for i, layer in enumerate(bb.transformer_layers):
-            parts = _compat.transformer_parts(layer)
-            x = self._layer(layer, parts, x, bias, scale, batch, length, heads, size, training,
-                            rows if i == last else None)
+            # The layer's three dropout seeds, drawn in the order the layer uses them.
+            seeds = [self._seed() for _ in range(3)] if self._dropping(training) else [None] * 3
+
+            def run(x, layer=layer, seeds=seeds, rows=rows if i == last else None):
+                return self._layer(layer, _compat.transformer_parts(layer), x, bias, scale, batch, length, heads,
+                                   size, training, rows, seeds)
+
+            x = keras.remat(run)(x) if self.recompute and training else run(x)
 
         sequence = tf.reshape(x, [batch, -1, hidden])
         pool = bb.pooled_dense
         pooled = tf.tanh(tf.matmul(sequence[:, 0], self._w(pool.kernel)) + self._w(pool.bias))
         return {"sequence_output": sequence if rows is None else sequence[:, 1:], "pooled_output": pooled}
 
-    def _layer(self, layer, parts, x, bias, scale, batch, length, heads, size, training, rows=None):
-        """One encoder layer on x [B*L, hidden]; with rows [B, R], only those rows' outputs [B*R, hidden]."""
+    def _layer(self, layer, parts, x, bias, scale, batch, length, heads, size, training, rows=None,
+               seeds=(None, None, None)):
+        """One encoder layer on x [B*L, hidden]; with rows [B, R], only those rows' outputs [B*R, hidden].
+        seeds: its attention-probability, attention-output and feed-forward dropout seeds (None: drawn)."""
         p, hidden = parts, heads * size
         pre_ln = layer.normalize_first
         ln1, ln2 = p.attention_norm, p.output_norm
@@ -150,13 +169,13 @@ class FusedBertEncoder(keras.layers.Layer):
             q = tf.transpose(tf.reshape(tf.matmul(h, w_q) + b_q, [batch, -1, heads, size]), [0, 2, 1, 3])
         q = q * scale
         scores = tf.matmul(q, k, transpose_b=True) + bias  # [B, H, L, L]
-        if training and self.rate > 0.0:
-            probs = kernels.softmax_dropout(scores, self.rate, tf.cast(self.seed_generator.next(), tf.int32))
+        if self._dropping(training):
+            probs = kernels.softmax_dropout(scores, self.rate, self._seed() if seeds[0] is None else seeds[0])
         else:
             probs = tf.nn.softmax(scores)
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
         out = tf.matmul(context, self._w(p.attention_output.kernel, [hidden, hidden]))
-        mask = self._mask(tf.shape(out), training)
+        mask = self._mask(tf.shape(out), training, seeds[1])
         b_out = self._w(p.attention_output.bias)
         if pre_ln:
             x = kernels.bias_dropout_residual(out, b_out, mask, x)
@@ -170,10 +189,19 @@ class FusedBertEncoder(keras.layers.Layer):
         else:
             h = self.activation.inference(tf.nn.bias_add(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias)))
         out = tf.matmul(h, self._w(outer.kernel))
-        mask = self._mask(tf.shape(out), training)
+        mask = self._mask(tf.shape(out), training, seeds[2])
         if pre_ln:
             return kernels.bias_dropout_residual(out, self._w(outer.bias), mask, x)
         return kernels.residual_norm(out, self._w(outer.bias), mask, x, *_read(ln2.gamma, ln2.beta), ln2.epsilon)
+
+
+def set_recompute(model, on):
+    """`--recompute`: every fused encoder of `model` recomputes its layers in the backward pass (or not)."""
+    encoders = [layer for layer in _compat.sublayers(model) if isinstance(layer, FusedBertEncoder)]
+    if on and not encoders:
+        raise UserError("--recompute needs the fused encoder: drop --fused_encoder=false")
+    for encoder in encoders:
+        encoder.recompute = bool(on)
 
 
 class _Frozen:

@@ -129,7 +129,7 @@ def pretraining_batch(global_batch, seq_length, max_predictions, token_id=5):
 
 
 def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit_mb=None,
-                   memory_per_tower_mb=None, cap=4096, use_xla=False):
+                   memory_per_tower_mb=None, cap=4096, use_xla=False, recompute=False):
     """`find_batch_size` for a model on its towers, with a throwaway optimizer (the Trainer builds it, and its
     slots take memory during training too). Returns the largest per-tower batch that fits."""
     limit = memory_limit_mb
@@ -137,6 +137,7 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
         limit = default_limit_mb(towers.plan, memory_per_tower_mb, getattr(towers, "gpus", None))
     with towers.strategy.scope():  # learning rate 0: trials run real steps and change no weight
         optimizer = optimization.create_optimizer(0.0, 10, 0, float16=policy == "mixed_float16")
+    fused_encoder.set_recompute(model, recompute)  # trials step as the run will
     probe = training.Trainer(towers.strategy, model, optimizer, use_xla=use_xla,
                              loss_fn=loss_fn or training.classification_loss)
     best, _ = find_batch_size(probe, make_batch, towers.plan, limit, cap)

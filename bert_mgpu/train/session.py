@@ -15,6 +15,7 @@ import contextlib
 import logging
 
 from bert_mgpu.io import checkpoints, run_dir
+from bert_mgpu.model.fused_encoder import set_recompute
 from bert_mgpu.parallel import distribute
 from bert_mgpu.train.loop import Loop
 from bert_mgpu.train.training import Trainer
@@ -34,11 +35,14 @@ class Session:
         loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
         accum_steps: micro-batches a tower runs per step (gradient accumulation).
         use_xla: XLA-compile each tower's step.
+        recompute: the encoder's layers recomputed in the backward pass (`fused_encoder.set_recompute`).
         state: more objects the checkpoint holds ({name: trackable}), e.g. pretraining's heads and clock.
     """
 
-    def __init__(self, towers, model, run, make_optimizer, loss_fn, accum_steps=1, use_xla=False, state=None):
+    def __init__(self, towers, model, run, make_optimizer, loss_fn, accum_steps=1, use_xla=False, state=None,
+                 recompute=False):
         self.towers, self.model, self.run = towers, model, run
+        set_recompute(model, recompute)  # before the step is traced
         with towers.strategy.scope():
             self.optimizer = make_optimizer()
         self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)

@@ -25,6 +25,8 @@ class LoopConfig:
     Args:
         learning_rate: peak learning rate.
         use_xla: XLA-compile each tower's step.
+        recompute: recompute each encoder layer in the backward pass instead of keeping its activations
+            (less memory, about one more forward pass a step; the same gradients).
         save_checkpoints_steps: a checkpoint every this many steps (and at the end).
         save_total_limit: checkpoints kept (the newest); the best model's directory apart.
         log_every: a logged record every this many steps.
@@ -35,6 +37,7 @@ class LoopConfig:
 
     learning_rate: float = 5e-5
     use_xla: bool = False
+    recompute: bool = False
     save_checkpoints_steps: int = 1000
     save_total_limit: int = 2
     log_every: int = 50
