@@ -3,6 +3,7 @@ of GPUs, distribute.make_strategy, CollectiveAllReduce with NCCL) on CPU devices
 collectives run as RING through the same packing and concatenation: executed, not only traced. Also the
 dtype each gradient crosses as, and a float16 sum over 8 towers that no longer overflows."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -194,3 +195,34 @@ def test_every_variable_a_run_makes_can_be_broadcast_between_workers(policy):
     batch = memory.classifier_batch(4, 16)
     evaluated = trainer.evaluate(tf.data.Dataset.from_tensors((batch[0], np.arange(4, dtype=np.int32) % 2)))
     assert np.isfinite(evaluated["loss"])  # the frozen copies read back right
+
+
+def test_recompute_steps_on_the_gpu_path_with_xla_in_mixed_float16():
+    """--recompute --use_xla on GPUs: each tower's XLA-compiled step recomputes the layers (dropout on),
+    its float16 and float32 gradients cross on NCCL as without it, and two steps give the same weights
+    (float16 rounding apart) with both towers equal."""
+    from bert_mgpu.model.fused_encoder import set_recompute
+
+    _, strategy = gpu_strategy()
+    features, _ = memory.classifier_batch(8, 16)
+    batch = (features, np.arange(8, dtype=np.int32) % 2)
+    after, sent = {}, {}
+    for recompute in (False, True):
+        keras.utils.set_random_seed(0)
+        with strategy.scope():
+            model = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 2,
+                                              "mixed_float16")
+            opt = optimization.create_optimizer(1e-3, 10, 0, float16=True)
+        set_recompute(model, recompute)
+        trainer = training.Trainer(strategy, model, opt, use_xla=True, bytes_per_pack=2**14)
+        batches = trainer.training_batches(tf.data.Dataset.from_tensors(batch).repeat(2))
+        sent[recompute] = collectives(trainer.step_graph(trainer.input_spec))
+        losses = [trainer.train_step(next(batches))[0] for _ in range(2)]
+        assert all(np.isfinite(losses)) and trainer.applied_steps == 2, losses
+        for v in model.trainable_variables:
+            a, b = strategy.experimental_local_results(v.value)
+            assert np.array_equal(a.numpy(), b.numpy()), v.path
+        after[recompute] = [v.numpy() for v in model.trainable_variables]
+    assert sent[True] == sent[False] and {h for h, _, _ in sent[True]} == {"nccl"}
+    for v, a, b in zip(model.trainable_variables, after[False], after[True]):
+        assert np.abs(a - b).max() <= 1e-3 * max(1.0, np.abs(a).max()), v.path

@@ -277,10 +277,28 @@ def fused_matches_keras_hub(setup):
 
 
 def xla_step(setup):
-    """One training step with each tower's forward and backward XLA-compiled (--use_xla)."""
-    trainer = _trainer(setup.strategy(), "tiny", "mixed_float16" if setup.gpu else "float32", use_xla=True)
-    loss, _ = trainer.train_step(next(trainer.training_batches(_data(4 * setup.plan.towers, 32, 1))))
-    return {"ok": bool(np.isfinite(loss)), "loss": loss, "summary": f"one --use_xla step: loss {loss:.4f}"}
+    """One training step with each tower's forward and backward XLA-compiled (--use_xla), then the same step
+    from the same weights with --recompute: the same loss, and updates that differ by float rounding only
+    (mean |difference| over mean |update|)."""
+    import keras
+
+    from bert_mgpu.model.fused_encoder import set_recompute
+
+    runs = {}
+    for recompute in (False, True):
+        keras.utils.set_random_seed(0)  # the same weights and dropout masks
+        trainer = _trainer(setup.strategy(), "tiny", "mixed_float16" if setup.gpu else "float32", use_xla=True)
+        set_recompute(trainer.model, recompute)
+        before = [v.numpy() for v in trainer.model.trainable_variables]
+        loss, _ = trainer.train_step(next(trainer.training_batches(_data(4 * setup.plan.towers, 32, 1))))
+        runs[recompute] = loss, before, [v.numpy() for v in trainer.model.trainable_variables]
+    (loss, before, plain), (again, _, recomputed) = runs[False], runs[True]
+    update = np.mean(np.concatenate([np.abs(a - b).ravel() for a, b in zip(plain, before)]))
+    differ = np.mean(np.concatenate([np.abs(a - b).ravel() for a, b in zip(plain, recomputed)])) / update
+    ok = bool(np.isfinite(loss) and np.isfinite(again) and abs(loss - again) <= 1e-3 and differ <= 0.05)
+    return {"ok": ok, "loss": loss, "recompute_loss": again, "recompute_update_difference": float(differ),
+            "summary": f"one --use_xla step: loss {loss:.4f}; with --recompute {again:.4f}, updates differing by "
+                       f"{differ:.2%} of their size (at most 5%)"}
 
 
 def worker(task_index, worker_hosts):
