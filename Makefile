@@ -19,7 +19,7 @@ ROUNDS ?= 2
 # the parity tests' reference (PyTorch, transformers), whose CUDA 13 libraries would overwrite TensorFlow's.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu || echo ,reference)
 
-.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo bench gpu-check glue
+.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo long-demo bench gpu-check glue
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -106,6 +106,28 @@ qa-demo: $(QA)/train.json assets
 	  --output_dir=$(QA_OUT) --do_train --do_predict --n_gpus=0 --towers_per_gpu=$(TOWERS) --max_seq_length=256 \
 	  --doc_stride=128 --train_batch_size=16 --num_train_epochs=4 --learning_rate=2e-4 --eval_every_steps=40 \
 	  --load_best_model_at_end --predict_batch_size=32 --eval_batch_size=32
+
+# Long documents: the Linux manual pages (Debian's manpages and manpages-dev, downloaded, never installed), each
+# page labelled with its section (2 system calls, 3 library functions, 4, 5, 7), classified at 128 pieces
+# with each --truncation; dev accuracy of each printed at the end.
+MAN := data/man_pages
+LONG_OUT ?= output/man_pages
+LONG_LENGTH ?= 128
+$(MAN)/train.tsv: data/prepare_man_pages.py | $(VENV)/.installed
+	mkdir -p $(ASSETS)/debs
+	cd $(ASSETS)/debs && (apt-get download manpages manpages-dev || (apt-get update -qq && \
+	  apt-get download manpages manpages-dev))
+	for deb in $(ASSETS)/debs/manpages_*.deb $(ASSETS)/debs/manpages-dev_*.deb; do \
+	  dpkg-deb -x $$deb $(ASSETS)/manpages; done
+	$(PY) data/prepare_man_pages.py $(ASSETS)/manpages/usr/share/man $(MAN)
+
+long-demo: $(MAN)/train.tsv assets
+	for t in head tail head+tail; do \
+	  $(PY) run_classifier_mgpu.py --task_name=tsv --data_dir=$(MAN) --init_checkpoint=$(MODEL) \
+	    --output_dir=$(LONG_OUT)/$$t --do_train --do_eval --n_gpus=0 --towers_per_gpu=$(TOWERS) \
+	    --max_seq_length=$(LONG_LENGTH) --truncation=$$t --train_batch_size=16 --num_train_epochs=3 \
+	    --learning_rate=1e-4 --eval_batch_size=32 || exit 1; done
+	@for t in head tail head+tail; do echo "$$t: $$(grep eval_accuracy $(LONG_OUT)/$$t/eval_results.txt)"; done
 
 # Chinese end to end: Debian's fortunes-zh (downloaded, never installed) -> a character vocabulary, a small
 # pre-LN BERT pretrained from scratch for $(MINUTES) min, then a classifier of which collection a text is from.

@@ -245,3 +245,11 @@ def test_labels_are_taken_as_meant_not_verbatim(tmp_path):
         get_task("tsv", text_column="1", label_column="0").get_examples(str(numbered), "train")
     (numbered / "train.tsv").write_text("".join(f"{'pos' if i % 2 else 'neg'}\ttext {i}\n" for i in range(12)))
     assert len(get_task("tsv", text_column="1", label_column="0").get_examples(str(numbered), "train")) == 12
+
+
+def test_a_document_longer_than_csvs_field_limit_is_read(tmp_path):
+    """csv's default field limit is 128 KiB; a long document (a manual page of 200,000 characters) is a row."""
+    long = "word " * 40000
+    (tmp_path / "train.tsv").write_text(f"label\ttext\n3\t{long}\n2\tshort\n")
+    train = get_task("tsv").get_examples(str(tmp_path), "train")
+    assert [(len(e.text_a), e.label) for e in train] == [(len(long), "3"), (5, "2")]

@@ -60,6 +60,8 @@ def read_rows(path, delimiter="\t", quotechar=None, invalid_utf8="error"):
         raise UserError(f"{path}:{text.count(chr(10), 0, at) + 1}: NUL byte at column "
                         f"{at - text.rfind(chr(10), 0, at)}; is it a binary or UTF-16 file?")
     rows = []
+    # A field as long as the file is a long document, not a broken row (csv's default limit is 128 KiB).
+    csv.field_size_limit(max(csv.field_size_limit(), len(text)))
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quotechar=quotechar, strict=True)
     while True:
         line = reader.line_num + 1
