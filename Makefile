@@ -109,10 +109,11 @@ qa-demo: $(QA)/train.json assets
 
 # Long documents: the Linux manual pages (Debian's manpages and manpages-dev, downloaded, never installed), each
 # page labelled with its section (2 system calls, 3 library functions, 4, 5, 7), classified at 128 pieces
-# with each --truncation; dev accuracy of each printed at the end.
+# with each --truncation and with windows 64 pieces apart; dev accuracy of each printed at the end.
 MAN := data/man_pages
 LONG_OUT ?= output/man_pages
 LONG_LENGTH ?= 128
+LONG_STRIDE ?= 64
 $(MAN)/train.tsv: data/prepare_man_pages.py | $(VENV)/.installed
 	mkdir -p $(ASSETS)/debs
 	cd $(ASSETS)/debs && (apt-get download manpages manpages-dev || (apt-get update -qq && \
@@ -122,12 +123,14 @@ $(MAN)/train.tsv: data/prepare_man_pages.py | $(VENV)/.installed
 	$(PY) data/prepare_man_pages.py $(ASSETS)/manpages/usr/share/man $(MAN)
 
 long-demo: $(MAN)/train.tsv assets
-	for t in head tail head+tail; do \
+	for t in head tail head+tail windows; do \
+	  case $$t in windows) how=--doc_stride=$(LONG_STRIDE);; *) how=--truncation=$$t;; esac; \
 	  $(PY) run_classifier_mgpu.py --task_name=tsv --data_dir=$(MAN) --init_checkpoint=$(MODEL) \
 	    --output_dir=$(LONG_OUT)/$$t --do_train --do_eval --n_gpus=0 --towers_per_gpu=$(TOWERS) \
-	    --max_seq_length=$(LONG_LENGTH) --truncation=$$t --train_batch_size=16 --num_train_epochs=3 \
+	    --max_seq_length=$(LONG_LENGTH) $$how --train_batch_size=16 --num_train_epochs=3 \
 	    --learning_rate=1e-4 --eval_batch_size=32 || exit 1; done
-	@for t in head tail head+tail; do echo "$$t: $$(grep eval_accuracy $(LONG_OUT)/$$t/eval_results.txt)"; done
+	@for t in head tail head+tail windows; do \
+	  echo "$$t: $$(grep eval_accuracy $(LONG_OUT)/$$t/eval_results.txt)"; done
 
 # Chinese end to end: Debian's fortunes-zh (downloaded, never installed) -> a character vocabulary, a small
 # pre-LN BERT pretrained from scratch for $(MINUTES) min, then a classifier of which collection a text is from.

@@ -45,6 +45,11 @@ flags.DEFINE_string("xnli_language", "zh", "xnli: language of train and dev.")
 flags.DEFINE_enum("truncation", None, ["head", "tail", "head+tail"], "Which pieces of a text longer than "
                   "--max_seq_length stay: its start (google-bert's), its end, or its first quarter and the rest "
                   "from its end (Sun et al. 2019: 128 + 382 at 512). Default: the run's, else head.")
+flags.DEFINE_integer("doc_stride", None, "Read each text in windows of --max_seq_length pieces this many apart "
+                     "and pool the windows' outputs into one a text (--window_pooling); training sees every "
+                     "window, each text counting once. Default: the run's, else one window, truncated.")
+flags.DEFINE_enum("window_pooling", None, ["mean", "max"], "With --doc_stride: the mean or the maximum of a "
+                  "text's windows' logits. Default: the run's, else mean.")
 
 def run():
     import bert_mgpu
@@ -54,7 +59,7 @@ def run():
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
-    cli.check_numbers(at_least=fine_tuning.AT_LEAST, positive=fine_tuning.POSITIVE,
+    cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion", "threshold"))
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
@@ -82,6 +87,7 @@ def run():
         init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
         task=task.name, fused_encoder=FLAGS.fused_encoder, truncation=FLAGS.truncation,
+        doc_stride=FLAGS.doc_stride, window_pooling=FLAGS.window_pooling,
         # Evaluating or predicting with a run directory, unless told: the task type it was trained for.
         task_type=FLAGS.task_type or (None if task.task_type == "classification" and not FLAGS.do_train
                                       else task.task_type))

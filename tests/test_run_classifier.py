@@ -155,7 +155,9 @@ def bad_release(tmp_path, **overrides):
 
 
 NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_epochs=inf",
-           "eval_batch_zero": "--eval_batch_size=0", "seq_length_one": "--max_seq_length=1"}
+           "eval_batch_zero": "--eval_batch_size=0", "seq_length_one": "--max_seq_length=1",
+           "stride_over_window": "--doc_stride=400", "pooling_without_stride": "--window_pooling=max",
+           "truncation_with_windows": "--doc_stride=8 --truncation=tail"}
 
 
 # One case of each stage a run can stop at: its flags, its devices, its data, its checkpoint. TensorFlow
@@ -191,6 +193,9 @@ STARTED_AS_A_USER_DOES = ("negative_gpus", "cuda_names_missing_devices", "invali
     ("epochs_inf", r"--num_train_epochs=inf: must be a finite number above 0"),
     ("eval_batch_zero", r"--eval_batch_size=0: must be at least 1"),
     ("seq_length_one", r"--max_seq_length=1: must be at least 3"),
+    ("stride_over_window", r"--doc_stride=400: must be above 0 and below the \d+ pieces of a window"),
+    ("pooling_without_stride", r"--window_pooling=max needs --doc_stride"),
+    ("truncation_with_windows", r"--truncation=tail with --doc_stride: windows keep every piece"),
     ("train_is_a_file", r"out/train is a file; bert_mgpu writes its TensorBoard events into a directory"),
     ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
     ("tab_inside_text", r"train.tsv:3: 3 cells but the first row has 2; a tab inside a text\?"),
@@ -252,7 +257,7 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
         os.remove(d / "train.tsv")
         (d / "train.tsv").mkdir()
     elif case in NUMBERS:
-        extra = [NUMBERS[case]]
+        extra = NUMBERS[case].split()
     elif case == "tab_inside_text":
         write_tsv(d / "train.tsv", [("pos", "good"), ("neg", "bad\tfilm")])
     elif case == "config_cut_short":  # a Hugging Face directory whose config.json a crash cut short

@@ -22,6 +22,7 @@ import numpy as np
 from bert_mgpu.api.embeddings import Encoder
 from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.doc_windows import check_windows, cut_documents, pool, window_dataset
 from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
 from bert_mgpu.data.tasks import as_examples
 from bert_mgpu.io import checkpoints, export
@@ -68,6 +69,9 @@ class BertClassifier(FineTuned):
         max_seq_length: longer inputs are truncated.
         truncation: which pieces of a longer text stay: "head" (google-bert's), "tail" or "head+tail"
             (the first quarter of the room and the rest from its end: Sun et al. 2019).
+        doc_stride: None, or long texts are read in windows of max_seq_length pieces this many apart, and
+            each text's windows pooled into one output (data/doc_windows.py).
+        window_pooling: "mean" or "max" of a text's windows' logits.
         task: the task's name (picks the GLUE metric), or None.
         fused_encoder: whether `model` runs the fused encoder (recorded in a run's settings).
         task_type: "classification" (softmax over `labels`) or "regression" (one output, a score,
@@ -81,11 +85,16 @@ class BertClassifier(FineTuned):
     """
 
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, task=None,
-                 fused_encoder=True, task_type="classification", truncation="head"):
+                 fused_encoder=True, task_type="classification", truncation="head", doc_stride=None,
+                 window_pooling="mean"):
         super().__init__(model, tokenizer, labels, config, towers, policy, max_seq_length, objective(task_type),
                          fused_encoder)  # the head kind: objectives.py
         self.task, self.truncation = task, check_truncation(truncation)
         self.pairs = task in PAIR_TASKS  # whether it reads sentence pairs: what its training data had
+        self.doc_stride, self.window_pooling = doc_stride, window_pooling
+        if doc_stride:
+            check_windows(max_seq_length, doc_stride, window_pooling, truncation, self.pairs)
+            self.unit = "windows"
         self.threshold = 0.5  # multi_label: the decision threshold
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self.metrics = []  # metrics every evaluation adds (--metrics): see metrics.CLASSIFICATION
@@ -105,20 +114,27 @@ class BertClassifier(FineTuned):
         self.objective.separator = separator
 
     def _data(self, examples, batch_size, **kwargs):
+        """Batches of the examples (`make_dataset`), or of their windows with --doc_stride -> (dataset, the
+        `Windows` or None)."""
+        if self.doc_stride:
+            return window_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, self.doc_stride,
+                                  batch_size, encode_labels=self.objective.encode, **kwargs)
         return make_dataset(examples, self.tokenizer, self.labels, self.max_seq_length, batch_size,
-                            encode_labels=self.objective.encode, truncation=self.truncation, **kwargs)
+                            encode_labels=self.objective.encode, truncation=self.truncation, **kwargs), None
 
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, labels: Sequence[str] | None = None, towers: Towers | None = None,
                         precision: str = "auto", max_seq_length: int = 128, do_lower_case: bool | None = None,
                         bert_config_file: str | None = None, vocab_file: str | None = None, task: str | None = None,
                         fused_encoder: bool = True, task_type: str | None = None,
-                        truncation: str | None = None) -> "BertClassifier":
+                        truncation: str | None = None, doc_stride: int | None = None,
+                        window_pooling: str | None = None) -> "BertClassifier":
         """A classifier from any checkpoint bert_mgpu reads; only the new classifier head is fresh.
 
         task_type: "classification" or "regression" (None: what a bert_mgpu run directory was trained for,
         else classification).
         truncation: "head", "tail" or "head+tail" (None: the run directory's, else head).
+        doc_stride, window_pooling: windows over long texts (None: the run directory's, else none; mean).
 
         fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
         tested against, and slower; the variables and checkpoints are the same.
@@ -153,8 +169,12 @@ class BertClassifier(FineTuned):
         else:
             log.info("%s head (%s) is freshly initialized", task_type,
                      f"{len(labels)} labels" if labels else "one score")
+        doc_stride = doc_stride or run.get("doc_stride")
+        if not doc_stride and window_pooling:
+            raise UserError(f"--window_pooling={window_pooling} needs --doc_stride: it pools a text's windows")
         clf = cls(model, opened.tokenizer, labels, opened.config, opened.towers, opened.policy, max_seq_length, task,
-                  fused_encoder, task_type, truncation or run.get("truncation", "head"))
+                  fused_encoder, task_type, truncation or run.get("truncation", "head"), doc_stride,
+                  window_pooling or run.get("window_pooling", "mean"))
         step = pre.checkpoint_step
         clf.global_step = (step if step is not None else int(run.get("global_step", 0))) if own else 0
         clf.pairs = bool(run.get("pairs", clf.pairs))
@@ -169,16 +189,28 @@ class BertClassifier(FineTuned):
             raise UserError(f"training example {unlabelled.guid} has no label: fit takes Examples, (text, label) "
                             "rows of a DataFrame, or labelled files")
         self.pairs = any(e.text_b is not None for e in examples)
-        return examples, len(examples), examples_digest(examples)
+        if not self.doc_stride:
+            return (examples, None), len(examples), examples_digest(examples)
+        check_windows(self.max_seq_length, self.doc_stride, self.window_pooling, self.truncation, self.pairs)
+        windows = cut_documents(self.tokenizer, [e.text_a for e in examples], self.max_seq_length, self.doc_stride)
+        log.info("%d texts in %d windows of up to %d pieces, %d apart", len(examples), len(windows.lengths),
+                 self.max_seq_length, self.doc_stride)
+        return (examples, windows), len(windows.lengths), examples_digest(examples)
 
-    def _train_dataset(self, examples, global_batch, seed):
-        return self._data(examples, global_batch, training=True, seed=seed, source="train")
+    def _train_dataset(self, data, global_batch, seed):
+        examples, windows = data
+        kwargs = {"windows": windows} if windows is not None else {}
+        return self._data(examples, global_batch, training=True, seed=seed, source="train", **kwargs)[0]
 
     def _as_dev(self, dev):
         return as_examples(dev)
 
     def _head_settings(self):
-        return {**self.objective.settings(), **({"truncation": self.truncation} if self.truncation != "head" else {})}
+        return {**self.objective.settings(), **({"truncation": self.truncation} if self.truncation != "head" else {}),
+                **self._window_facts()}
+
+    def _window_facts(self):
+        return {"doc_stride": self.doc_stride, "window_pooling": self.window_pooling} if self.doc_stride else {}
 
     def _probe_batch(self, global_batch):
         return memory.classifier_batch(global_batch, self.max_seq_length)
@@ -194,7 +226,8 @@ class BertClassifier(FineTuned):
         run = {"kind": "classifier", "task_type": self.task_type, "labels": self.labels, "pairs": self.pairs,
                **self.objective.run_facts(self.threshold),
                "do_lower_case": self.tokenizer.do_lower_case,
-               "max_seq_length": self.max_seq_length, "truncation": self.truncation, "task": self.task,
+               "max_seq_length": self.max_seq_length, "truncation": self.truncation, **self._window_facts(),
+               "task": self.task,
                "global_step": step,
                "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
@@ -214,12 +247,17 @@ class BertClassifier(FineTuned):
         if int(batch_size) < 1:
             raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
         # Rows padded to a multiple of 8 (or of the batch) per tower: few shapes for the XLA kernels.
-        dataset = self._data(examples, self.towers.batch(batch_size), training=False, source=source,
-                             rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
+        dataset, windows = self._data(examples, self.towers.batch(batch_size), training=False, source=source,
+                                      rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
+        rows = len(examples) if windows is None else len(windows.lengths)
         bar = None
-        if verbose is True or (verbose == "auto" and len(examples) >= 1000):
-            bar = keras.utils.Progbar(len(examples), unit_name="example")
-        return self._predictor.predict_logits(dataset, progress=bar.add if bar else None)
+        if verbose is True or (verbose == "auto" and rows >= 1000):
+            bar = keras.utils.Progbar(rows, unit_name="example" if windows is None else "window")
+        logits, labels = self._predictor.predict_logits(dataset, progress=bar.add if bar else None)
+        if windows is None:
+            return logits, labels
+        first = np.r_[0, np.cumsum(windows.count)[:-1]]  # each text's first window: its label
+        return pool(logits, windows.doc_of, len(examples), self.window_pooling), labels[first]
 
     def predict(self, examples, batch_size: int = 8, verbose="auto") -> np.ndarray:
         """Class probabilities [N, num_labels] for every example, in input order (batch_size per tower);

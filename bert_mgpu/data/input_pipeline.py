@@ -141,16 +141,20 @@ def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multip
     """Training batches of similar lengths from a dataset of unpadded rows {token_ids, segment_ids, label,
     index} -> (features, label, index), full batches only, each padded to its longest row rounded up to
     `pad_to_multiple`. `labels`: an array of the labels (their dtype and shape); `per_token`: a label a
-    token ([length], padded with -1, the tagger's), else one a row (padded with 0, never read)."""
+    token ([length], padded with -1, the tagger's), else one a row (padded with 0, never read). Rows with a
+    `window_weight` (a long document's windows) pass it on in the features."""
     boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
     label_shape = [None] if per_token else [int(d) for d in labels.shape[1:]]
     label_pad = labels.dtype.type(-1 if per_token else 0)
+    weighted = "window_weight" in ds.element_spec
     ds = ds.bucket_by_sequence_length(
         element_length_func=lambda x: tf.shape(x["token_ids"])[0],
         bucket_boundaries=boundaries,
         bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": label_shape, "index": []},
-        padding_values={"token_ids": pad_id, "segment_ids": 0, "label": label_pad, "index": 0},
+        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": label_shape, "index": [],
+                       **({"window_weight": []} if weighted else {})},
+        padding_values={"token_ids": pad_id, "segment_ids": 0, "label": label_pad, "index": 0,
+                        **({"window_weight": 0.0} if weighted else {})},
         drop_remainder=True,
     )
 
@@ -161,6 +165,8 @@ def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multip
         ids = tf.pad(batch["token_ids"], extra, constant_values=pad_id)
         features = {"token_ids": ids, "segment_ids": tf.pad(batch["segment_ids"], extra),
                     "padding_mask": tf.not_equal(ids, pad_id)}
+        if weighted:
+            features["window_weight"] = batch["window_weight"]
         label = tf.pad(batch["label"], extra, constant_values=label_pad) if per_token else batch["label"]
         return features, label, batch["index"]
 

@@ -165,10 +165,11 @@ def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
     """
     import keras_hub
 
-    if trained.truncation != "head" and not allow_approximate:
+    if trained.kind == "classifier" and not allow_approximate and (
+            trained.truncation != "head" or trained.facts.get("doc_stride")):
+        how = "windows (--doc_stride)" if trained.facts.get("doc_stride") else f"{trained.truncation} (--truncation)"
         raise UserError(f"--export_format=keras_hub: keras-hub's preprocessor keeps the head of a long text; this "
-                        f"model was trained on its {trained.truncation} (--truncation). Pass "
-                        "--allow_approximate_export to write it anyway")
+                        f"model reads its {how}. Pass --allow_approximate_export to write it anyway")
     c = trained.config
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=c.vocab_size, num_layers=c.num_hidden_layers, num_heads=c.num_attention_heads,

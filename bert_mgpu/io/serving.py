@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.doc_windows import pool_in_graph, windows_in_graph
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tagging_input import split_words_tf
 from bert_mgpu.data.tokenization import FullTokenizer
@@ -76,6 +77,12 @@ def write_saved_model(trained, path, precision="float32"):
         return objective(trained.task_type).serving(out, labels)
 
     def from_text(text_a, text_b=None):
+        if trained.facts.get("doc_stride"):  # a long text's windows, their logits pooled (data/doc_windows.py)
+            ids, segments, real, doc_of = windows_in_graph(tokenizer, text_a, trained.max_seq_length,
+                                                           trained.facts["doc_stride"])
+            out = model({"token_ids": ids, "segment_ids": segments, "padding_mask": real}, training=False)
+            pooled = pool_in_graph(out, doc_of, tf.shape(text_a)[0], trained.facts.get("window_pooling", "mean"))
+            return objective(trained.task_type).serving(pooled, labels)
         ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None,
                                truncation=trained.truncation)
         return run(ids.to_tensor(pad), segments.to_tensor(0))

@@ -37,7 +37,8 @@ class Trained:
         max_seq_length: what the serving graph truncates to.
         truncation: which pieces of a longer text it keeps ("head", "tail", "head+tail").
         pairs: whether the classifier reads sentence pairs.
-        facts: a question answerer's run_squad settings (doc_stride, max_query_length, ...), for its SavedModel.
+        facts: a head's own settings for its SavedModel: a question answerer's run_squad ones (doc_stride,
+            max_query_length, ...), a classifier's windows over long texts (doc_stride, window_pooling).
     """
 
     kind: str
@@ -73,7 +74,7 @@ def from_classifier(clf):
     weights = _with_head(clf.model, checkpoints.encoder_weights(clf.model.backbone))
     return Trained("classifier", clf.config, clf.tokenizer.vocab_file, clf.tokenizer.do_lower_case, weights,
                    list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)),
-                   truncation=clf.truncation)
+                   truncation=clf.truncation, facts=clf._window_facts())
 
 
 def from_tagger(tagger):
@@ -127,7 +128,9 @@ def read_trained(path):
     return Trained(kind if classifier or kind == SPAN else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
                    pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
-                   bool(run.get("pairs", False)), run.get("squad") or {}, run.get("truncation", "head"))
+                   bool(run.get("pairs", False)),
+                   run.get("squad") or {k: run[k] for k in ("doc_stride", "window_pooling") if run.get(k)},
+                   run.get("truncation", "head"))
 
 
 def build_model(trained, precision="float32"):

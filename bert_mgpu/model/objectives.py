@@ -109,9 +109,18 @@ class SentenceObjective(Objective):
 
     # ---------------------------------------------------------------- training and evaluation
     def loss(self, model, features, labels, training=True):
-        """Mean cross-entropy of the classifier's float32 logits; no extra statistics."""
-        logits = model(features, training=training)
-        return tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)), {}
+        """Mean of `example_losses` on the model's float32 outputs; no extra statistics. A batch of a long
+        document's windows (data/doc_windows.py) carries `window_weight`, each window's share of its
+        document: the mean is then weighted so that each document counts once, however many windows it has."""
+        weight = features.get("window_weight")
+        if weight is not None:
+            features = {k: v for k, v in features.items() if k != "window_weight"}
+        losses = self.example_losses(model(features, training=training), labels)
+        return tf.reduce_mean(losses if weight is None else losses * tf.cast(weight, losses.dtype)), {}
+
+    def example_losses(self, logits, labels):
+        """Each row's loss [batch]: cross-entropy of the classifier's float32 logits."""
+        return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
     def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
         """(results, confusion matrix or None, per-class report or None): see metrics.evaluation_results."""
@@ -192,10 +201,10 @@ class Regression(SentenceObjective):
                 raise UserError(f"{source}: example {e.guid} has label {e.label!r}, not a number") from None
         return np.array(out, np.float32).reshape(len(examples))
 
-    def loss(self, model, features, labels, training=True):
-        """Mean squared error of the model's one float32 output."""
-        scores = model(features, training=training)[:, 0]
-        return tf.reduce_mean(tf.square(scores - tf.cast(labels, scores.dtype))), {}
+    def example_losses(self, logits, labels):
+        """Squared error of the model's one float32 output."""
+        scores = logits[:, 0]
+        return tf.square(scores - tf.cast(labels, scores.dtype))
 
     def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
         return metrics.regression_results(logits, labels, names)
@@ -262,11 +271,9 @@ class MultiLabel(SentenceObjective):
                 rows[n, ids[part]] = 1.0
         return rows
 
-    def loss(self, model, features, labels, training=True):
-        """Binary cross-entropy of each label's float32 logit, averaged over labels and rows."""
-        logits = model(features, training=training)
-        return tf.reduce_mean(keras.losses.binary_crossentropy(tf.cast(labels, logits.dtype), logits,
-                                                               from_logits=True)), {}
+    def example_losses(self, logits, labels):
+        """Binary cross-entropy of each label's float32 logit, averaged over the labels."""
+        return keras.losses.binary_crossentropy(tf.cast(labels, logits.dtype), logits, from_logits=True)
 
     def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
         return metrics.multi_label_results(logits, labels, label_names, threshold)
