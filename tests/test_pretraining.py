@@ -318,3 +318,21 @@ def test_sparse_xent_matches_keras_cross_entropy_and_its_gradient(dtype):
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(tf.cast(grad_ours, tf.float32).numpy(), tf.cast(grad_ref, tf.float32).numpy(),
                                rtol=1e-6, atol=1e-6)
+
+
+def test_recompute_trains_the_same_weights_with_accumulation(text, tmp_path):
+    """--recompute in pretraining (the masked LM's last layer on its predicted positions only), inside the
+    accumulation loop on two towers: the same weights as without it."""
+    weights = []
+    for recompute in (False, True):
+        pre = new_pretrainer(text, micro=4, precision="float32")
+        pre.fit(text_data(pre, text), str(tmp_path / str(recompute)), Budget(num_train_steps=2), train_batch_size=16,
+                learning_rate=1e-3, verbose=False, recompute=recompute)
+        from bert_mgpu.core import _compat
+        from bert_mgpu.model.fused_encoder import FusedBertEncoder
+
+        encoders = [layer for layer in _compat.sublayers(pre.model) if isinstance(layer, FusedBertEncoder)]
+        assert encoders and all(e.recompute == recompute for e in encoders)
+        weights.append(checkpoints.encoder_weights(pre.model.backbone))
+    for name, value in weights[0].items():
+        np.testing.assert_allclose(weights[1][name], value, atol=2e-6, err_msg=name)
