@@ -106,7 +106,10 @@ def main():
     print(f"matmul peak: bf16 {peak['bfloat16'] / 1e12:.2f} TFLOP/s, fp32 {peak['float32'] / 1e12:.2f}; "
           f"every system in {common.precision()}", flush=True)
     jobs = [(c, s, SYSTEMS[s]) for c in cases for s in args.systems.split(",")
-            if not (s == "keras_hub" and common.CASES[c]["mode"] == "span")]  # keras-hub has no span head
+            if not (s == "keras_hub" and common.CASES[c]["mode"] == "span")  # keras-hub has no span head
+            and not (c == "l" and s != "bert_mgpu")]  # (l) compares bert_mgpu with and without --recompute
+    if "l" in cases:
+        jobs.append(("l", "bert_mgpu_recompute", ["bench_bert_mgpu.py", "1", "--recompute"]))
     if "a" in cases:  # the cost of replication (2 towers on the same 2 cores), and of keras-hub's own layers
         jobs.append(("a", "bert_mgpu_2towers", ["bench_bert_mgpu.py", "2"]))
         jobs.append(("a", "bert_mgpu_unfused", ["bench_bert_mgpu.py", "1", "--no-fused"]))

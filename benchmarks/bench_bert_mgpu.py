@@ -35,7 +35,7 @@ def _tokenizer():
     return FullTokenizer(common.VOCAB, do_lower_case=True)
 
 
-def build(case, towers=1, fused=True):
+def build(case, towers=1, fused=True, recompute=False):
     """(towers, model, trainer, dataset) for a case: the model, optimizer and input of the benchmark."""
     spec = common.CASES[case]
     shape = common.SHAPES[spec["shape"]]
@@ -64,6 +64,9 @@ def build(case, towers=1, fused=True):
         else:
             model = build_classifier(config, 2, policy, fused=fused)
         optimizer = optimization.create_optimizer(5e-5, 100000, 100)
+    from bert_mgpu.model.fused_encoder import set_recompute
+
+    set_recompute(model, recompute)
     losses = {"mlm": pretraining_loss, "span": SpanExtraction().loss}
     trainer = Trainer(tw.strategy, model, optimizer, loss_fn=losses.get(spec["mode"], classification_loss))
 
@@ -91,13 +94,13 @@ def setup(case, towers=1, fused=True):
     return trainer, iter(distribute_dataset(tw.strategy, ds.map(lambda f, y, i: (f, y))))
 
 
-def main(case, towers=1, fused=True):
+def main(case, towers=1, fused=True, recompute=False):
     spec = common.CASES[case]
     shape = common.SHAPES[spec["shape"]]
     import numpy as np
     import tensorflow as tf
 
-    tw, model, trainer, ds = build(case, towers, fused)
+    tw, model, trainer, ds = build(case, towers, fused, recompute)
     lengths_of = lambda f: np.asarray(f["padding_mask"]).sum(1)  # noqa: E731
     if spec["mode"] == "predict":
         if spec["data"] == "full":
@@ -136,10 +139,12 @@ def main(case, towers=1, fused=True):
             trainer.train_step(batch)
             meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))
     name = "bert_mgpu" if towers == 1 else f"bert_mgpu_{towers}towers"
-    common.emit(meter.result(name if fused else name + "_unfused", case, shape, spec["mode"],
-                             precision=common.precision(), towers=towers, fused=fused))
+    name += "" if fused else "_unfused"
+    common.emit(meter.result(name + ("_recompute" if recompute else ""), case, shape, spec["mode"],
+                             precision=common.precision(), towers=towers, fused=fused, recompute=recompute))
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    main(args[0], int(args[1]) if len(args) > 1 else 1, fused="--no-fused" not in sys.argv)
+    main(args[0], int(args[1]) if len(args) > 1 else 1, fused="--no-fused" not in sys.argv,
+         recompute="--recompute" in sys.argv)

@@ -49,6 +49,8 @@ CASES = {
                warmup=1, steps=1),  # passes over the dev set
     "q": dict(title="(q) question answering (span head), MiniLM shape, seq 384, batch 32, training", shape="minilm",
               mode="span", data="full", seq=384, warmup=2, steps=6),
+    "l": dict(title="(l) long documents: MiniLM shape, seq 512, batch 32, training, with and without --recompute",
+              shape="minilm", mode="train", data="full", seq=512, warmup=2, steps=6),
 }
 SEQ, BATCH, PREDICTIONS = 128, 32, 20
 
