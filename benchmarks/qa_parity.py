@@ -83,7 +83,7 @@ def batch_order(qa, windows, steps, seed):
     return order
 
 
-def ours(seed, model_dir, work):
+def ours(seed, model_dir, work, strict):
     import keras
 
     import bert_mgpu
@@ -96,8 +96,9 @@ def ours(seed, model_dir, work):
         doc_stride=RECIPE["doc_stride"], max_query_length=RECIPE["max_query_length"])
     windows, _, _ = qa._training_data(train)
     steps = int(len(windows) / RECIPE["batch"] * RECIPE["epochs"])  # as fit counts them
-    np.savez(os.path.join(work, f"start_{seed}.npz"), kernel=qa.model.head.kernel.numpy(),
-             bias=qa.model.head.bias.numpy(), order=np.array(batch_order(qa, windows, steps, seed)))
+    if strict:  # what transformers' run starts from and reads in order
+        np.savez(os.path.join(work, f"start_{seed}.npz"), kernel=qa.model.head.kernel.numpy(),
+                 bias=qa.model.head.bias.numpy(), order=np.array(batch_order(qa, windows, steps, seed)))
     started = time.monotonic()
     history = qa.fit(train, os.path.join(work, f"ours_{seed}"), epochs=RECIPE["epochs"],
                      learning_rate=RECIPE["learning_rate"], warmup_proportion=RECIPE["warmup_proportion"], seed=seed,
@@ -108,7 +109,7 @@ def ours(seed, model_dir, work):
     return (*score(dev, windows, cut, logits), seconds, losses)
 
 
-def transformers_run(seed, model_dir, work):
+def transformers_run(seed, model_dir, work, strict):
     import torch
     import transformers
 
@@ -120,8 +121,7 @@ def transformers_run(seed, model_dir, work):
     torch.set_num_threads(2)
     tokenizer = FullTokenizer(os.path.join(MINILM, "vocab.txt"), True)
     model = transformers.BertForQuestionAnswering.from_pretrained(model_dir)
-    start = os.path.join(work, f"start_{seed}.npz")
-    shared = np.load(start) if os.path.exists(start) else None  # strict pairing: bert_mgpu's head and batches
+    shared = np.load(os.path.join(work, f"start_{seed}.npz")) if strict else None  # bert_mgpu's head, batches
     if shared is not None:
         with torch.no_grad():
             model.qa_outputs.weight.copy_(torch.tensor(shared["kernel"].T))
@@ -206,7 +206,7 @@ def main():
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.one:
         exact, f1, seconds, losses = {"ours": ours, "transformers": transformers_run}[args.system](
-            seeds[0], args.model_dir, args.one)
+            seeds[0], args.model_dir, args.one, args.pairing == "strict")
         print(json.dumps({"exact_match": exact, "f1": f1, "seconds": seconds, "losses": losses}))
         return
     if args.pairing == "strict" and args.system != "both":
@@ -218,7 +218,8 @@ def main():
         for system in (["ours", "transformers"] if args.system == "both" else [args.system]):
             env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "2"}
             out = subprocess.run([sys.executable, __file__, f"--one={work}", f"--system={system}", f"--seeds={seed}",
-                                  f"--epochs={args.epochs}", f"--model_dir={model_dir}"], env=env,
+                                  f"--epochs={args.epochs}", f"--model_dir={model_dir}",
+                                  f"--pairing={args.pairing}"], env=env,
                                  capture_output=True, text=True, check=True)
             results.setdefault(system, {})[seed] = json.loads(out.stdout.strip().splitlines()[-1])
             run = results[system][seed]
