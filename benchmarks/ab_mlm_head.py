@@ -29,7 +29,8 @@ def main():
     import keras_hub
     import tensorflow as tf
 
-    from bert_mgpu.model.pretraining_model import TiedMaskedLMHead, sparse_xent
+    from bert_mgpu.model.kernels import sparse_xent
+    from bert_mgpu.model.pretraining_model import TiedMaskedLMHead
 
     policy = keras.DTypePolicy("mixed_bfloat16")
     table = keras_hub.layers.ReversibleEmbedding(30522, 384, dtype=policy)

@@ -47,7 +47,8 @@ def build(case, towers=1, fused=True, recompute=False):
 
     from bert_mgpu.model.config import BertConfig
     from bert_mgpu.model.modeling import build_classifier, build_span_model
-    from bert_mgpu.model.pretraining_model import build_pretrainer, pretraining_loss
+    from bert_mgpu.model.objectives import MaskedLanguageModel
+    from bert_mgpu.model.pretraining_model import build_pretrainer
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.train import optimization
     from bert_mgpu.train.training import Trainer, classification_loss
@@ -67,7 +68,7 @@ def build(case, towers=1, fused=True, recompute=False):
     from bert_mgpu.model.fused_encoder import set_recompute
 
     set_recompute(model, recompute)
-    losses = {"mlm": pretraining_loss, "span": SpanExtraction().loss}
+    losses = {"mlm": MaskedLanguageModel().loss, "span": SpanExtraction().loss}
     trainer = Trainer(tw.strategy, model, optimizer, loss_fn=losses.get(spec["mode"], classification_loss))
 
     if spec["data"] == "rt":
