@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import _plain, examples_to_arrays, length_batches, sorted_batches
+from bert_mgpu.data.input_pipeline import _plain, examples_to_arrays, length_batches, sorted_batches, traced_pieces
 from bert_mgpu.data.tagging_input import spans
 
 POOLINGS = ("mean", "max")
@@ -68,7 +68,7 @@ def cut_documents(tokenizer, texts, max_seq_length, doc_stride):
 
 
 def _pieces(tokenizer, texts, chunk=4096):
-    fn = tf.function(lambda t: tokenizer(t), input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+    fn = traced_pieces(tokenizer)
     out = []
     for i in range(0, len(texts), chunk):
         out += [row.tolist() for row in fn(tf.constant(texts[i:i + chunk])).numpy()]

@@ -194,6 +194,17 @@ def traced_encode(tokenizer, max_seq_length, pairs, truncation="head"):
     return fns[key]
 
 
+def traced_pieces(tokenizer):
+    """The tokenizer traced (string tensor [n] -> ragged WordPiece ids), kept with it as `traced_encode`'s
+    functions are: a text's pieces, none cut (data/doc_windows.py cuts them into windows)."""
+    fns = _ENCODERS.setdefault(tokenizer, {})
+    if "pieces" not in fns:
+        ref = weakref.ref(tokenizer)
+        fns["pieces"] = tf.function(lambda t: ref()(t), input_signature=[tf.TensorSpec([None], tf.string)],
+                                    autograph=False)
+    return fns["pieces"]
+
+
 def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to_multiple, rows_multiple=None,
                     truncation="head"):
     """Every example once: the set tokenized in chunks, then `sorted_batches`."""
