@@ -23,7 +23,9 @@ flags.DEFINE_list("tasks", ["all"], "Tasks to run (cola, sst-2, mrpc, sts-b, qqp
 flags.DEFINE_string("init_checkpoint", None, "The model to fine-tune (any format run_classifier_mgpu.py reads).")
 flags.DEFINE_string("output_dir", None, "A run directory per task, the GLUE table and the leaderboard files.")
 flags.DEFINE_bool("do_predict", True, "Write the leaderboard files (OUTPUT_DIR/submission/<TASK>.tsv).")
-flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated.")
+flags.DEFINE_integer("max_seq_length", 128, "Longer inputs are truncated (--truncation).")
+flags.DEFINE_enum("truncation", "head", ["head", "tail", "head+tail"], "Which pieces of a longer text stay: its "
+                  "start (google-bert's), its end, or its first quarter and the rest from its end.")
 flags.DEFINE_float("learning_rate", None, "Replaces every task's recipe (default: 2e-5).")
 flags.DEFINE_float("num_train_epochs", None, "Replaces every task's recipe (default: 3; 5 for MRPC, STS-B, RTE, "
                    "WNLI).")
@@ -57,6 +59,7 @@ def run():
                        epochs=FLAGS.num_train_epochs, learning_rate=FLAGS.learning_rate,
                        batch_size=FLAGS.train_batch_size, eval_batch_size=FLAGS.eval_batch_size, seed=FLAGS.seed,
                        save_checkpoints_steps=FLAGS.save_checkpoints_steps, use_xla=FLAGS.use_xla,
+                       truncation=FLAGS.truncation, recompute=FLAGS.recompute,
                        log_every=FLAGS.log_every_steps, verbose=False)
     if towers.is_chief:
         print(glue.table(results))

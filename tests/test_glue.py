@@ -1,5 +1,6 @@
 """GLUE: every task read from the layouts of GLUE's download, TFDS glue/*, the suite run and its table."""
 
+import json
 import os
 
 import numpy as np
@@ -162,7 +163,7 @@ def suite(tmp_path_factory):
     proc = run_script("run_glue_mgpu.py", f"--glue_dir={glue_dir}", f"--init_checkpoint={release}",
                       f"--output_dir={out}", "--tasks=mrpc,sts-b,mnli", "--n_gpus=0", "--towers_per_gpu=2",
                       "--train_batch_size=8", "--max_seq_length=32", "--precision=float32", "--learning_rate=2e-3",
-                      "--num_train_epochs=6")
+                      "--num_train_epochs=6", "--truncation=head+tail", "--recompute")
     return out, proc
 
 
@@ -190,6 +191,7 @@ def test_the_suite_trains_every_task_and_prints_the_glue_table(suite):
     assert {line.split("\t")[1] for line in (out / "submission" / "AX.tsv").read_text().splitlines()[1:]} <= set(
         glue.NLI)
     assert os.path.exists(out / "mnli" / "bert_mgpu.json")  # each task a run directory, resumable
+    assert json.loads((out / "mrpc" / "bert_mgpu.json").read_text())["truncation"] == "head+tail"
 
 
 def test_an_unknown_glue_task_is_one_line(tmp_path):

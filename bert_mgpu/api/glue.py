@@ -64,11 +64,12 @@ def submission_path(directory, task):
 
 def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predict=True, precision="auto",
         max_seq_length=128, epochs=None, learning_rate=None, batch_size=None, eval_batch_size=32, seed=12345,
-        **fit_args):
+        truncation="head", **fit_args):
     """Fine-tune and evaluate each task (every one by default) with its recipe; returns {task: eval results}.
 
     Each task trains in `output_dir/<task>` (rerun to resume); MNLI's model is evaluated on both dev sets
-    and predicts AX. `epochs`, `learning_rate`, `batch_size` (per tower) replace every task's recipe.
+    and predicts AX. `epochs`, `learning_rate`, `batch_size` (per tower) replace every task's recipe;
+    `truncation` is every task's (`BertClassifier`); `fit_args` go to every `fit` (use_xla, recompute, ...).
     With `do_predict`, the leaderboard files go to `output_dir/submission/`. Writes `glue_results.md`
     (`table`) and `glue_results.tsv` (every metric) in output_dir.
     """
@@ -84,7 +85,8 @@ def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
         train = task.get_examples(data, "train")
         labels = task.get_labels(data, train)
         clf = BertClassifier.from_pretrained(init_checkpoint, labels=labels, towers=towers, precision=precision,
-                                             max_seq_length=max_seq_length, task=name, task_type=task.task_type)
+                                             max_seq_length=max_seq_length, task=name, task_type=task.task_type,
+                                             truncation=truncation)
         log.info("GLUE %s: %d training examples, %g epochs at %g", spec.title, len(train),
                  epochs or spec.epochs, learning_rate or spec.learning_rate)
         clf.fit(train, os.path.join(output_dir, name), epochs=epochs or spec.epochs,
