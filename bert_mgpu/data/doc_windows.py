@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import _plain, examples_to_arrays, length_batches, sorted_batches, traced_pieces
-from bert_mgpu.data.tagging_input import spans
+from bert_mgpu.data.tagging_input import spans, spans_in_graph
 
 POOLINGS = ("mean", "max")
 
@@ -124,13 +124,7 @@ def windows_in_graph(tokenizer, text, max_seq_length, doc_stride):
     """`cut_documents` in TensorFlow ops, for a SavedModel: string tensor [n] -> (token_ids, segment_ids,
     padding_mask) [windows, width] and each window's text [windows]."""
     pieces = tokenizer(text)
-    n = tf.shape(text)[0]
-    size = tf.cast(pieces.row_lengths(), tf.int32)
-    room = max_seq_length - 2
-    count = 1 + tf.maximum(0, (size - room + doc_stride - 1) // doc_stride)  # as `spans` cuts them
-    doc_of = tf.repeat(tf.range(n), count)
-    first = tf.cast(tf.ragged.range(count).flat_values, tf.int32) * doc_stride
-    length = tf.minimum(room, tf.gather(size, doc_of) - first)
+    doc_of, first, length = spans_in_graph(tf.cast(pieces.row_lengths(), tf.int32), max_seq_length - 2, doc_stride)
     at = tf.gather(tf.cast(pieces.row_splits[:-1], tf.int32), doc_of)[:, None] + tf.ragged.range(first, first + length)
     one = lambda v: tf.fill([tf.shape(doc_of)[0], 1], tf.cast(v, pieces.dtype))  # noqa: E731
     tokens = tf.concat([one(tokenizer.cls_id), tf.gather(pieces.flat_values, at), one(tokenizer.sep_id)], 1)

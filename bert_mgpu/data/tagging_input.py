@@ -62,6 +62,17 @@ def spans(length, room, doc_stride):
         start += doc_stride
 
 
+def spans_in_graph(size, room, doc_stride):
+    """`spans` in TensorFlow ops, for SavedModels: pieces a text [n] and room a window (a scalar or one a
+    text) -> each window's text, first piece and length [windows]."""
+    n = tf.shape(size)[0]
+    room = tf.broadcast_to(room, [n])
+    count = 1 + tf.maximum(0, (size - room + doc_stride - 1) // doc_stride)  # windows a text
+    text_of = tf.repeat(tf.range(n), count)
+    first = tf.cast(tf.ragged.range(count).flat_values, tf.int32) * doc_stride
+    return text_of, first, tf.minimum(tf.gather(room, text_of), tf.gather(size, text_of) - first)
+
+
 def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=None):
     """Windows of every sentence, in order. Untagged sentences (tags None) carry IGNORED labels.
     `doc_stride` defaults to half the room; it must be below the room (windows that overlap)."""

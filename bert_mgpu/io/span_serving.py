@@ -10,7 +10,7 @@ the answer is "" when that exceeds the model's threshold).
 
 import tensorflow as tf
 
-from bert_mgpu.data.tagging_input import split_words_tf
+from bert_mgpu.data.tagging_input import spans_in_graph, split_words_tf
 
 
 def _char_offsets(text, byte_offsets):
@@ -60,10 +60,7 @@ def span_endpoint(tokenizer, model, max_seq_length, max_query_length, doc_stride
         ids, starts, ends = _context_pieces(tokenizer, context)
         size = tf.cast(ids.row_lengths(), tf.int32)  # context pieces a text
         room = max_seq_length - tf.cast(query.row_lengths(), tf.int32) - 3
-        count = 1 + tf.maximum(0, (size - room + doc_stride - 1) // doc_stride)  # windows a text
-        text_of = tf.repeat(tf.range(n), count)  # each window's text
-        first = tf.cast(tf.ragged.range(count).flat_values, tf.int32) * doc_stride
-        length = tf.minimum(tf.gather(room, text_of), tf.gather(size, text_of) - first)
+        text_of, first, length = spans_in_graph(size, room, doc_stride)  # each window's text, start, pieces
         slot = tf.ragged.range(first, first + length)  # [windows, (pieces)]: context piece index in its text
         piece = tf.gather(tf.cast(ids.row_splits, tf.int32), text_of)[:, None] + tf.cast(slot, tf.int32)
         asked = tf.gather(query, text_of)
