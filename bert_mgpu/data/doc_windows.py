@@ -18,7 +18,13 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import _plain, examples_to_arrays, length_batches, sorted_batches, traced_pieces
+from bert_mgpu.data.input_pipeline import (
+    examples_to_arrays,
+    length_batches,
+    shuffled_rows,
+    sorted_batches,
+    traced_pieces,
+)
 from bert_mgpu.data.tagging_input import spans, spans_in_graph
 
 POOLINGS = ("mean", "max")
@@ -89,22 +95,9 @@ def window_dataset(examples, tokenizer, label_list, max_seq_length, doc_stride, 
                               batch_size, rows_multiple=rows_multiple), windows
     # A window's share of its document, scaled so the weights' mean is 1: a batch's loss stays a mean.
     weight = (len(windows.lengths) / len(examples)) / windows.count[windows.doc_of]
-    width = int(windows.lengths.max())
-    starts = np.r_[0, np.cumsum(windows.lengths)[:-1]]
-    padded = np.zeros((len(windows.lengths), width), np.int32)
-    for i, (s, n) in enumerate(zip(starts, windows.lengths)):
-        padded[i, :n] = windows.ids[s:s + n]
-    ds = tf.data.Dataset.from_tensor_slices({
-        "token_ids": padded, "segment_ids": np.zeros_like(padded), "label": labels,
-        "length": windows.lengths.astype(np.int32), "index": np.arange(len(labels), dtype=np.int32),
-        "window_weight": weight.astype(np.float32)})
-
-    def unpad(x):  # one window, back to its own length
-        n = x.pop("length")
-        return dict(x, token_ids=x["token_ids"][:n], segment_ids=x["segment_ids"][:n])
-
-    ds = ds.shuffle(len(labels), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = shuffled_rows({"token_ids": windows.ids, "segment_ids": windows.segments}, windows.lengths,
+                       {"label": labels, "index": np.arange(len(labels), dtype=np.int32),
+                        "window_weight": weight.astype(np.float32)}, seed)
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels), windows
 
 

@@ -137,6 +137,26 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, arrays["label"], pad_to_multiple)
 
 
+def shuffled_rows(per_token, lengths, per_row, seed):
+    """Training rows from rows stored end to end (windows, sentences): each of `per_token` ({name: flat
+    values}) cut into rows of `lengths`, beside `per_row` ({name: one value a row}); shuffled with `seed`,
+    repeated, each row back to its own length -> a dataset for `length_batches`."""
+    rows, width = len(lengths), int(lengths.max())
+    real = np.arange(width)[None, :] < lengths[:, None]
+    padded = {}
+    for name, values in per_token.items():
+        padded[name] = np.zeros((rows, width), values.dtype)
+        padded[name][real] = values  # row-major: each row's values in order
+    ds = tf.data.Dataset.from_tensor_slices({**padded, **per_row, "length": lengths.astype(np.int32)})
+
+    def unpad(x):
+        n = x.pop("length")
+        return dict(x, **{name: x[name][:n] for name in per_token})
+
+    ds = ds.shuffle(rows, seed=seed, reshuffle_each_iteration=True).repeat()
+    return ds.map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
 def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multiple=8, per_token=False):
     """Training batches of similar lengths from a dataset of unpadded rows {token_ids, segment_ids, label,
     index} -> (features, label, index), full batches only, each padded to its longest row rounded up to

@@ -20,10 +20,9 @@ Example:
 import dataclasses
 
 import numpy as np
-import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import _plain, length_batches, sorted_batches
+from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches
 from bert_mgpu.data.tagging_input import spans, split_words, word_pieces
 
 
@@ -135,21 +134,8 @@ def span_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=
     if not training:
         return sorted_batches(ids, segments, lengths, labels, tokenizer, max_seq_length, batch_size,
                               rows_multiple=rows_multiple)
-    width = int(lengths.max())
-    padded = {"token_ids": np.zeros((len(windows), width), np.int32),
-              "segment_ids": np.zeros((len(windows), width), np.int32)}
-    for i, w in enumerate(windows):
-        padded["token_ids"][i, :len(w.token_ids)] = w.token_ids
-        padded["segment_ids"][i, :len(w.segment_ids)] = w.segment_ids
-    ds = tf.data.Dataset.from_tensor_slices({**padded, "label": labels, "length": lengths.astype(np.int32),
-                                             "index": np.arange(len(windows), dtype=np.int32)})
-
-    def unpad(x):  # one window, back to its own length
-        n = x.pop("length")
-        return dict(x, token_ids=x["token_ids"][:n], segment_ids=x["segment_ids"][:n])
-
-    ds = ds.shuffle(len(windows), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = shuffled_rows({"token_ids": ids, "segment_ids": segments}, lengths,
+                       {"label": labels, "index": np.arange(len(windows), dtype=np.int32)}, seed)
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels)
 
 

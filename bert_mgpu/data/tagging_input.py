@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import _plain, length_batches, sorted_batches
+from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches
 from bert_mgpu.model.tagging_objectives import TokenClassification
 
 IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
@@ -159,20 +159,8 @@ def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, se
     if not training:
         return sorted_batches(ids, segments, lengths, labels, tokenizer, max_seq_length, batch_size,
                               rows_multiple=rows_multiple, per_token=True)
-    width = int(lengths.max())
-    padded = {"token_ids": np.zeros((len(windows), width), np.int32), "label": np.full((len(windows), width), -1,
-                                                                                      np.int32)}
-    for i, w in enumerate(windows):
-        padded["token_ids"][i, :len(w.token_ids)], padded["label"][i, :len(w.labels)] = w.token_ids, w.labels
-    ds = tf.data.Dataset.from_tensor_slices({**padded, "length": lengths.astype(np.int32),
-                                             "index": np.arange(len(windows), dtype=np.int32)})
-
-    def unpad(x):  # one window, back to its own length
-        n = x.pop("length")
-        return dict(x, token_ids=x["token_ids"][:n], segment_ids=tf.zeros([n], tf.int32), label=x["label"][:n])
-
-    ds = ds.shuffle(len(windows), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = shuffled_rows({"token_ids": ids, "segment_ids": segments, "label": labels}, lengths,
+                       {"index": np.arange(len(windows), dtype=np.int32)}, seed)
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, per_token=True)
 
 
