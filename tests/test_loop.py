@@ -144,3 +144,43 @@ def test_workers_agree_on_the_clock_only_on_logging_steps_and_early_steps_and_co
     assert chief.calls == len(agreed_at) and trainer.host_reads == 4, (chief.calls, trainer.host_reads)
     assert seen[0] == 0.5 - 3.0  # the chief's time (3 s behind), not this worker's first reading (0.5 s)
     assert all(b >= a for a, b in zip(seen, seen[1:])) and seen[-1] > seen[1]  # it goes on between agreements
+
+
+def test_each_record_logs_the_mean_of_its_steps_losses_and_statistics_and_the_last_partial_interval_too():
+    """Logged every 4 steps and stopped by a hook after step 10: records at steps 4, 8 and 10 hold the
+    means of steps 1-4, 5-8 and 9-10 (loss and statistics), read from the device once each; the same
+    training logged every step gives each step's own values."""
+    def loss_fn(model, features, labels, training):
+        loss, stats = training_loss(model, features, labels, training)
+        return loss, {**stats, "loss_squared": loss * loss}
+
+    training_loss = training.classification_loss
+    runs = {}
+    for log_every in (1, 4):
+        trainer, data = tiny_trainer()
+        trainer.loss_fn = loss_fn
+
+        class StopAfterTen(Hook):
+            def should_stop(self, loop):
+                return "ten" if loop.step >= 10 else None
+
+        loop = Loop(trainer, 8, hooks=[StopAfterTen()], log_every=log_every, verbose=False)
+        loop.run(data, until_step=20)
+        runs[log_every] = (loop.history, trainer.host_reads)
+    steps, reads = runs[1]
+    assert [r["step"] for r in steps] == list(range(1, 11)) and reads == 10
+    losses = np.array([r["loss"] for r in steps])
+    squares = np.array([r["loss_squared"] for r in steps])
+    assert len(set(np.round(losses, 6))) == 10  # the steps' losses differ, so a mean is not any one of them
+    np.testing.assert_allclose(squares, losses ** 2, rtol=1e-5)
+    history, reads = runs[4]
+    assert [r["step"] for r in history] == [4, 8, 10] and reads == 3
+    for record, (a, b) in zip(history, [(0, 4), (4, 8), (8, 10)]):
+        np.testing.assert_allclose(record["loss"], losses[a:b].mean(), rtol=1e-6)
+        np.testing.assert_allclose(record["loss_squared"], squares[a:b].mean(), rtol=1e-6)
+
+
+def test_a_non_finite_loss_is_left_out_of_the_mean_unless_every_step_had_one():
+    rows = tf.constant([[1.0, 10.0], [np.nan, 99.0], [3.0, 30.0]])
+    np.testing.assert_allclose(training._finite_mean(rows).numpy(), [2.0, 20.0])
+    assert np.isnan(training._finite_mean(tf.constant([[np.inf, 1.0], [np.nan, 3.0]])).numpy()[0])

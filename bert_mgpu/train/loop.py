@@ -3,11 +3,13 @@
 A step: every hook may stop the run (`should_stop`), hooks prepare (`before_step`, e.g. the time-based
 schedule's progress), and `Trainer.run_step` queues the step without waiting for it. Only every
 `log_every` steps does the host wait for the device (`Trainer.read`), so a GPU always has the next step
-queued: then the skip guard looks at the runs of non-finite steps the device counted, a record (loss,
-learning rate, loss scale, examples/s, skipped steps and the step's statistics) goes to the writer,
+queued: then the skip guard looks at the runs of non-finite steps the device counted, a record (the mean
+loss and statistics of the steps since the last record, learning rate, loss scale, examples/s, skipped
+steps) goes to the writer,
 `history` and the console, and Keras callbacks hear of the batch. Hooks act after every step
 (`after_step`: validation, fine-tune markers, early stop), and a checkpoint is saved every `save_every`
 steps and when the loop ends. SIGTERM or Ctrl-C end the loop after the step under way, with a checkpoint.
+Steps run after the last logging step get a record of their own when the loop stops.
 """
 
 import logging
@@ -250,13 +252,8 @@ class Loop:
                 outputs = trainer.run_step(next(batches))  # queued: the host reads only on logging steps
                 self.step, since, record = self.step + 1, since + 1, None
                 if self.step % self.log_every == 0 or self.step == until_step:
-                    loss, _, longest_skips = trainer.read(outputs)
-                    now = self._read_clock(agree=True)  # after the wait: steps done, not queued
-                    skips.check(longest_skips, self.step, self.last_checkpoint())
-                    record = self._train_record = self._record(loss, since, now - tic)
-                    tic, since = now, 0
-                    self.log(record)
-                    self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
+                    record, tic = self._log_read(outputs, since, tic, skips)
+                    since = 0
                 else:
                     self._read_clock()
                 for hook in self.hooks:
@@ -272,8 +269,19 @@ class Loop:
                     self.stop = f"interrupted by {self.interrupted}; rerun to resume"
                 elif self.step % self.save_every == 0:
                     self.save()
-        if outputs is not None and record is None:  # the last steps were not read: check them before saving
-            skips.check(trainer.read(outputs)[2], self.step, self.last_checkpoint())
+        if outputs is not None and record is None:  # the last steps were not read: log and check them
+            self._log_read(outputs, since, tic, skips)
+
+    def _log_read(self, outputs, since, tic, skips):
+        """Wait for the steps queued since the last read; log their mean as the step's record."""
+        trainer = self.trainer
+        loss, _, longest_skips = trainer.read(outputs)
+        now = self._read_clock(agree=True)  # after the wait: steps done, not queued
+        skips.check(longest_skips, self.step, self.last_checkpoint())
+        record = self._train_record = self._record(loss, since, now - tic)
+        self.log(record)
+        self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
+        return record, now
 
 
 def _progress_bar(until_step, step):

@@ -105,6 +105,7 @@ class Trainer:
         self._skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="skips_in_a_row")
         self._longest_skips = tf.Variable(0, dtype=tf.int64, trainable=False, name="longest_skips")
         self.host_reads = 0  # how often `read` waited for the device (tests count them)
+        self._unread = []  # (loss, stats) of each step since the last read, as device tensors
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
         # Every tf.function here is traced as written: AutoGraph's rewrite cost ~2 s a process (NOTES item 43).
         self._grads_fn = (tf.function(self._loss_and_grads, jit_compile=True, autograph=False) if use_xla
@@ -199,17 +200,24 @@ class Trainer:
         except tf.errors.ResourceExhaustedError as e:
             raise self._out_of_memory(e, batch) from None
         self.step.assign_add(1)
+        self._unread.append(outputs[:2])
         return outputs
 
     def read(self, outputs):
-        """Wait for a step's outputs -> (loss, examples seen per tower, longest run of non-finite steps
-        since the last read). Sets `self.stats` (means over towers)."""
-        loss, stats, seen = outputs
+        """Wait for a step's outputs -> (loss, examples seen per tower of that step, longest run of
+        non-finite steps since the last read). The loss, and `self.stats` it sets, are means over towers
+        and over the steps run since the last read (as Keras' progress bar and the HF Trainer log them),
+        non-finite losses left out as the HF Trainer does; the mean is taken on the device, in one read."""
+        unread, self._unread = self._unread or [outputs[:2]], []
+        keys = list(unread[-1][1])
+        columns = [[loss for loss, _ in unread]] + [[stats[k] for _, stats in unread] for k in keys]
+        rows = tf.stack([tf.cast(tf.stack(c), tf.float32) for c in columns], axis=1)  # a few ops a read
+        means = _finite_mean(rows).numpy()
         self.host_reads += 1
-        self.stats = {k: float(v) for k, v in stats.items()}
+        self.stats = {k: float(v) for k, v in zip(keys, means[1:])}
         longest = int(self._longest_skips.numpy())
         self._longest_skips.assign(int(self._skips.numpy()))
-        return float(loss), seen.numpy(), longest
+        return float(means[0]), outputs[2].numpy(), longest
 
     def train_step(self, batch) -> tuple[float, np.ndarray]:
         """`run_step` and `read`: one step -> (mean loss over towers, examples seen per tower)."""
@@ -317,6 +325,14 @@ class Trainer:
         if not np.array_equal(index[order], np.arange(len(index))):
             raise RuntimeError(f"prediction lost or duplicated examples ({len(index)} rows)")
         return logits[order], labels[order]
+
+
+def _finite_mean(rows):
+    """Column means of [steps, 1 + statistics] over the steps whose loss (column 0) is finite; over all
+    steps when none is (the record then shows what went wrong)."""
+    finite = tf.math.is_finite(rows[:, 0])
+    keep = tf.cond(tf.reduce_any(finite), lambda: finite, lambda: tf.ones_like(finite))
+    return tf.reduce_mean(tf.boolean_mask(rows, keep), axis=0)
 
 
 def _concatenate(parts, pad=-1):
