@@ -53,8 +53,9 @@ demo: assets
 	$(PY) run_classifier_mgpu.py --task_name=tsv --data_dir=$(RT) --init_checkpoint=$(MODEL) \
 	  --output_dir=$(OUT) --do_train --do_eval --do_predict --n_gpus=0 --towers_per_gpu=$(TOWERS) \
 	  --train_batch_size=16 --num_train_epochs=1 --learning_rate=1e-4 --eval_batch_size=32 \
-	  --predict_batch_size=32
-	@echo "outputs in $(OUT): eval_results.txt test_results.tsv predict.txt predictions.tsv ckpt-* train/ (TensorBoard)"
+	  --predict_batch_size=32 --eval_every_steps=100 --load_best_model_at_end
+	@echo "outputs in $(OUT): eval_results.txt eval_history.tsv best/ learning_curves.png test_results.tsv" \
+	  "predict.txt predictions.tsv ckpt-* train/ eval/ (TensorBoard)"
 
 # Real English text: Python's reST docs from the Debian package python3.11-doc (downloaded, never installed).
 $(DOCS)/train.txt: data/prepare_python_docs.py | $(VENV)/.installed

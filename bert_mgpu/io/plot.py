@@ -31,7 +31,8 @@ def read_scalars(directory):
 
     points = {}
     for path in storage.glob(os.path.join(directory, "events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(path):
+        for raw in tf.data.TFRecordDataset(path).as_numpy_iterator():  # summary_iterator warns it is deprecated
+            event = tf.compat.v1.Event.FromString(raw)
             for value in event.summary.value:
                 number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
                 points.setdefault(value.tag, {})[int(event.step)] = number
@@ -46,6 +47,22 @@ def best_step(output_dir):
     return json.loads(storage.read_text(path)).get("global_step") if storage.exists(path) else None
 
 
+def final_evaluation(output_dir):
+    """eval_results.txt's numbers ({"eval_accuracy": ..., "global_step": ...}), or {}: the evaluation after
+    training, drawn when none was logged while training."""
+    path = os.path.join(output_dir, "eval_results.txt")
+    if not storage.exists(path):
+        return {}
+    results = {}
+    for line in storage.read_text(path).splitlines():
+        key, _, value = line.partition(" = ")
+        try:
+            results[key] = float(value)
+        except ValueError:
+            pass
+    return results if "global_step" in results else {}
+
+
 def _pyplot():
     import matplotlib
 
@@ -57,8 +74,10 @@ def _pyplot():
 
 def learning_curves(output_dir, path=None):
     """learning_curves.png: loss, the dev metric (or masked-LM accuracy), learning rate and examples/s
-    against the step, the best model's step marked. Returns (path, {"run/tag": (steps, values)} plotted)."""
+    against the step, the best model's step marked; without evaluations while training, the final one
+    (eval_results.txt) is a star. Returns (path, {"run/tag": (steps, values)} plotted; "final/tag")."""
     runs = {run: read_scalars(os.path.join(output_dir, run)) for run in ("train", "eval")}
+    final = final_evaluation(output_dir)
     best = best_step(output_dir)
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=SIZE, dpi=DPI)
@@ -70,12 +89,27 @@ def learning_curves(output_dir, path=None):
                 few = run == "eval" or tag.startswith("eval_") or len(steps) <= 50  # points one can see
                 ax.plot(steps, values, marker="o" if few else None, markersize=3, label=f"{run}/{tag}")
                 plotted[f"{run}/{tag}"] = (steps, values)
+        evaluated = [tag for run, tag in series if run == "eval" and tag in runs["eval"]]
+        for run, tag in series if not evaluated else ():  # no evaluation while training: the one after it
+            if run == "eval" and f"eval_{tag}" in final:
+                point = (np.array([int(final["global_step"])]), np.array([final[f"eval_{tag}"]]))
+                ax.plot(*point, marker="*", markersize=12, linestyle="none", label=f"final eval/{tag}")
+                ax.annotate(f"{point[1][0]:.4g}", (point[0][0], point[1][0]), textcoords="offset points",
+                            xytext=(-8, 8), ha="right")
+                plotted[f"final/{tag}"] = point
+        if not ax.lines:
+            ax.text(0.5, 0.5, "nothing logged" if not title.startswith("dev") else
+                    "no dev evaluation in this run\n(--do_eval, --eval_every_steps)",
+                    ha="center", va="center", transform=ax.transAxes, color="grey")
         if best is not None:
             ax.axvline(best, color="grey", linestyle="--", linewidth=1, label=f"best (step {best})")
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:
             ax.legend(fontsize=8)
+    last = max((int(steps.max()) for steps, _ in plotted.values() if len(steps)), default=0)
+    for ax in axes.flat:  # one step axis for every panel, from 0: a lone final point is not a panel of its own
+        ax.set_xlim(0, max(1, last) * 1.03)
     fig.suptitle(os.path.basename(os.path.normpath(output_dir)))
     fig.tight_layout()
     path = path or os.path.join(output_dir, "learning_curves.png")
