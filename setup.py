@@ -25,13 +25,15 @@ setup(
         "safetensors>=0.4",
     ],
     extras_require={
-        # GPUs: TensorFlow finds CUDA, cuDNN, NCCL and XLA's ptxas/libdevice only through these wheels.
-        "gpu": ["tensorflow[and-cuda]>=2.21,<2.22"],
+        # GPUs: TensorFlow finds CUDA, cuDNN, NCCL and XLA's ptxas/libdevice only through these wheels;
+        # nvidia-ml-py (pynvml) reads each GPU's utilisation, memory, temperature and power while training.
+        "gpu": ["tensorflow[and-cuda]>=2.21,<2.22", "nvidia-ml-py>=12"],
         # pandas: evaluate/predict take a DataFrame (read by duck typing; the library never imports pandas).
         # scikit-learn and seqeval: the references the metrics (written in NumPy and Python) are tested
         # against. seqeval ships only a source archive, built by PEP 517 (make passes --use-pep517).
         "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "pandas>=2", "matplotlib>=3.8",
-                 "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4", "seqeval==1.2.2"],
+                 "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4", "seqeval==1.2.2",
+                 "nvidia-ml-py>=12"],  # its real module, meeting a machine without a driver
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.

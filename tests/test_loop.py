@@ -88,7 +88,7 @@ def test_both_apis_log_the_same_keys_to_tensorboard(tmp_path, kind, text):  # no
     else:
         pre = new_pretrainer(text)
         pre.fit(text_data(pre, text), str(tmp_path), Budget(num_train_steps=4), log_every=2, verbose=False)
-        expected = {"mlm_loss", "mlm_accuracy", "tokens_per_second", "progress"}
+        expected = {"mlm_loss", "mlm_accuracy", "tokens_per_second", "progress", "system/cpu_percent"}
     events = EventAccumulator(os.path.join(str(tmp_path), "train"), size_guidance={"tensors": 0}).Reload()
     tags = set(events.Tags()["tensors"])
     common = {"loss", "learning_rate", "loss_scale", "examples_per_second", "skipped_steps"}

@@ -336,5 +336,9 @@ def summary(script, towers, model, facts, started):
 
     where = f"{towers.count} on {towers.plan.device_type}" + (
         f", {towers.cluster.workers} workers" if towers.cluster else "")
-    facts = {"towers": where, "precision": model.policy, **facts, "wall time": f"{time.monotonic() - started:.0f} s"}
+    from bert_mgpu.train.system_metrics import describe_peaks
+
+    facts = {"towers": where, "precision": model.policy, **facts,
+             "system peak": describe_peaks(getattr(model, "history", None) or []),
+             "wall time": f"{time.monotonic() - started:.0f} s"}
     return outputs.summary(script, facts, FLAGS.output_dir)

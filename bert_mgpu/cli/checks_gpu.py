@@ -66,10 +66,17 @@ def devices(setup):
         index, uuid, smi_name = smi.get(visible, ("?", "?", "?"))
         rows.append({"tensorflow": gpu.name, "tf_name": tf_name, "cuda_visible": visible, "nvidia_smi_index": index,
                      "uuid": uuid, "smi_name": smi_name, "same": smi_name == tf_name})
-    ok = order == "PCI_BUS_ID" and all(r["same"] for r in rows)
-    return {"ok": ok, "gpus": rows, "cuda_device_order": order,
+    # The system/ metrics training logs: NVML must answer for every GPU the towers use.
+    from bert_mgpu.train.system_metrics import SystemMetrics
+
+    metrics = SystemMetrics(setup.plan.visible_names).read()
+    unread = [i for i in range(len(rows)) if f"system/gpu{i}_memory_used_gib" not in metrics]
+    ok = order == "PCI_BUS_ID" and all(r["same"] for r in rows) and not unread
+    nvml = (f"NVML gave nothing for GPU(s) {unread} (nvidia-ml-py installed? the gpu extra has it)" if unread
+            else "NVML: " + ", ".join(f"{k[7:]} {v:.3g}" for k, v in metrics.items() if k.startswith("system/gpu")))
+    return {"ok": ok, "gpus": rows, "cuda_device_order": order, "system_metrics": metrics,
             "summary": "; ".join(f"{r['tensorflow']} = CUDA {r['cuda_visible']} = nvidia-smi {r['nvidia_smi_index']} "
-                                 f"{r['uuid']} ({r['smi_name']})" for r in rows)}
+                                 f"{r['uuid']} ({r['smi_name']})" for r in rows) + f"; {nvml}"}
 
 
 def libraries(setup):

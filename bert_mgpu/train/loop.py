@@ -166,7 +166,8 @@ class Loop:
         return now
 
     def log(self, record: dict, writer=None) -> None:
-        """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console;
+        """Write a record ({"step": ..., name: number}) to TensorBoard, `history` and the console (there
+        without the `system/` metrics);
         `writer`: another TensorBoard writer, which gets the names without their `eval_` prefix."""
         self.history.append(record)
         target = writer if writer is not None else self.writer
@@ -177,7 +178,7 @@ class Loop:
                         tf.summary.scalar(key.removeprefix("eval_") if writer is not None else key, value)
         if self.verbose:
             log.info("step %d: %s", record["step"], ", ".join(f"{k} {v:.4g}" for k, v in record.items()
-                                                              if k != "step"))
+                                                              if k != "step" and not k.startswith("system/")))
 
     def end_epoch(self, logs):
         """Close a callbacks' "epoch" with these logs (plus the last training record's)."""

@@ -18,6 +18,7 @@ from bert_mgpu.io import checkpoints, run_dir
 from bert_mgpu.model.fused_encoder import set_recompute
 from bert_mgpu.parallel import distribute
 from bert_mgpu.train.loop import Loop
+from bert_mgpu.train.system_metrics import SystemMetrics
 from bert_mgpu.train.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
@@ -53,14 +54,16 @@ class Session:
 
     def loop(self, global_batch, config, hooks=(), callbacks=None, clock=None, elapsed_before=0.0, before_save=None):
         """The loop over this session's steps as `config` (train_config.LoopConfig) says; it saves through the
-        run (`before_save(loop)` first)."""
+        run (`before_save(loop)` first), and its records carry the machine's `system/` metrics."""
 
         def save():
             if before_save is not None:
                 before_save(loop)
             self.run.save(int(self.trainer.step.numpy()))
 
-        loop = Loop(self.trainer, global_batch, hooks, callbacks=callbacks, writer=self.run.writer,
+        plan = self.towers.plan
+        watch = SystemMetrics(plan.visible_names if plan.device_type == "GPU" else ())
+        loop = Loop(self.trainer, global_batch, [*hooks, watch], callbacks=callbacks, writer=self.run.writer,
                     log_every=config.log_every, save=save, save_every=config.save_checkpoints_steps,
                     last_checkpoint=lambda: self.run.latest, max_consecutive_skips=config.max_consecutive_skips,
                     clock=clock, elapsed_before=elapsed_before, verbose=config.verbose)
