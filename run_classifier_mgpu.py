@@ -10,7 +10,7 @@ import time
 
 from absl import app, flags
 
-from bert_mgpu.cli import fine_tuning
+from bert_mgpu.cli import fine_tuning, sweep
 from bert_mgpu.cli.fine_tuning import define_fine_tuning_flags
 
 FLAGS = flags.FLAGS
@@ -20,6 +20,7 @@ define_fine_tuning_flags(
     "Predict test; writes test_results.tsv, predict.txt, predictions.tsv.",
     "What picks the model kept in best/: accuracy, loss, f1 (MRPC), mcc (CoLA); default the task's (f1 for "
     "MRPC, mcc for CoLA, else accuracy).", "Train with the largest per-tower batch that fits")
+sweep.define_sweep_flags()
 flags.adopt_module_key_flags(fine_tuning)  # --help lists them as this script's own
 flags.DEFINE_string("task_name", None, "A GLUE task (cola, sst-2, mrpc, sts-b, qqp, mnli, mnli-mm, qnli, rte, "
                     "wnli, ax), xnli, tsv, csv or tfds.")
@@ -61,6 +62,8 @@ def run():
     started = time.monotonic()
     cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion", "threshold"))
+    if sweep.requested():  # one run a configuration and seed, each a process of its own, then the table
+        return sweep.run_sweep(__file__)
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
@@ -117,6 +120,9 @@ def run():
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
         print(fine_tuning.summary("run_classifier_mgpu.py", towers, clf, {"task": task.name}, results, started))
+        if FLAGS.sweep_member:  # last: a run killed before this line is run again
+            sweep.write_member(FLAGS.output_dir, {k: v for k, v in results.items() if k.startswith("eval_")},
+                               [clf.main_metric])
 
 def _console():
     from bert_mgpu.cli import main_wrapper

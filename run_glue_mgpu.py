@@ -5,8 +5,9 @@
 
 `--glue_dir` holds GLUE's download (CoLA/, SST-2/, MRPC/, STS-B/, QQP/, MNLI/, QNLI/, RTE/, WNLI/,
 diagnostic/). Writes OUTPUT_DIR/<task>/ (a run directory each; rerun to resume), glue_results.md and
-glue_results.tsv, and with --do_predict the leaderboard files in OUTPUT_DIR/submission/. A thin wrapper over
-`bert_mgpu.api.glue.run`.
+glue_results.tsv, and with --do_predict the leaderboard files in OUTPUT_DIR/submission/. With --seeds and
+--grid, the suite runs once per configuration and seed (bert_mgpu.cli.sweep) and sweep_results.md names the
+best configuration of each task. A thin wrapper over `bert_mgpu.api.glue.run`.
 """
 
 import logging
@@ -14,7 +15,7 @@ import time
 
 from absl import app, flags
 
-from bert_mgpu.cli import define_tower_flags
+from bert_mgpu.cli import define_tower_flags, sweep
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("glue_dir", None, "GLUE's data, one folder per task as its download lays them out.")
@@ -34,6 +35,7 @@ flags.DEFINE_integer("eval_batch_size", 32, "Per tower.")
 flags.DEFINE_integer("seed", 12345, "Random seed.")
 flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
 define_tower_flags()
+sweep.define_sweep_flags()
 
 
 def run():
@@ -45,6 +47,8 @@ def run():
     cli.check_numbers(at_least={"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1,
                                 "save_checkpoints_steps": 1, "log_every_steps": 1},
                       positive=("learning_rate", "num_train_epochs"))
+    if sweep.requested():  # the suite once per configuration and seed; per task, which is best
+        return sweep.run_sweep(__file__)
     for name in ("glue_dir", "init_checkpoint", "output_dir"):
         if not getattr(FLAGS, name):
             raise bert_mgpu.UserError(f"--{name} is required")
@@ -62,6 +66,9 @@ def run():
                        truncation=FLAGS.truncation, recompute=FLAGS.recompute,
                        log_every=FLAGS.log_every_steps, verbose=False)
     if towers.is_chief:
+        if FLAGS.sweep_member:
+            scores = glue.task_scores(results)
+            sweep.write_member(FLAGS.output_dir, scores, list(scores))
         print(glue.table(results))
         print(f"GLUE: {len(results)} results in {FLAGS.output_dir}/glue_results.md and glue_results.tsv"
               + (f", leaderboard files in {FLAGS.output_dir}/submission/" if FLAGS.do_predict else "")

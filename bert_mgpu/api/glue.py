@@ -25,26 +25,39 @@ def score(task, results):
     return 100 * sum(values) / len(values) if values else None
 
 
+def task_scores(results):
+    """{task title: GLUE score, ..., "Average": their mean}, the numbers of `table`'s score row."""
+    scores = {}
+    for name, task in TASKS.items():
+        if name in ("ax", "mnli-mm") or name not in results:
+            continue
+        scores[task.title] = score(name, results[name])
+        if name == "mnli" and "mnli-mm" in results:  # one task of the average: matched and mismatched
+            scores[task.title] = (scores[task.title] + score("mnli-mm", results["mnli-mm"])) / 2
+    if scores:
+        scores["Average"] = sum(scores.values()) / len(scores)
+    return scores
+
+
 def table(results):
     """The GLUE table as papers print it: a header row of task titles, a row of scores (two metrics as
     "F1/accuracy", MNLI as "m/mm"), and the average of the tasks' scores (a task's score is the mean of its
     metrics, MNLI's the mean of matched and mismatched). Markdown."""
-    titles, cells, scores = [], [], []
+    titles, cells = [], []
     for name, task in TASKS.items():
         if name in ("ax", "mnli-mm") or name not in results:
             continue
         r = results[name]
         cell = "/".join(f"{100 * r[m]:.1f}" for m in task.metrics)
         titles.append(task.title)
-        scores.append(score(name, r))
-        if name == "mnli":  # one task of the average: the mean of matched and mismatched
+        if name == "mnli":
             titles[-1] = "MNLI-m/mm"
             if "mnli-mm" in results:
                 cell += f"/{100 * results['mnli-mm']['eval_accuracy']:.1f}"
-                scores[-1] = (scores[-1] + score("mnli-mm", results["mnli-mm"])) / 2
         cells.append(cell)
+    average = task_scores(results).get("Average")
     titles.append("Average")
-    cells.append(f"{sum(scores) / len(scores):.1f}" if scores else "")
+    cells.append(f"{average:.1f}" if average is not None else "")
     return "\n".join(["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles), "| " + " | ".join(cells) + " |"])
 
 
