@@ -69,11 +69,12 @@ def test_a_bad_grid_or_seed_list_is_one_line(grid, seeds, message):
 
 
 def test_the_table_has_mean_sd_median_and_maximum_per_configuration_and_names_the_best():
-    rows = [({"learning_rate": "2e-5"}, 1, {"measures": {"eval_accuracy": 0.80, "eval_loss": 0.5}, "main": ["eval_accuracy"]}),
-            ({"learning_rate": "2e-5"}, 2, {"measures": {"eval_accuracy": 0.84, "eval_loss": 0.4}, "main": ["eval_accuracy"]}),
-            ({"learning_rate": "2e-5"}, 3, {"measures": {"eval_accuracy": 0.83, "eval_loss": 0.45}, "main": ["eval_accuracy"]}),
-            ({"learning_rate": "5e-5"}, 1, {"measures": {"eval_accuracy": 0.86, "eval_loss": 0.3}, "main": ["eval_accuracy"]}),
-            ({"learning_rate": "5e-5"}, 2, {"measures": {"eval_accuracy": 0.78, "eval_loss": 0.6}, "main": ["eval_accuracy"]})]
+    def member(accuracy, loss):
+        return {"measures": {"eval_accuracy": accuracy, "eval_loss": loss}, "main": ["eval_accuracy"]}
+
+    rows = [({"learning_rate": "2e-5"}, 1, member(0.80, 0.5)), ({"learning_rate": "2e-5"}, 2, member(0.84, 0.4)),
+            ({"learning_rate": "2e-5"}, 3, member(0.83, 0.45)), ({"learning_rate": "5e-5"}, 1, member(0.86, 0.3)),
+            ({"learning_rate": "5e-5"}, 2, member(0.78, 0.6))]
     md, tsv = sweep.tables(rows)
     lines = [line.split("\t") for line in tsv.splitlines()]
     assert lines[0][:7] == ["configuration", "measure", "runs", "mean", "sd", "median", "max"]
@@ -107,7 +108,8 @@ def test_a_sweep_killed_in_its_second_run_and_rerun_ends_with_the_same_table(tmp
         assert run["train_config"]["seed"] == seed and run["global_step"] == 20, run
     member = json.loads((whole / "seed_4" / "sweep_run.json").read_text())
     results = dict(line.split(" = ") for line in (whole / "seed_4" / "eval_results.txt").read_text().splitlines())
-    assert member["main"] == ["eval_accuracy"] and member["measures"]["eval_accuracy"] == float(results["eval_accuracy"])
+    assert member["main"] == ["eval_accuracy"]
+    assert member["measures"]["eval_accuracy"] == float(results["eval_accuracy"])
 
     logs = tempfile.mkdtemp()
     driver = start_python([os.path.join(os.path.dirname(__file__), "..", "run_classifier_mgpu.py"), *args(parts)],
