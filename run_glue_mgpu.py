@@ -64,7 +64,7 @@ def run():
                        batch_size=FLAGS.train_batch_size, eval_batch_size=FLAGS.eval_batch_size, seed=FLAGS.seed,
                        save_checkpoints_steps=FLAGS.save_checkpoints_steps, use_xla=FLAGS.use_xla,
                        truncation=FLAGS.truncation, recompute=FLAGS.recompute,
-                       log_every=FLAGS.log_every_steps, verbose=False)
+                       log_every=FLAGS.log_every_steps, report_to=tuple(FLAGS.report_to), verbose=False)
     if towers.is_chief:
         if FLAGS.sweep_member:
             scores = glue.task_scores(results)

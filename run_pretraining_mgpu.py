@@ -196,6 +196,7 @@ def run():
                                max_steps=FLAGS.max_eval_steps)
         if towers.is_chief:
             path = pre.write_eval_results(FLAGS.output_dir, results, step)
+            cli.report_final(results, step)
             print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
     if towers.is_chief:
         if exports:

@@ -177,6 +177,19 @@ def define_tower_flags():
     flags.DEFINE_bool("dry_run", False, "Print the device plan and precision, then exit.")
     flags.DEFINE_integer("log_every_steps", 50, "Log (console, TensorBoard) every this many steps; only then "
                          "does the host wait for the GPUs, which otherwise always have the next step queued.")
+    flags.DEFINE_list("report_to", [], "Also report the run to: tensorboard (its HParams dashboard: settings and "
+                      "final metrics), wandb (offline unless WANDB_MODE says otherwise), mlflow (a file store in "
+                      "OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI names another); all; none.")
+
+
+def report_final(results, step):
+    """--report_to, on the chief: the dev results after training to the loggers training reported to."""
+    from bert_mgpu.train import reporting
+
+    kinds = reporting.parse_report_to(FLAGS.report_to)
+    if kinds:
+        with reporting.Reporters(kinds, FLAGS.output_dir) as reporters:
+            reporters.final(results, int(step))
 
 
 def check_output_file(path, flag):
@@ -248,7 +261,8 @@ def _loop_flags():
     return dict(learning_rate=f.learning_rate, use_xla=f.use_xla, recompute=f.recompute,
                 save_checkpoints_steps=f.save_checkpoints_steps,
                 save_total_limit=f.save_total_limit, log_every=f.log_every_steps,
-                max_consecutive_skips=f.max_consecutive_skips, overwrite=f.overwrite_output_dir)
+                max_consecutive_skips=f.max_consecutive_skips, overwrite=f.overwrite_output_dir,
+                report_to=tuple(f.report_to))
 
 
 def train_config():

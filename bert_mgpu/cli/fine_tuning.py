@@ -96,6 +96,10 @@ def evaluate(model, dev, chief):
     for key in sorted(results):
         logging.info("  %s = %s", key, results[key])
     path = outputs.write_eval_results(FLAGS.output_dir, results, model.report) if chief else None
+    if chief:
+        from bert_mgpu.cli import report_final
+
+        report_final(results, results.get("global_step", model.global_step))
     return results, path
 
 

@@ -103,6 +103,7 @@ class Loop:
             evaluation (per logging step when no hook evaluates), with `val_` statistics, and a batch end
             on each logging step; one that sets `model.stop_training` stops the run.
         writer: a `tf.summary` writer for TensorBoard, or None.
+        reporters: `reporting.Reporters` every record also goes to (W&B, MLflow), or None.
         save: `save()` writes a checkpoint; called every `save_every` steps and when the loop ends.
         last_checkpoint: `() -> path` named when non-finite steps stop the run.
         max_consecutive_skips: non-finite steps in a row that stop the run (0: never), at the logging step
@@ -124,9 +125,11 @@ class Loop:
     def __init__(self, trainer, global_batch: int, hooks: Sequence[Hook] = (), callbacks: Sequence | None = None,
                  writer=None, log_every: int = 50, save: Callable[[], object] | None = None, save_every: int = 1000,
                  last_checkpoint: Callable[[], str | None] = lambda: None, max_consecutive_skips: int = 0,
-                 clock: Callable[[], float] | None = None, elapsed_before: float = 0.0, verbose: bool = True):
+                 clock: Callable[[], float] | None = None, elapsed_before: float = 0.0, verbose: bool = True,
+                 reporters=None):
         self.trainer, self.global_batch, self.hooks = trainer, global_batch, list(hooks)
         self.writer, self.log_every, self.verbose = writer, max(1, int(log_every)), verbose
+        self.reporters = reporters
         self._save, self.save_every, self.last_checkpoint = save, save_every, last_checkpoint
         self.max_consecutive_skips, self.elapsed_before = max_consecutive_skips, elapsed_before
         self.clock = clock or (lambda: time.monotonic())  # looked up when read: a test may stand in for it
@@ -170,6 +173,8 @@ class Loop:
         without the `system/` metrics);
         `writer`: another TensorBoard writer, which gets the names without their `eval_` prefix."""
         self.history.append(record)
+        if self.reporters is not None:
+            self.reporters.log(record)
         target = writer if writer is not None else self.writer
         if target is not None:
             with target.as_default(step=record["step"]):

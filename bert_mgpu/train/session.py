@@ -17,6 +17,7 @@ import logging
 from bert_mgpu.io import checkpoints, run_dir
 from bert_mgpu.model.fused_encoder import set_recompute
 from bert_mgpu.parallel import distribute
+from bert_mgpu.train import reporting
 from bert_mgpu.train.loop import Loop
 from bert_mgpu.train.system_metrics import SystemMetrics
 from bert_mgpu.train.training import Trainer
@@ -50,6 +51,7 @@ class Session:
         self.restored = run.restore(checkpoints.training_checkpoint(
             model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model), **(state or {})), model.weights)
         self.start = int(self.trainer.step.numpy())
+        self.reporters = None  # the loggers of config.report_to, opened with the loop
         distribute.check_same_start(towers.strategy, self.start, run.directory)
 
     def loop(self, global_batch, config, hooks=(), callbacks=None, clock=None, elapsed_before=0.0, before_save=None):
@@ -63,10 +65,13 @@ class Session:
 
         plan = self.towers.plan
         watch = SystemMetrics(plan.visible_names if plan.device_type == "GPU" else ())
+        if config.report_to and self.run.chief and self.reporters is None:
+            self.reporters = reporting.Reporters(config.report_to, self.run.directory,
+                                                 {**self.run.settings, **config.as_dict()})
         loop = Loop(self.trainer, global_batch, [*hooks, watch], callbacks=callbacks, writer=self.run.writer,
                     log_every=config.log_every, save=save, save_every=config.save_checkpoints_steps,
                     last_checkpoint=lambda: self.run.latest, max_consecutive_skips=config.max_consecutive_skips,
-                    clock=clock, elapsed_before=elapsed_before, verbose=config.verbose)
+                    clock=clock, elapsed_before=elapsed_before, verbose=config.verbose, reporters=self.reporters)
         return loop
 
     def train(self, loop, dataset, until_step=None, worker_part=False, reading=None):
@@ -81,3 +86,5 @@ class Session:
 
     def close(self):
         self.run.close()
+        if self.reporters is not None:
+            self.reporters.close()

@@ -33,6 +33,8 @@ class LoopConfig:
         max_consecutive_skips: steps with a non-finite loss skipped in a row before the run stops (0: no limit).
         overwrite: start over in an output_dir holding a run with other settings.
         verbose: log the records (and draw Keras' progress bar on a terminal).
+        report_to: loggers besides TensorBoard's scalars: "tensorboard" (its HParams dashboard), "wandb",
+            "mlflow" (reporting.py); offline by default.
     """
 
     learning_rate: float = 5e-5
@@ -44,6 +46,7 @@ class LoopConfig:
     max_consecutive_skips: int = 10
     overwrite: bool = False
     verbose: bool = True
+    report_to: tuple = ()
 
     @classmethod
     def make(cls, config=None, **keywords):
@@ -64,6 +67,9 @@ class LoopConfig:
                             ("save_total_limit", self.save_total_limit), ("log_every_steps", self.log_every)):
             if int(value) < 1:
                 raise UserError(f"--{flag}={value}: must be 1 or more")
+        from bert_mgpu.train import reporting
+
+        self.report_to = reporting.parse_report_to(self.report_to)
 
     def as_dict(self):
         """The config as bert_mgpu.json keeps it."""
