@@ -123,4 +123,4 @@ def test_module_paths_from_before_the_subpackages_import_the_same_modules():
 # Modules written after the move: they never had a flat path.
 SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "tagger", "crf", "tagging_objectives",
                          "qa_metrics", "squad", "squad_input", "span_objectives", "question_answering", "span_serving",
-                         "doc_windows"}
+                         "doc_windows", "sweep", "system_metrics", "reporting"}

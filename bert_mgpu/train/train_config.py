@@ -16,6 +16,7 @@ import dataclasses
 import math
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.train import reporting  # without TensorFlow, as this module
 
 
 @dataclasses.dataclass
@@ -67,8 +68,6 @@ class LoopConfig:
                             ("save_total_limit", self.save_total_limit), ("log_every_steps", self.log_every)):
             if int(value) < 1:
                 raise UserError(f"--{flag}={value}: must be 1 or more")
-        from bert_mgpu.train import reporting
-
         self.report_to = reporting.parse_report_to(self.report_to)
 
     def as_dict(self):
