@@ -184,3 +184,22 @@ def test_a_non_finite_loss_is_left_out_of_the_mean_unless_every_step_had_one():
     rows = tf.constant([[1.0, 10.0], [np.nan, 99.0], [3.0, 30.0]])
     np.testing.assert_allclose(training._finite_mean(rows).numpy(), [2.0, 20.0])
     assert np.isnan(training._finite_mean(tf.constant([[np.inf, 1.0], [np.nan, 3.0]])).numpy()[0])
+
+
+def test_examples_per_second_leave_out_the_time_of_evaluations_and_saves(monkeypatch):
+    """On a clock where each step takes 1 s and each evaluation 100 s: 2 steps of 8 in 2 s, 8 examples/s."""
+    from bert_mgpu.train import loop as loop_module
+
+    now = [0.0]
+
+    class Clockwork(Hook):
+        def before_step(self, loop):
+            now[0] += 1.0
+
+    monkeypatch.setattr(loop_module.time, "monotonic", lambda: now[0])
+    trainer, data = tiny_trainer()
+    slow = Evaluation(lambda: now.__setitem__(0, now[0] + 100.0) or {"loss": 0.5}, every=2)
+    loop = Loop(trainer, 8, hooks=[Clockwork(), slow], log_every=2, clock=lambda: now[0], verbose=False)
+    loop.run(data, until_step=6)
+    rates = [r["examples_per_second"] for r in loop.history if "examples_per_second" in r]
+    assert rates == pytest.approx([8.0, 8.0, 8.0])

@@ -4,8 +4,8 @@ A step: every hook may stop the run (`should_stop`), hooks prepare (`before_step
 schedule's progress), and `Trainer.run_step` queues the step without waiting for it. Only every
 `log_every` steps does the host wait for the device (`Trainer.read`), so a GPU always has the next step
 queued: then the skip guard looks at the runs of non-finite steps the device counted, a record (the mean
-loss and statistics of the steps since the last record, learning rate, loss scale, examples/s, skipped
-steps) goes to the writer,
+loss and statistics of the steps since the last record, learning rate, loss scale, examples/s over the
+steps' own time (evaluations and saves left out), skipped steps) goes to the writer,
 `history` and the console, and Keras callbacks hear of the batch. Hooks act after every step
 (`after_step`: validation, fine-tune markers, early stop), and a checkpoint is saved every `save_every`
 steps and when the loop ends. SIGTERM or Ctrl-C end the loop after the step under way, with a checkpoint.
@@ -201,7 +201,7 @@ class Loop:
 
     def _record(self, loss, steps, seconds):
         trainer = self.trainer
-        rate = steps * self.global_batch / max(1e-9, seconds)
+        rate = steps * self.global_batch / max(1e-6, seconds)
         record = {"step": self.step, "loss": loss, **trainer.stats, "learning_rate": trainer.learning_rate,
                   "loss_scale": trainer.loss_scale, "examples_per_second": rate,
                   "skipped_steps": trainer.skipped_steps}
@@ -243,6 +243,7 @@ class Loop:
 
     def _steps(self, batches, until_step, skips):
         trainer, tic, since, outputs = self.trainer, self._start, 0, None
+        self._aside = 0.0  # seconds of evaluations and saves since the last record: not training
         preemption = guards.Preemption(trainer.strategy, self.save, self._decide.workers)
         with guards.StopSignal(on_signal=preemption.signalled), preemption:
             while True:
@@ -262,6 +263,7 @@ class Loop:
                     since = 0
                 else:
                     self._read_clock()
+                aside = time.monotonic()
                 for hook in self.hooks:
                     hook.after_step(self, record)
                 if self._bar is not None:  # the loss as of the last logging step: no extra read
@@ -275,6 +277,7 @@ class Loop:
                     self.stop = f"interrupted by {self.interrupted}; rerun to resume"
                 elif self.step % self.save_every == 0:
                     self.save()
+                self._aside += time.monotonic() - aside
         if outputs is not None and record is None:  # the last steps were not read: log and check them
             self._log_read(outputs, since, tic, skips)
 
@@ -284,7 +287,8 @@ class Loop:
         loss, _, longest_skips = trainer.read(outputs)
         now = self._read_clock(agree=True)  # after the wait: steps done, not queued
         skips.check(longest_skips, self.step, self.last_checkpoint())
-        record = self._train_record = self._record(loss, since, now - tic)
+        record = self._train_record = self._record(loss, since, now - tic - self._aside)
+        self._aside = 0.0
         self.log(record)
         self.callbacks.on_train_batch_end(self.step, {"loss": loss, **trainer.stats})
         return record, now
