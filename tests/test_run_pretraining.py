@@ -1,5 +1,7 @@
 """The pretraining scripts as a user runs them: text -> TFRecords -> pretraining -> fine-tuning, bad input."""
 
+import glob
+import json
 import os
 import re
 import struct
@@ -36,7 +38,7 @@ def pretrained(release):
             "--train_micro_batch_size_per_gpu=4", "--max_seq_length=32", "--max_predictions_per_seq=5",
             "--num_train_steps=20", "--learning_rate=1e-3", "--finetune_time_markers=0.5,1.0",
             "--encoder_ln_mode=pre-ln", "--optimizer=lamb", "--precision=float32", "--log_every_steps=5",
-            "--do_export"]
+            "--do_export", "--report_to=tensorboard,mlflow"]
     proc = run_script("run_pretraining_mgpu.py", *args)
     return d, out, args, proc
 
@@ -56,7 +58,17 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     assert float(facts["masked_lm_accuracy"]) == pytest.approx(float(results["masked_lm_accuracy"]), abs=5e-4)
     assert float(facts["sequences/s"]) > 0 and float(facts["tokens/s"]) > 0
     assert block[-1].startswith(f"  outputs in {out}: ckpt-20 (latest checkpoint), bert_config.json, ")
-    assert "eval_results.txt, export/, finetune_checkpoints/, learning_curves.png, train/, vocab.txt" in block[-1]
+    assert ("eval_results.txt, export/, finetune_checkpoints/, hparams/, learning_curves.png, mlruns/, "
+            "reporting.json, train/, vocab.txt") in block[-1]
+    # --report_to: MLflow's file store holds each record and the evaluation after training.
+    from test_reporting import mlflow_metric
+
+    run = json.loads(open(os.path.join(out, "reporting.json")).read())["mlflow"]
+    run_dir, = glob.glob(os.path.join(out, "mlruns", "*", run))
+    assert sorted(mlflow_metric(run_dir, "mlm_loss")) == [5, 10, 15, 20]
+    assert mlflow_metric(run_dir, "eval_masked_lm_accuracy") == {20: pytest.approx(
+        float(results["masked_lm_accuracy"]))}
+    assert sorted(mlflow_metric(run_dir, "eval_mlm_loss")) == [10, 20]  # validation while training
     # Its curves: the masked-LM loss and accuracy, validation, learning rate and sequences/s it logged.
     import matplotlib.image
 
