@@ -163,7 +163,8 @@ def suite(tmp_path_factory):
     proc = run_script("run_glue_mgpu.py", f"--glue_dir={glue_dir}", f"--init_checkpoint={release}",
                       f"--output_dir={out}", "--tasks=mrpc,sts-b,mnli", "--n_gpus=0", "--towers_per_gpu=2",
                       "--train_batch_size=8", "--max_seq_length=32", "--precision=float32", "--learning_rate=2e-3",
-                      "--num_train_epochs=6", "--truncation=head+tail", "--recompute")
+                      "--num_train_epochs=6", "--truncation=head+tail", "--recompute",
+                      "--sweep_member")  # as each run of a --seeds/--grid sweep: it writes sweep_run.json
     return out, proc
 
 
@@ -184,6 +185,10 @@ def test_the_suite_trains_every_task_and_prints_the_glue_table(suite):
               (values[("STS-B", "eval_pearson")] + values[("STS-B", "eval_spearman")]) / 2,
               (values[("MNLI-m", "eval_accuracy")] + values[("MNLI-mm", "eval_accuracy")]) / 2]
     assert cells[-1] == f"{100 * np.mean(scores):.1f}"
+    member = json.loads((out / "sweep_run.json").read_text())  # what a sweep's table is made of
+    assert member["measures"] == pytest.approx({"MRPC": 100 * scores[0], "STS-B": 100 * scores[1],
+                                                "MNLI-m": 100 * scores[2], "Average": 100 * np.mean(scores)})
+    assert member["main"] == ["MRPC", "STS-B", "MNLI-m", "Average"]
     for name, count in (("MRPC", 13), ("STS-B", 13), ("MNLI-m", 13), ("MNLI-mm", 13), ("AX", 7)):
         lines = (out / "submission" / f"{name}.tsv").read_text().splitlines()
         assert lines[0] == "index\tprediction" and len(lines) == count + 1
