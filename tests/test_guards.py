@@ -1,21 +1,20 @@
 """What stops a run: a signal (save, then stop), non-finite steps in a row, out of memory."""
 
 import os
-import re
 import signal
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import tiny_config
+from conftest import run_python, tiny_config
 from test_training import batch
 
 from bert_mgpu.core.errors import RunError
 from bert_mgpu.io import run_dir
 from bert_mgpu.model import modeling
 from bert_mgpu.parallel import devices, distribute, guards
-from bert_mgpu.train import memory, optimization, training
+from bert_mgpu.train import optimization, training
 from bert_mgpu.train.loop import Loop
 
 
@@ -119,35 +118,50 @@ def test_out_of_memory_in_a_step_becomes_one_line(tmp_path):
         trainer.train_step(dist)
 
 
+REAL_OUT_OF_MEMORY = """
+import re, resource
+import pytest, tensorflow as tf
+from conftest import tiny_config
+from bert_mgpu.core.errors import RunError
+from bert_mgpu.model import modeling
+from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.train import memory, optimization, training
+
+plan = devices.plan_devices(0, 2, ())
+strategy = distribute.make_strategy(plan)
+with strategy.scope():
+    model = modeling.build_classifier(tiny_config(38), 2)
+    optimizer = optimization.create_optimizer(1e-3, 10, 0)
+trainer = training.Trainer(strategy, model, optimizer)
+small = memory.classifier_batch(2 * 4, 64)
+dist = lambda b: next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(b))))
+trainer.train_step(dist(small))  # trace, compile, start the thread pools: what any step needs
+big = dist(memory.classifier_batch(2 * 32768, 64))
+with open("/proc/self/status") as f:
+    size = next(int(line.split()[1]) for line in f if line.startswith("VmSize")) * 1024
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (size + 128 * 2**20, hard))
+try:
+    with pytest.raises(RunError) as caught:
+        trainer.train_step(big)
+finally:
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+assert re.fullmatch(r"out of memory on tower [01] at per-tower batch 32768 x sequence length 64; try "
+                    r"--train_batch_size=16384 per tower .*", str(caught.value)), caught.value
+assert trainer.train_step(dist(small))[1].tolist() == [4, 4]  # the process goes on
+print("named and went on")
+"""
+
+
 def test_a_real_out_of_memory_names_the_tower_batch_and_length():
     """A real allocation failure, not an injected error: the process's address space is capped just above
     what it holds, so the first activation of 2 x 32768 sequences of 64 tokens (256 MiB a tower) cannot be
     allocated. (A cap that lets the step start fails later inside kernels that do not check malloc: on
-    CPU, running out of memory part-way is a crash, as it is under the kernel's OOM killer.)"""
-    import resource
-
-    plan = devices.plan_devices(0, 2, ())
-    strategy = distribute.make_strategy(plan)
-    with strategy.scope():
-        model = modeling.build_classifier(tiny_config(38), 2)
-        optimizer = optimization.create_optimizer(1e-3, 10, 0)
-    trainer = training.Trainer(strategy, model, optimizer)
-    small = memory.classifier_batch(2 * 4, 64)
-    dist = lambda b: next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(b))))  # noqa
-    trainer.train_step(dist(small))  # trace, compile, start the thread pools: what any step needs
-    big = dist(memory.classifier_batch(2 * 32768, 64))
-    with open("/proc/self/status") as f:
-        size = next(int(line.split()[1]) for line in f if line.startswith("VmSize")) * 1024
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (size + 128 * 2**20, hard))
-    try:
-        with pytest.raises(RunError) as caught:
-            trainer.train_step(big)
-    finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    assert re.fullmatch(r"out of memory on tower [01] at per-tower batch 32768 x sequence length 64; try "
-                        r"--train_batch_size=16384 per tower .*", str(caught.value)), caught.value
-    assert trainer.train_step(dist(small))[1].tolist() == [4, 4]  # the process goes on
+    CPU, running out of memory part-way is a crash, as it is under the kernel's OOM killer.) In a process
+    of its own: in a test worker, what earlier tests left (threads, arenas, modules) moved the first
+    allocation that fails to one that aborts."""
+    proc = run_python(REAL_OUT_OF_MEMORY)
+    assert "named and went on" in proc.stdout
 
 
 @pytest.mark.parametrize("message, who", [

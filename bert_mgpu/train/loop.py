@@ -243,11 +243,13 @@ class Loop:
 
     def _steps(self, batches, until_step, skips):
         trainer, tic, since, outputs = self.trainer, self._start, 0, None
-        self._aside = 0.0  # seconds of evaluations and saves since the last record: not training
+        self._aside, after = 0.0, None  # seconds of evaluations and saves since the last record: not training
         preemption = guards.Preemption(trainer.strategy, self.save, self._decide.workers)
         with guards.StopSignal(on_signal=preemption.signalled), preemption:
             while True:
-                self._read_clock()
+                now = self._read_clock()
+                if after is not None:  # from the reading after the last step: its hooks and save
+                    self._aside += now - after
                 if until_step is not None and self.step >= until_step:
                     self.stop = f"reached {until_step} steps"
                 self.stop = self.stop or next((r for r in (h.should_stop(self) for h in self.hooks) if r), None)
@@ -260,10 +262,9 @@ class Loop:
                 self.step, since, record = self.step + 1, since + 1, None
                 if self.step % self.log_every == 0 or self.step == until_step:
                     record, tic = self._log_read(outputs, since, tic, skips)
-                    since = 0
+                    since, after = 0, tic
                 else:
-                    self._read_clock()
-                aside = time.monotonic()
+                    after = self._read_clock()
                 for hook in self.hooks:
                     hook.after_step(self, record)
                 if self._bar is not None:  # the loss as of the last logging step: no extra read
@@ -277,7 +278,6 @@ class Loop:
                     self.stop = f"interrupted by {self.interrupted}; rerun to resume"
                 elif self.step % self.save_every == 0:
                     self.save()
-                self._aside += time.monotonic() - aside
         if outputs is not None and record is None:  # the last steps were not read: log and check them
             self._log_read(outputs, since, tic, skips)
 
