@@ -47,17 +47,24 @@ def assert_bit_identical(a, b, step):
     assert not different, different[:5]
 
 
-def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_release):
+def classifier_run(tmp_path, release, train_rows):
+    """A resumable classifier run's data (`train_rows` training sentences, 20 dev) and its flags, a
+    checkpoint every 5 steps of 8, deterministic: `args(output_dir)`."""
     data = tmp_path / "data"
     data.mkdir()
-    write_tsv(data / "train.tsv", sentiment_rows(320, seed=1))
+    write_tsv(data / "train.tsv", sentiment_rows(train_rows, seed=1))
     write_tsv(data / "dev.tsv", sentiment_rows(20, seed=2))
 
     def args(out):
-        return ["--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={google_release}",
+        return ["--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={release}",
                 f"--output_dir={out}", "--do_train", "--do_eval", "--n_gpus=0", "--towers_per_gpu=2",
                 "--train_batch_size=4", "--max_seq_length=8", "--precision=float32", "--num_train_epochs=1",
                 "--save_checkpoints_steps=5", "--deterministic", "--learning_rate=1e-3"]
+    return args
+
+
+def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_release):
+    args = classifier_run(tmp_path, google_release, 320)
 
     whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
     run_script("run_classifier_mgpu.py", *args(whole))  # dropout 0.1: the generator state must resume too

@@ -10,8 +10,8 @@ import time
 
 import pytest
 from absl import flags
-from conftest import run_script, sentiment_rows, start_python, write_tsv
-from test_crash_resume import latest_step
+from conftest import run_script, start_python
+from test_crash_resume import classifier_run, latest_step
 
 from bert_mgpu.cli import sweep
 from bert_mgpu.core.errors import UserError
@@ -89,16 +89,8 @@ def test_the_table_has_mean_sd_median_and_maximum_per_configuration_and_names_th
 def test_a_sweep_killed_in_its_second_run_and_rerun_ends_with_the_same_table(tmp_path, google_release):
     import psutil
 
-    data = tmp_path / "data"
-    data.mkdir()
-    write_tsv(data / "train.tsv", sentiment_rows(160, seed=1))
-    write_tsv(data / "dev.tsv", sentiment_rows(20, seed=2))
-
-    def args(out):
-        return ["--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={google_release}",
-                f"--output_dir={out}", "--do_train", "--do_eval", "--n_gpus=0", "--towers_per_gpu=2",
-                "--train_batch_size=4", "--max_seq_length=8", "--precision=float32", "--num_train_epochs=1",
-                "--save_checkpoints_steps=5", "--deterministic", "--learning_rate=1e-3", "--seeds=3,4"]
+    one_run = classifier_run(tmp_path, google_release, 160)
+    args = lambda out: [*one_run(out), "--seeds=3,4"]  # noqa: E731
 
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     proc = run_script("run_classifier_mgpu.py", *args(whole))
