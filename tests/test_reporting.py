@@ -124,3 +124,23 @@ def test_a_run_reports_its_records_settings_and_final_results_to_wandb_mlflow_an
 
     assert accuracy.step == 8 and float(tf.make_ndarray(accuracy.tensor_proto)) == pytest.approx(
         results["eval_accuracy"])
+
+
+def test_the_evaluation_after_training_reopens_the_mlflow_run_in_a_process_of_its_own(tmp_path):
+    """As `--do_eval` alone on a run directory: a new process, the file store and the run found from
+    reporting.json (MLflow 3 refuses a file store unless told it is wanted)."""
+    pytest.importorskip("mlflow", reason="the test extra has mlflow-skinny")
+    from conftest import run_python
+
+    out = str(tmp_path / "run")
+    code = ("from bert_mgpu.train.reporting import Reporters\n"
+            "with Reporters(['mlflow'], {out!r}, {settings}) as r:\n"
+            "    {action}\n")
+    env = {"MLFLOW_ALLOW_FILE_STORE": None, "MLFLOW_TRACKING_URI": None}
+    run_python(code.format(out=out, settings="{'learning_rate': 1e-4}", action="r.log({'step': 3, 'loss': 0.5})"),
+               env=env)
+    run_python(code.format(out=out, settings="None", action="r.final({'eval_accuracy': 0.75}, 3)"), env=env)
+    ids = json.loads(open(os.path.join(out, "reporting.json")).read())
+    run_dir, = glob.glob(os.path.join(out, "mlruns", "*", ids["mlflow"]))
+    assert mlflow_metric(run_dir, "loss") == {3: 0.5} and mlflow_metric(run_dir, "eval_accuracy") == {3: 0.75}
+    assert open(os.path.join(run_dir, "params", "learning_rate")).read() == "0.0001"

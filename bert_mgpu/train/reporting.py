@@ -111,9 +111,9 @@ class Reporters:
     def _start_mlflow(self):
         import mlflow
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:  # plain files beside the run; MLflow 3 asks to be told that a file store is wanted
-            uri = "file:" + os.path.abspath(os.path.join(self.output_dir, "mlruns"))
+        uri = (self._ids.get("mlflow_uri") or os.environ.get("MLFLOW_TRACKING_URI")  # where its run is
+               or "file:" + os.path.abspath(os.path.join(self.output_dir, "mlruns")))  # plain files beside it
+        if uri.startswith("file:"):  # MLflow 3 asks to be told that a file store is wanted
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         client = mlflow.tracking.MlflowClient(tracking_uri=uri)
         run_id = self._ids.get("mlflow")
@@ -121,14 +121,15 @@ class Reporters:
             experiment = client.get_experiment_by_name("bert_mgpu")
             experiment_id = experiment.experiment_id if experiment else client.create_experiment("bert_mgpu")
             run_id = client.create_run(experiment_id, run_name=self.name).info.run_id
-            for key, value in self.settings.items():
-                client.log_param(run_id, key, str(value)[:6000])
+            from mlflow.entities import Param
+
+            client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in self.settings.items()])
         self._mlflow, self._ids["mlflow"], self._ids["mlflow_uri"] = client, run_id, uri
 
     # ------------------------------------------------------------------ reporting
-    def log(self, record, prefix=""):
+    def log(self, record):
         """A loop record ({"step": n, name: value}) to every logger."""
-        values = {prefix + k: v for k, v in _numbers(record).items()}
+        values = _numbers(record)
         if not values:
             return
         step = int(record["step"])
