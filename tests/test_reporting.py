@@ -82,8 +82,7 @@ def test_a_run_reports_its_records_settings_and_final_results_to_wandb_mlflow_an
                       eval_every_steps=4, eval_batch_size=4, report_to=kinds)
     assert os.environ["WANDB_MODE"] == "offline"
     results = clf.evaluate(dev, 4)
-    with reporting.Reporters(kinds, out) as reporters:  # as the scripts do after training: the same runs
-        reporters.final(results, results["global_step"])
+    reporting.report_results(kinds, out, results, results["global_step"])  # as the scripts do: the same runs
     ids = json.loads(open(os.path.join(out, "reporting.json")).read())
     assert ids["settings"]["learning_rate"] == 2e-3 and ids["settings"]["labels"] == '["neg", "pos"]'
 

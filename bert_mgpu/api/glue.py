@@ -112,11 +112,10 @@ def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
         for each in evaluated:
             other = get_task(each)
             results[each] = clf.evaluate(other.get_examples(data, "dev"), batch_size=eval_batch_size)
-            if fit_args.get("report_to") and towers.is_chief:  # the task's W&B/MLflow run, its HParams
-                with reporting.Reporters(reporting.parse_report_to(fit_args["report_to"]),
-                                         os.path.join(output_dir, name)) as reporters:
-                    reporters.final({k.replace("eval_", "eval_mm_", 1) if each == "mnli-mm" else k: v
-                                     for k, v in results[each].items()}, clf.global_step)
+            if towers.is_chief:  # the task's W&B/MLflow run and HParams, when fit reported to them
+                reporting.report_results(fit_args.get("report_to"), os.path.join(output_dir, name),
+                                         {k.replace("eval_", "eval_mm_", 1) if each == "mnli-mm" else k: v
+                                          for k, v in results[each].items()}, clf.global_step)
             log.info("GLUE %s: %s", TASKS[each].title, {m: round(results[each][m], 4) for m in TASKS[each].metrics})
         if do_predict:
             storage.makedirs(submission_dir)

@@ -186,10 +186,7 @@ def report_final(results, step):
     """--report_to, on the chief: the dev results after training to the loggers training reported to."""
     from bert_mgpu.train import reporting
 
-    kinds = reporting.parse_report_to(FLAGS.report_to)
-    if kinds:
-        with reporting.Reporters(kinds, FLAGS.output_dir) as reporters:
-            reporters.final(results, int(step))
+    reporting.report_results(FLAGS.report_to, FLAGS.output_dir, results, step)
 
 
 def check_output_file(path, flag):

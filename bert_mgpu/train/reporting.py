@@ -172,6 +172,15 @@ class Reporters:
         self.close()
 
 
+def report_results(report_to, output_dir, results, step):
+    """The dev results after training (`results` at `step`) to the loggers `report_to` names, reopening the
+    runs training reported to in `output_dir`; nothing when it names none."""
+    kinds = parse_report_to(report_to)
+    if kinds:
+        with Reporters(kinds, output_dir) as reporters:
+            reporters.final(results, int(step))
+
+
 def _mlflow_key(key):
     """MLflow keys take letters, digits and _-./ and spaces: `system/cpu_percent` stays as it is."""
     return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in key)
