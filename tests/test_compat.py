@@ -114,11 +114,14 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 cluster = Cluster({"worker": [f"127.0.0.1:{port}"]}, "worker", 0, "test")
 try:
+    alone = _compat.wait_for_workers("before_the_job", 5)
     with _compat.multi_worker_local_devices("CPU", 2):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver())
     ops = _compat.host_cross_device_ops(strategy)
+    together = _compat.wait_for_workers("in_the_job", 30)
 except AttributeError as e:
     sys.exit(f"MOVED {type(e).__name__}: {e}")
+print("barrier", alone, together)
 print("devices", list(strategy.extended.worker_devices))
 with tf.device("/cpu:0"):
     total = tf.function(lambda x: ops.reduce(tf.distribute.ReduceOp.SUM, x, destinations="/cpu:0"))(
@@ -128,21 +131,24 @@ print("sum", total.numpy().tolist())
 
 
 def test_multi_worker_strategy_takes_the_plans_towers_and_reduces_on_the_host():
-    """MultiWorkerMirroredStrategy's choice of local devices and its host collectives (both private), in a
-    job of one worker on loopback; a process of its own, since the strategy starts a server in it."""
+    """MultiWorkerMirroredStrategy's choice of local devices, its host collectives and its coordination
+    service's barrier (all private), in a job of one worker on loopback; a process of its own, since the
+    strategy starts a server in it."""
     import os
 
     proc = subprocess.run([sys.executable, "-c", MULTI_WORKER_PROBE], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert "MOVED" not in proc.stderr, ("MultiWorkerMirroredStrategy's CollectiveAllReduceExtended."
-                                        "_initialize_local_devices or _host_cross_device_ops moved in this "
+                                        "_initialize_local_devices, _host_cross_device_ops or the context's "
+                                        "wait_at_barrier moved in this "
                                         "TensorFlow; update bert_mgpu/core/_compat.py\n" + proc.stderr[-800:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert "devices ['/job:worker/replica:0/task:0/device:CPU:0', '/job:worker/replica:0/task:0/device:CPU:1']" \
         in lines
     assert "sum [1.5, 2.0]" in lines  # one worker: its own values
+    assert "barrier False True" in lines  # no job, nothing to wait for; in the job, everyone (itself) came
 
 
 def test_preemption_handler_is_told_its_platform_saves_once_at_the_agreed_step_and_stops_its_threads():

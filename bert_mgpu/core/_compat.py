@@ -131,6 +131,23 @@ def host_cross_device_ops(strategy):
     return strategy.extended._host_cross_device_ops
 
 
+def wait_for_workers(barrier_id, timeout_seconds):
+    """Block until every worker of the job reaches `barrier_id` (TensorFlow's coordination service, which
+    MultiWorkerMirroredStrategy starts): True; False without a job (one machine), or if the barrier
+    failed (a worker gone, the timeout). Public TensorFlow has no barrier outside a collective."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    wait = ctx.wait_at_barrier
+    if ctx.coordination_service is None:
+        return False
+    try:
+        wait(barrier_id, int(timeout_seconds * 1000))
+    except Exception:  # noqa: BLE001 - any failure means: go on without the others
+        return False
+    return True
+
+
 def preemption_handler(cluster_resolver, checkpoint_manager, termination_config):
     """TensorFlow's PreemptionCheckpointHandler, told its platform by this worker's devices. Left alone it
     asks GCE's metadata server over the network, and on a GCE machine without GPUs it then does nothing

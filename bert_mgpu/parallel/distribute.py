@@ -350,6 +350,14 @@ def is_chief(strategy):
     return worker_of(strategy)[0] == 0
 
 
+def leave_together(timeout_seconds=10):
+    """Before a worker's process ends (finished or failed), wait up to `timeout_seconds` for the others to
+    end too. A collective returns on a worker once it has what it receives; its peer may still be
+    reading from it, and a process that exits at once makes that peer's collective fail ("Socket
+    closed"), the last step or the same-start check turned into a crash. Does nothing on one machine."""
+    return _compat.wait_for_workers("bert_mgpu_leave", timeout_seconds)
+
+
 def check_same_start(strategy, step, output_dir):
     """RunError unless every worker resumed from the same step: workers that see different checkpoints
     (each its own local --output_dir) would run different steps and wait on each other forever."""
