@@ -4,6 +4,9 @@
         --vocab_file=vocab.txt --do_lower_case=true --max_seq_length=128 --max_predictions_per_seq=20 \
         --masked_lm_prob=0.15 --random_seed=12345 --dupe_factor=5 --num_output_shards=4
 
+Chinese whole-word masking: --word_segmenter=jieba (or pretokenized, or --ref_file); n-grams of words:
+--max_ngram_size=3; one span a sequence: --span_masking.
+
 Input: one sentence per line, a blank line between documents. The corpus is streamed (see
 bert_mgpu/data/pretraining_records.py); the same input and flags give the same bytes.
 """
@@ -13,12 +16,13 @@ import os
 
 from absl import app, flags
 
+from bert_mgpu.cli import masking
+
 FLAGS = flags.FLAGS
 flags.DEFINE_list("input_file", None, "Input text files, comma-separated (globs allowed).")
 flags.DEFINE_list("output_file", None, "Output TFRecord files, comma-separated; instances go round-robin.")
 flags.DEFINE_string("vocab_file", None, "vocab.txt of the model to pretrain.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
-flags.DEFINE_bool("do_whole_word_mask", False, "Mask all WordPieces of a word together.")
 flags.DEFINE_integer("max_seq_length", 128, "Maximum sequence length.")
 flags.DEFINE_integer("max_predictions_per_seq", 20, "Maximum masked-LM predictions per sequence.")
 flags.DEFINE_integer("random_seed", 12345, "Seed of every random choice.")
@@ -27,6 +31,9 @@ flags.DEFINE_float("masked_lm_prob", 0.15, "Share of tokens masked.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a sequence shorter than max_seq_length.")
 flags.DEFINE_integer("num_output_shards", 1, "With one --output_file: write NAME-0000i-of-0000N shards.")
 flags.DEFINE_integer("documents_per_buffer", 100_000, "Documents held in memory at once.")
+flags.DEFINE_list("ref_file", None, "Where Chinese words begin, as transformers' run_chinese_ref.py writes it: one "
+                  "file an --input_file, in their order (instead of --word_segmenter). Implies --do_whole_word_mask.")
+masking.define_masking_flags()
 
 
 def run():
@@ -46,8 +53,13 @@ def run():
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise UserError(f"{path}: directory {parent} does not exist")
-    cfg = pretraining_records.MaskingConfig(FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob,
-                                         FLAGS.short_seq_prob, FLAGS.dupe_factor, FLAGS.do_whole_word_mask)
+    if FLAGS.ref_file and FLAGS.word_segmenter != "none":
+        raise UserError("--ref_file and --word_segmenter both say where words begin; pick one")
+    plan = masking.mask_plan()
+    cfg = pretraining_records.MaskingConfig(
+        FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
+        FLAGS.dupe_factor, plan.whole_word or bool(FLAGS.ref_file), FLAGS.word_segmenter, plan.max_ngram_size,
+        plan.span, tuple(FLAGS.ref_file or ()))
     inputs = expand_files(FLAGS.input_file)
     stats = pretraining_records.create_pretraining_data(
         inputs, outputs, FullTokenizer(FLAGS.vocab_file, FLAGS.do_lower_case), cfg, FLAGS.random_seed,

@@ -18,7 +18,7 @@ import os
 
 from absl import app, flags
 
-from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags
+from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags, masking
 
 FLAGS = flags.FLAGS
 # google-research/bert's flags
@@ -83,6 +83,7 @@ flags.DEFINE_integer("seed", 12345, "Random seed (initialization, shuffling, mas
 # reliability (shared with the other script)
 define_reliability_flags("Micro-batch: the largest per tower that fits and divides --train_batch_size")
 define_export_flags()
+masking.define_masking_flags(text_input_only=True)
 
 
 def _data(files, tokenizer):
@@ -90,7 +91,8 @@ def _data(files, tokenizer):
 
     return PretrainingData(FLAGS.input_format, files, tokenizer, max_seq_length=FLAGS.max_seq_length,
                            max_predictions_per_seq=FLAGS.max_predictions_per_seq,
-                           masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed, sharding=FLAGS.input_sharding)
+                           masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed, sharding=FLAGS.input_sharding,
+                           plan=masking.mask_plan(), word_segmenter=FLAGS.word_segmenter)
 
 
 def _pretrainer(towers):
@@ -142,6 +144,9 @@ def run():
     def micro(plan):  # one micro-batch per tower unless told: the global batch split over every worker's towers
         return FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
 
+    if FLAGS.input_format == "records" and masking.settings():
+        raise UserError("--do_whole_word_mask, --word_segmenter, --max_ngram_size and --span_masking mask raw text "
+                        "(--input_format=text); records were masked when create_pretraining_data.py wrote them")
     begun = cli.prelude(("do_train", "do_eval"), ("input_file", "output_dir"), micro, lambda plan: (
         f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch {FLAGS.train_batch_size}"
         f" = {plan.job_towers} towers x {micro(plan)} x "
@@ -183,7 +188,7 @@ def run():
         ) if FLAGS.do_validation else None
         settings = {name: getattr(FLAGS, name) for name in (
             "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "nsp",
-            "seed", "deterministic", "validation_input_file")}
+            "seed", "deterministic", "validation_input_file")} | masking.settings()
         pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, cli.pretrain_config(), validation=validation,
                 settings=settings)
         step = int(pre.trainer.step.numpy())

@@ -34,13 +34,16 @@ setup(
         "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "pandas>=2", "matplotlib>=3.8",
                  "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4", "seqeval==1.2.2",
                  "nvidia-ml-py>=12",  # its real module, meeting a machine without a driver
-                 "wandb>=0.21", "mlflow-skinny>=3"],  # report_to's loggers, tested offline
+                 "wandb>=0.21", "mlflow-skinny>=3",  # report_to's loggers, tested offline
+                 "jieba>=0.42"],  # the zh extra's segmenter
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.
         "reference": ["torch==2.13.0", "transformers>=5,<6"],
         # --report_to=wandb,mlflow (train/reporting.py); TensorBoard needs nothing more.
         "loggers": ["wandb>=0.21", "mlflow-skinny>=3"],
+        # --word_segmenter=jieba: Chinese words for whole-word masking (pure Python, its own dictionary).
+        "zh": ["jieba>=0.42"],
         # learning_curves.png and confusion_matrix.png (bert_mgpu.io.plot); training never needs it.
         "plot": ["matplotlib>=3.8"],
     },

@@ -95,11 +95,11 @@ def test_whole_word_masking_masks_every_piece(corpus):
         ids[inst["masked_lm_positions"][:k]] = inst["masked_lm_ids"][:k]  # the original tokens
         masked = set(inst["masked_lm_positions"][:k].tolist())
         n = int(inst["input_mask"].sum())
-        words = []  # a word: a piece that is not `##...`, then its `##` pieces ([CLS]/[SEP] skipped)
+        words = []  # a word: a piece that is not `##...`, then its `##` pieces ([CLS]/[SEP] end words)
         for i in range(n):
             if ids[i] in (tok.cls_id, tok.sep_id):
                 continue
-            if cont[ids[i]] and words:
+            if cont[ids[i]] and words and i - 1 in words[-1]:
                 words[-1].add(i)
             else:
                 words.append({i})

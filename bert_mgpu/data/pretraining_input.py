@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data import masking, word_segments
 
 _plain = tf.autograph.experimental.do_not_convert  # traced as written, as input_pipeline's
 
@@ -148,35 +149,51 @@ def _data_loss(error):
     return f"{found[1]} at byte {found[2]}" if found else error.message.split(" [Op:")[0][-200:]
 
 
-def packed_sequences(input_files, tokenizer, max_seq_length, part=None):
+def packed_sequences(input_files, tokenizer, max_seq_length, part=None, segment=None):
     """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP].
-    `part`: (index, workers), only this worker's files."""
+    `part`: (index, workers), only this worker's files. With `segment` (word_segments.segmenter), each
+    element is (ids, starts): whether each token starts a word of the segmenter."""
     files = worker_files(expand_files(input_files), part)
     sep = tokenizer.sep_id
 
     def tokenize(lines):
-        ids = tokenizer(lines)
+        if segment is None:
+            ids, starts = tokenizer(lines), None
+        else:
+            ids, starts = word_segments.tokenize_with_word_starts(tokenizer, lines, segment)
         blank = tf.equal(tf.strings.strip(lines), "")  # a blank line ends a document: mark it with [SEP]
-        seps = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(tf.cast(blank, tf.int32))], sep),
-                                                tf.cast(blank, tf.int64))
-        return tf.concat([tf.cast(ids, tf.int32), seps], axis=1).flat_values
+        lengths = tf.cast(blank, tf.int64)
+        seps = tf.RaggedTensor.from_row_lengths(tf.fill([tf.reduce_sum(tf.cast(blank, tf.int32))], sep), lengths)
+        ids = tf.concat([tf.cast(ids, tf.int32), seps], axis=1).flat_values
+        if starts is None:
+            return ids
+        ones = tf.RaggedTensor.from_row_lengths(tf.ones([tf.reduce_sum(lengths)], tf.bool), lengths)
+        return ids, tf.concat([starts, ones], axis=1).flat_values
 
     body = max_seq_length - 2
     ds = tf.data.TextLineDataset(files).batch(1024).map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.unbatch().batch(body, drop_remainder=True)
-    return ds.map(lambda t: tf.concat([[tokenizer.cls_id], t, [sep]], 0))
+    if segment is None:
+        return ds.map(lambda t: tf.concat([[tokenizer.cls_id], t, [sep]], 0))
+    return ds.map(lambda t, s: (tf.concat([[tokenizer.cls_id], t, [sep]], 0), tf.concat([[True], s, [True]], 0)))
 
 
-def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, vocab_size, mask_id, special_ids):
-    """Mask one packed sequence as google-bert would (80% [MASK], 10% random, 10% kept), statelessly."""
+def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, vocab_size, mask_id, special_ids,
+                 plan=None, starts=None):
+    """Mask one packed sequence as google-bert would (80% [MASK], 10% random, 10% kept), statelessly.
+    `plan` (masking.MaskPlan): whole words, n-grams or a span, with `starts` ([n] bool) where words begin."""
     n = tf.shape(ids)[0]
     key = tf.stack([tf.cast(seed, tf.int64), tf.cast(index, tf.int64)])
     candidate = tf.reduce_all(tf.not_equal(ids[:, None], tf.constant(special_ids, tf.int32)[None, :]), axis=1)
     num = tf.minimum(max_predictions_per_seq, tf.maximum(
         1, tf.cast(tf.round(tf.cast(n, tf.float32) * masked_lm_prob), tf.int32)))
     num = tf.minimum(num, tf.reduce_sum(tf.cast(candidate, tf.int32)))
-    scores = tf.where(candidate, tf.random.stateless_uniform([n], key), -1.0)
-    positions = tf.sort(tf.math.top_k(scores, num).indices)
+    if plan is not None and (plan.whole_word or plan.grouped):
+        positions = masking.select(candidate, starts, plan, key, num)
+        num = tf.size(positions)
+    else:
+        scores = tf.where(candidate, tf.random.stateless_uniform([n], key), -1.0)
+        positions = tf.sort(tf.math.top_k(scores, num).indices)
     original = tf.gather(ids, positions)
     draw = tf.random.stateless_uniform([num], key + [0, 1 << 40])
     random_ids = tf.random.stateless_uniform([num], key + [0, 2 << 40], maxval=vocab_size, dtype=tf.int32)
@@ -196,13 +213,15 @@ def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, voca
 
 def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predictions_per_seq,
                  masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000, rows=None,
-                 part=None):
+                 part=None, plan=None, word_segmenter="none"):
     """Raw text, packed and dynamically masked -> batches; training repeats forever, from example `start`.
     `rows`: a function of the packed, unmasked sequences that keeps some (distribute.worker_rows);
-    `part`: (index, workers), only this worker's files, masked unlike any other worker's."""
+    `part`: (index, workers), only this worker's files, masked unlike any other worker's;
+    `plan` (masking.MaskPlan) and `word_segmenter` (word_segments.py): what is masked together."""
     if tokenizer.mask_id is None:
         raise UserError(f"{tokenizer.vocab_file}: vocabulary has no [MASK] token")
-    ds = packed_sequences(input_files, tokenizer, max_seq_length, part)
+    segment = word_segments.segmenter(word_segmenter) if plan is not None and plan.whole_word else None
+    ds = packed_sequences(input_files, tokenizer, max_seq_length, part, segment)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.enumerate().skip(start)
@@ -211,9 +230,16 @@ def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predict
         ds = ds.map(lambda i, ids: (i * workers + index, ids))
     ds = rows(ds) if rows else ds
     special = sorted({tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id})
-    ds = ds.map(lambda i, ids: _as_model_inputs(dynamic_mask(
-        ids, i, seed, max_predictions_per_seq, masked_lm_prob, tokenizer.vocab_size, tokenizer.mask_id, special)),
-        num_parallel_calls=tf.data.AUTOTUNE)
+    continues = word_segments.continues(tokenizer)
+
+    def mask(i, element):
+        ids, starts = element if segment is not None else (element, None)
+        if starts is None and plan is not None:
+            starts = tf.logical_not(tf.gather(continues, ids))  # google-bert's words: no `##`
+        return _as_model_inputs(dynamic_mask(ids, i, seed, max_predictions_per_seq, masked_lm_prob,
+                                             tokenizer.vocab_size, tokenizer.mask_id, special, plan, starts))
+
+    ds = ds.map(mask, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE)
 
 
@@ -226,7 +252,7 @@ class PretrainingData:
     """
 
     def __init__(self, kind, input_files, tokenizer=None, max_seq_length=128, max_predictions_per_seq=20,
-                 masked_lm_prob=0.15, seed=12345, sharding="auto"):
+                 masked_lm_prob=0.15, seed=12345, sharding="auto", plan=None, word_segmenter="none"):
         if kind not in ("records", "text"):
             raise UserError(f"input kind {kind!r}: expected records or text")
         if sharding not in ("auto", "files", "examples"):
@@ -235,9 +261,14 @@ class PretrainingData:
         self.kind, self.tokenizer, self.seed = kind, tokenizer, seed
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
+        self.plan, self.word_segmenter = plan, word_segmenter  # text: what is masked together (masking.py)
         self.input_files = (check_records(input_files, max_seq_length, max_predictions_per_seq)
                             if kind == "records" else expand_files(input_files))
         self._count = None
+        if kind == "text" and plan is not None and plan.whole_word and word_segmenter in (None, "none"):
+            with tf.io.gfile.GFile(self.input_files[0], "rb") as f:
+                head = [line.decode("utf-8", "replace") for line, _ in zip(f, range(1000))]
+            word_segments.warn_if_cjk_unsegmented(head, True, word_segmenter, self.input_files[0])
 
     @property
     def has_nsp(self):
@@ -263,7 +294,7 @@ class PretrainingData:
                                   training, self.seed, start, rows=rows, part=part)
         return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
                             self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start, rows=rows,
-                            part=part)
+                            part=part, plan=self.plan, word_segmenter=self.word_segmenter)
 
     @contextlib.contextmanager
     def reading(self):

@@ -17,6 +17,7 @@ Example:
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -25,6 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data import word_segments
+from bert_mgpu.data.masking import MaskPlan, candidates
 
 log = logging.getLogger("bert_mgpu")
 
@@ -37,16 +40,41 @@ class MaskingConfig:
     short_seq_prob: float = 0.1
     dupe_factor: int = 10
     do_whole_word_mask: bool = False
+    word_segmenter: str = "none"  # where Chinese words begin (word_segments.py): none, jieba, pretokenized
+    max_ngram_size: int = 1  # masking.MaskPlan
+    span_masking: bool = False
+    ref_files: tuple = ()  # one reference file an input file (word_segments.RefFile), instead of a segmenter
+
+    @functools.cached_property
+    def plan(self):
+        return MaskPlan(self.do_whole_word_mask, self.max_ngram_size, self.span_masking)
+
+    @property
+    def words_given(self):
+        return self.word_segmenter not in (None, "none") or bool(self.ref_files)
 
 
-def iter_documents(input_files, tokenizer, lines_per_batch=1024):
-    """Yield documents (lists of token-id lists), reading and tokenizing `lines_per_batch` lines at a time."""
+# A token code: the id, with this bit set where the token continues a word that a segmenter or reference
+# file found (a `##` piece continues one by its vocabulary entry alone).
+CONTINUES = 1 << 30
+
+
+def iter_documents(input_files, tokenizer, lines_per_batch=1024, cfg=None):
+    """Yield documents (lists of token-code lists), reading and tokenizing `lines_per_batch` lines at a time.
+    With `cfg` naming a segmenter or reference files, codes mark the tokens that continue a word."""
+    cfg = cfg or MaskingConfig()
+    if cfg.ref_files and len(cfg.ref_files) != len(input_files):
+        raise UserError(f"--ref_file: {len(cfg.ref_files)} reference file(s) for {len(input_files)} input file(s); "
+                        "give one an input file, in the order of the input files")
+    segment = word_segments.segmenter(cfg.word_segmenter)
+    warned = False
     document = []
-    for path in input_files:
+    for n_file, path in enumerate(input_files):
         try:
             f = open(path, "rb")  # decoded line by line, so a bad byte is reported with its line
         except OSError as e:
             raise UserError(f"{path}: cannot read ({e.strerror})") from None
+        ref = word_segments.RefFile(cfg.ref_files[n_file], path) if cfg.ref_files else None
         with f:
             batch, line_no = [], 0
             while True:
@@ -58,8 +86,9 @@ def iter_documents(input_files, tokenizer, lines_per_batch=1024):
                     except UnicodeDecodeError as e:
                         raise UserError(f"{path}:{line_no}: not UTF-8 ({e.reason} at byte {e.start})") from None
                 if batch and (len(batch) >= lines_per_batch or not raw):
-                    for ids in tokenizer(tf.constant(batch)):
-                        ids = ids.numpy().tolist() if hasattr(ids, "numpy") else list(ids)
+                    warned = warned or word_segments.warn_if_cjk_unsegmented(
+                        batch, cfg.do_whole_word_mask and not cfg.words_given, "none", path)
+                    for ids in _codes(tokenizer, batch, segment, ref):
                         if ids:
                             document.append(ids)
                         elif document:  # a blank line ends a document
@@ -68,9 +97,24 @@ def iter_documents(input_files, tokenizer, lines_per_batch=1024):
                     batch = []
                 if not raw:
                     break
+        if ref is not None:
+            ref.close()
         if document:  # a file ends its last document
             yield document
             document = []
+
+
+def _codes(tokenizer, lines, segment, ref):
+    """Token codes of each line (lists): ids, and CONTINUES where the segmenter or reference file says."""
+    if segment is not None:
+        ids, starts = word_segments.tokenize_with_word_starts(tokenizer, tf.constant(lines), segment)
+        return [[t if s else t | CONTINUES for t, s in zip(row, flags)]
+                for row, flags in zip(ids.to_list(), starts.to_list())]
+    rows = [r.numpy().tolist() if hasattr(r, "numpy") else list(r) for r in tokenizer(tf.constant(lines))]
+    if ref is None:
+        return rows
+    return [[t if s else t | CONTINUES for t, s in zip(row, ref.starts(len(row)))] if line else row
+            for line, row in zip(lines, rows)]
 
 
 def _truncate_seq_pair(a, b, max_num_tokens, rng):
@@ -83,24 +127,20 @@ def _truncate_seq_pair(a, b, max_num_tokens, rng):
             trunc.pop()
 
 
-def masked_lm_predictions(tokens, cfg, rng, vocab_size, mask_id, special_ids, is_continuation):
-    """google-bert's `create_masked_lm_predictions` on ids -> (tokens, positions, original ids).
+def masked_lm_predictions(codes, cfg, rng, vocab_size, mask_id, special_ids, is_continuation):
+    """google-bert's `create_masked_lm_predictions` on token codes -> (tokens, positions, original ids).
 
-    Whole-word masking groups a word's `##` pieces so they are masked (or kept) together.
+    Whole-word masking masks a word's tokens together: its `##` pieces, and the later tokens of a word a
+    segmenter or reference file found (CONTINUES); n-grams and spans as masking.py says.
     """
-    candidates = []
-    for i, t in enumerate(tokens):
-        if t in special_ids:
-            continue
-        if cfg.do_whole_word_mask and candidates and is_continuation[t]:
-            candidates[-1].append(i)
-        else:
-            candidates.append([i])
-    rng.shuffle(candidates)
-    output = list(tokens)
+    tokens = [c & (CONTINUES - 1) for c in codes]
+    starts = [not (c & CONTINUES or is_continuation[t]) for c, t in zip(codes, tokens)]
     num_to_predict = min(cfg.max_predictions_per_seq, max(1, int(round(len(tokens) * cfg.masked_lm_prob))))
+    units = candidates(tokens, starts, special_ids, cfg.plan, rng, num_to_predict)
+    rng.shuffle(units)
+    output = list(tokens)
     masked, covered = [], set()
-    for index_set in candidates:
+    for index_set in units:
         if len(masked) >= num_to_predict:
             break
         if len(masked) + len(index_set) > num_to_predict or any(i in covered for i in index_set):
@@ -197,6 +237,7 @@ def create_pretraining_data(input_files, output_files, tokenizer, cfg=None, rand
     cfg = cfg or MaskingConfig()
     if cfg.max_seq_length < 5:
         raise UserError(f"--max_seq_length={cfg.max_seq_length}: needs room for [CLS] A [SEP] B [SEP]")
+    log.info("masking: %s", cfg.plan)  # bad masking flags fail here, before any output
     rng, ids = random.Random(random_seed), token_ids(tokenizer)
     stats = {"documents": 0, "buffers": 0, "instances": 0, "masked": 0, "tokens": 0, "random_next": 0}
     temps = [f"{path}.tmp-{os.getpid()}" for path in output_files]
@@ -210,7 +251,8 @@ def create_pretraining_data(input_files, output_files, tokenizer, cfg=None, rand
                 instances.extend(instances_from_document(documents, index, cfg, rng, ids))
         rng.shuffle(instances)
         for inst in instances:
-            writers[stats["instances"] % len(writers)].write(to_example(inst, cfg).SerializeToString())
+            record = to_example(inst, cfg).SerializeToString(deterministic=True)  # map order: same bytes every run
+            writers[stats["instances"] % len(writers)].write(record)
             stats["instances"] += 1
             stats["masked"] += len(inst["positions"])
             stats["tokens"] += len(inst["tokens"])
@@ -219,7 +261,7 @@ def create_pretraining_data(input_files, output_files, tokenizer, cfg=None, rand
 
     try:
         buffer = []
-        for document in iter_documents(input_files, tokenizer):
+        for document in iter_documents(input_files, tokenizer, cfg=cfg):
             buffer.append(document)
             stats["documents"] += 1
             if len(buffer) >= documents_per_buffer:
