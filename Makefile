@@ -139,6 +139,8 @@ long-demo: $(MAN)/train.tsv assets
 # pre-LN BERT pretrained from scratch for $(MINUTES) min, then a classifier of which collection a text is from.
 ZH := data/fortunes_zh
 ZH_OUT ?= output/zh_demo
+# Chinese whole-word masking for the demo's pretraining: make zh-demo ZH_MASK=--word_segmenter=jieba
+ZH_MASK ?=
 $(ZH)/train.tsv: data/prepare_fortunes_zh.py | $(VENV)/.installed
 	mkdir -p $(ASSETS)/debs
 	cd $(ASSETS)/debs && (apt-get download fortunes-zh || (apt-get update -qq && apt-get download fortunes-zh))
@@ -155,7 +157,7 @@ zh-demo: $(ZH)/train.tsv
 	  --do_eval --do_validation --validation_steps=200 --max_eval_steps=20 --n_gpus=0 --towers_per_gpu=$(TOWERS) \
 	  --train_batch_size=64 --learning_rate=1e-3 --adam_beta2=0.98 --weight_decay=0.01 \
 	  --total_training_time=$$($(PY) -c 'print($(MINUTES) / 60)') --lr_schedule=time --warmup_proportion=0.06 \
-	  --finetune_time_markers=1.0 --save_checkpoints_steps=200
+	  --finetune_time_markers=1.0 --save_checkpoints_steps=200 $(ZH_MASK)
 	$(PY) run_classifier_mgpu.py --task_name=tsv --data_dir=$(ZH) \
 	  --init_checkpoint=$(ZH_OUT)/pretrain/finetune_checkpoints/at_1 --output_dir=$(ZH_OUT)/classifier \
 	  --do_train --do_eval --do_predict --metrics=f1_macro --n_gpus=0 --towers_per_gpu=$(TOWERS) \

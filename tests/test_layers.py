@@ -86,6 +86,7 @@ DEFERRED = {
     "cli.checks_gpu": "each check, in its own child process, loads only what it tests",
     "cli.fine_tuning": "scripts import it to define flags before TensorFlow loads, as cli",
     "cli.masking": "scripts import it to define flags before TensorFlow loads, as cli",
+    "cli.suite": "scripts import it to define flags before TensorFlow loads, as cli",
     "model.config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
     "io.outputs": "plot loads matplotlib, an optional dependency",
 }
@@ -124,4 +125,5 @@ def test_module_paths_from_before_the_subpackages_import_the_same_modules():
 # Modules written after the move: they never had a flat path.
 SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "tagger", "crf", "tagging_objectives",
                          "qa_metrics", "squad", "squad_input", "span_objectives", "question_answering", "span_serving",
-                         "doc_windows", "sweep", "system_metrics", "reporting", "word_segments", "masking"}
+                         "doc_windows", "sweep", "system_metrics", "reporting", "word_segments", "masking",
+                         "masked_rows", "mlm_scorer", "mlm_scoring", "clue_tasks", "clue", "suite"}

@@ -118,9 +118,14 @@ def test_records_mask_jieba_words_whole_and_pretokenized_and_ref_files_give_the_
             _check_words(tok, ids, masked)
 
 
-def test_dynamic_masking_masks_jieba_words_whole_and_the_same_on_resume(zh):
+def test_dynamic_masking_masks_jieba_words_whole_and_the_same_on_resume(zh, caplog):
     d, tok = zh
     plan = MaskPlan(whole_word=True)
+    word_segments._warned = False
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        pretraining_input.PretrainingData("text", [str(d / "corpus.txt")], tok, plan=plan)  # no segmenter: said
+        pretraining_input.PretrainingData("text", [str(d / "corpus.txt")], tok, plan=plan, word_segmenter="jieba")
+    assert [r.getMessage().count("masks single characters") for r in caplog.records] == [1]
 
     def stream(start=0, segmenter="jieba", n=40):
         ds = pretraining_input.text_dataset([str(d / "corpus.txt")], tok, 1, 48, 12, training=True, seed=3,

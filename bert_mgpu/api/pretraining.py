@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import tensorflow as tf
 
+from bert_mgpu.api import mlm_scoring
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.pretraining_input import PretrainingData, worker_files
 from bert_mgpu.io import checkpoints, export, run_dir
@@ -216,6 +217,7 @@ class BertPretrainer:
         self.global_step = 0  # the step of the model: of the bert_mgpu checkpoint read, then of the last fit
         self.micro_batch = towers.train_batch_size  # per tower; fit accumulates micro-batches to its global batch
         self.train_config = None  # the last fit's PretrainConfig, kept in bert_mgpu.json
+        self.fresh_heads = []  # head weights the checkpoint lacked (from_pretrained), initialized at random
 
     @classmethod
     def _build(cls, opened, nsp, fused_encoder):
@@ -247,6 +249,7 @@ class BertPretrainer:
                  ", ".join(sorted(set(pretraining_model.head_variables(self.model)) - set(fresh))) or "none")
         if fresh:
             log.warning("not in %s, initialized fresh: %s", init_checkpoint, ", ".join(fresh))
+        self.fresh_heads = fresh
         if pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == "pretraining" and \
                 pre.checkpoint_step is not None:
             self.global_step = pre.checkpoint_step
@@ -363,6 +366,20 @@ class BertPretrainer:
         with data.reading():
             stats = trainer.evaluate(data.dataset(batch_size, training=False), max_steps)
         return self.objective.evaluate(stats)
+
+    def fill_mask(self, texts: str | Sequence[str], top_k: int = 5, batch_size: int = 32,
+                  max_seq_length: int = 512) -> list:
+        """The `top_k` tokens for each "[MASK]" of a text (a list of them for several texts; a list per
+        [MASK] where a text has several): [{"token", "token_str", "score", "sequence"}]. See mlm_scoring."""
+        one = isinstance(texts, str)
+        out = mlm_scoring.fill_mask(self, [texts] if one else list(texts), top_k, batch_size, max_seq_length)
+        out = [o[0] if len(o) == 1 else o for o in out]
+        return out[0] if one else out
+
+    def score(self, texts: Sequence[str], batch_size: int = 32, max_seq_length: int = 512) -> list[dict]:
+        """Per text: tokens, each one's log-probability and probability masked in turn, the pseudo-log-
+        likelihood and pseudo-perplexity; the copies spread over every tower. See mlm_scoring."""
+        return mlm_scoring.score(self, list(texts), batch_size, max_seq_length)
 
     def write_eval_results(self, output_dir, results, global_step):
         return write_eval_results(output_dir, {**results, "global_step": global_step})

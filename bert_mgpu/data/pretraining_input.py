@@ -234,7 +234,7 @@ def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predict
 
     def mask(i, element):
         ids, starts = element if segment is not None else (element, None)
-        if starts is None and plan is not None:
+        if starts is None and plan is not None and (plan.whole_word or plan.grouped):
             starts = tf.logical_not(tf.gather(continues, ids))  # google-bert's words: no `##`
         return _as_model_inputs(dynamic_mask(ids, i, seed, max_predictions_per_seq, masked_lm_prob,
                                              tokenizer.vocab_size, tokenizer.mask_id, special, plan, starts))

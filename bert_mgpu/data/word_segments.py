@@ -165,7 +165,7 @@ def warn_if_cjk_unsegmented(lines, whole_word, segmenter_name, where):
     if whole_word and segmenter_name in (None, "none") and any(_CJK.search(line) for line in lines):
         _warned = True
         log.warning("%s: --do_whole_word_mask groups only ## pieces, and Chinese characters have none: on this "
-                    "text it masks single characters. Add --word_segmenter=jieba (or pretokenized, or --ref_file) "
-                    "to mask whole Chinese words.", where)
+                    "text it masks single characters. Add --word_segmenter=jieba (or pretokenized; "
+                    "create_pretraining_data.py also takes --ref_file) to mask whole Chinese words.", where)
         return True
     return False

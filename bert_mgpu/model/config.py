@@ -52,6 +52,10 @@ class BertConfig:
     def from_dict(cls, d, source="config"):
         if d.get("model_type", "bert") != "bert":
             raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT")
+        other = _other_family(d)
+        if other:
+            raise UserError(f"{source}: {other}, not BERT; it does not load here (transformers or bert4keras "
+                            "read it)")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in d]
         if missing:
@@ -114,3 +118,16 @@ class BertConfig:
 
     def to_json_file(self, path):
         storage.write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def _other_family(d):
+    """What a config of a BERT-like family that bert_mgpu cannot load says about itself (the Chinese
+    releases ship them as bert_config.json too), or None."""
+    if "num_hidden_groups" in d or "inner_group_num" in d:
+        return f"an ALBERT config (num_hidden_groups, embedding_size={d.get('embedding_size')})"
+    if "embedding_size" in d and d["embedding_size"] != d.get("hidden_size"):
+        return (f"embedding_size={d['embedding_size']} differs from hidden_size={d.get('hidden_size')}: an ALBERT or "
+                "ELECTRA config")
+    if d.get("use_relative_position") or "max_relative_position" in d:
+        return "a NEZHA config (use_relative_position: relative position encodings)"
+    return None

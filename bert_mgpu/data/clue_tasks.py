@@ -1,0 +1,158 @@
+"""CLUE's classification tasks: each task's files as CLUE's download lays them out (JSON lines: train.json,
+dev.json, test.json), its labels, the text pair it makes (WSC's span marks, CSL's keywords), the recipe of
+CLUE's BERT baseline and its leaderboard file. The suite that trains them all is api/clue.py.
+
+Example:
+    examples, ids = TASKS["tnews"].read("clue/tnews", "test")      # ids: the test file's own, for submission
+"""
+
+import dataclasses
+import json
+import os
+
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.tasks import Example
+from bert_mgpu.data.text_files import read_json_lines
+
+NLI = ["contradiction", "entailment", "neutral"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClueTask:
+    """One CLUE task.
+
+    Args:
+        name: bert_mgpu's name (`--tasks`), also its folder in CLUE's download (or `<name>_public`).
+        title: its column in the CLUE table.
+        keys: (first text, second text) keys of a row; WSC and CSL build theirs (`pair`).
+        labels: the fixed label set; None: labels.json in its folder, else the training file's.
+        submission: its leaderboard file.
+        epochs, learning_rate, batch_size, max_seq_length: CLUE's BERT-base baseline scripts' recipe (their
+            one-GPU batch, here per tower as in the GLUE suite).
+    """
+
+    name: str
+    title: str
+    keys: tuple = ("sentence1", "sentence2")
+    labels: tuple = None
+    submission: str = None
+    epochs: float = 3.0
+    learning_rate: float = 2e-5
+    batch_size: int = 32
+    max_seq_length: int = 128
+    folders: tuple = ()
+
+    def directory(self, clue_dir):
+        """Its folder: `<name>`, `<name>_public` (the zip's name) or another name CLUE used."""
+        for folder in (self.name, f"{self.name}_public", *self.folders):
+            path = os.path.join(clue_dir, folder)
+            if os.path.isdir(path):
+                return path
+        raise UserError(f"{clue_dir}: no {self.name}/ folder ({self.title}'s train.json, dev.json, test.json)")
+
+    def label_list(self, folder):
+        """The task's labels: fixed, or labels.json's ({"label": ..., "label_desc"/"label_des": ...} a line),
+        or None (the training file decides)."""
+        if self.labels:
+            return list(self.labels)
+        descriptions = self.descriptions(folder)
+        return list(descriptions) if descriptions else None
+
+    def descriptions(self, folder):
+        """{label: description} from labels.json (TNEWS's codes, IFLYTEK's numbers), {} without it."""
+        path = os.path.join(folder, "labels.json")
+        if not os.path.exists(path):
+            return {}
+        out = {}
+        for line, obj in read_json_lines(path):
+            if "label" not in obj:
+                raise UserError(f"{path}:{line}: no key 'label'")
+            out[str(obj["label"])] = str(obj.get("label_desc", obj.get("label_des", "")))
+        return out
+
+    def pair(self, obj, path, line):
+        """A row -> (text_a, text_b)."""
+        if self.name == "cluewsc2020":
+            return wsc_text(obj, path, line), None
+        if self.name == "csl":
+            keywords = _key(obj, "keyword", path, line)
+            return " ".join(map(str, keywords)) if isinstance(keywords, list) else str(keywords), \
+                str(_key(obj, "abst", path, line))
+        first, second = self.keys
+        return str(_key(obj, first, path, line)), (str(_key(obj, second, path, line)) if second else None)
+
+    def read(self, folder, split, labels=None):
+        """Examples of `split` and the rows' ids (the test file's `id`, else the row's place). Training and
+        dev rows labelled "-" (NLI's undecided pairs) are left out, as CLUE's baselines do; a label not in
+        `labels` is a UserError naming its file and line."""
+        path = os.path.join(folder, f"{split}.json")
+        if not os.path.exists(path):
+            raise UserError(f"{path}: no such file (CLUE's {self.title} has train.json, dev.json, test.json)")
+        examples, ids = [], []
+        for line, obj in read_json_lines(path):
+            label = obj.get("label")
+            if split != "test" and label is None:
+                raise UserError(f"{path}:{line}: no key 'label'")
+            label = None if label is None else str(label)
+            if label == "-" and split != "test":
+                continue
+            if label is not None and labels is not None and label not in labels:
+                raise UserError(f"{path}:{line}: label {label!r} is not one of {self.title}'s "
+                                f"({', '.join(labels[:8])}{', ...' if len(labels) > 8 else ''})")
+            text_a, text_b = self.pair(obj, path, line)
+            examples.append(Example(f"{split}-{len(examples)}", text_a, text_b, label if split != "test" else None))
+            ids.append(obj.get("id", obj.get("idx", len(ids))))
+        if not examples:
+            raise UserError(f"{path}: no examples")
+        return examples, ids
+
+
+def _key(obj, key, path, line):
+    if key not in obj:
+        raise UserError(f"{path}:{line}: no key {key!r} (its keys: {', '.join(obj)})")
+    return obj[key]
+
+
+def wsc_text(obj, path, line):
+    """CLUEWSC2020's text with its noun phrase marked _..._ and its pronoun [...], as CLUE's baseline marks
+    them, so a sentence classifier sees which two it is asked about. UserError when a span's text is not
+    at its index."""
+    text, target = str(_key(obj, "text", path, line)), _key(obj, "target", path, line)
+    spans = []
+    for n, (left, right) in ((1, ("_", "_")), (2, ("[", "]"))):
+        start, words = target.get(f"span{n}_index"), target.get(f"span{n}_text")
+        if not isinstance(start, int) or not isinstance(words, str) or text[start:start + len(words)] != words:
+            raise UserError(f"{path}:{line}: span{n}_text {words!r} is not at span{n}_index {start} of the text")
+        spans.append((start, start + len(words), left, right))
+    out, at = [], 0
+    for start, end, left, right in sorted(spans):
+        out += [text[at:start], left, text[start:end], right]
+        at = end
+    return "".join(out + [text[at:]])
+
+
+# In the order of CLUE's table.
+TASKS = {t.name: t for t in (
+    ClueTask("afqmc", "AFQMC", labels=("0", "1"), submission="afqmc_predict.json"),
+    ClueTask("tnews", "TNEWS", keys=("sentence", None), submission="tnews11_predict.json", folders=("tnews1.1",)),
+    ClueTask("iflytek", "IFLYTEK", keys=("sentence", None), submission="iflytek_predict.json"),
+    ClueTask("cmnli", "CMNLI", labels=tuple(NLI), submission="cmnli_predict.json"),
+    ClueTask("ocnli", "OCNLI", labels=tuple(NLI), submission="ocnli_50k_predict.json"),
+    ClueTask("cluewsc2020", "WSC", labels=("false", "true"), submission="cluewsc11_predict.json", epochs=50,
+             batch_size=8, folders=("wsc", "cluewsc")),
+    ClueTask("csl", "CSL", labels=("0", "1"), submission="csl_predict.json", learning_rate=1e-5, batch_size=4,
+             max_seq_length=256),
+)}
+ALIASES = {"wsc": "cluewsc2020", "cluewsc": "cluewsc2020", "tnews1.1": "tnews"}
+
+
+def submission_lines(task, ids, labels, descriptions):
+    """The leaderboard file's JSON lines: {"id", "label"} a test row (TNEWS and IFLYTEK add the label's
+    description, as CLUE's examples do)."""
+    out = []
+    for i, label in zip(ids, labels):
+        row = {"id": i, "label": label}
+        if task.name in ("tnews", "iflytek") and descriptions:
+            row["label_desc"] = descriptions.get(label, "")
+        out.append(json.dumps(row, ensure_ascii=False) + "\n")
+    return "".join(out)
