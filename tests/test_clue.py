@@ -67,6 +67,9 @@ def test_bad_rows_are_named_with_their_file_and_line(tmp_path, task, row, expect
     assert str(e.value) == f"{folder / 'train.json'}{expected}"
     with pytest.raises(UserError, match=r"^--tasks: unknown chid \(CLUE's are afqmc, tnews"):
         clue.resolve(["afqmc", "chid"])
+    assert clue.resolve(None, str(tmp_path)) == [task]  # all: the tasks whose folders are there
+    with pytest.raises(UserError, match="no cluener/ folder"):
+        TASKS["cluener"].directory(str(tmp_path))
 
 
 def test_the_suite_trains_each_task_and_writes_clues_table_and_submission_files(tmp_path):
@@ -85,15 +88,32 @@ def test_the_suite_trains_each_task_and_writes_clues_table_and_submission_files(
         write_lines(tmp_path / "clue" / "cluewsc2020_public" / f"{split}.json",
                     [{**WSC, "idx": i, **({"label": ("false", "true")[int(y)]} if split != "test" else {"label": None})}
                      for y, i in rows])
+    people = ["张三", "李四", "王五"]
+    for split, n in (("train", 16), ("dev", 8), ("test", 5)):
+        rows = []
+        for i in range(n):
+            who = rng.choice(people)
+            rows.append({"id": i, "text": f"{who}在北京工作", **({"label": {"name": {who: [[0, 1]]},
+                                                                          "address": {"北京": [[3, 4]]}}}
+                                                                 if split != "test" else {})})
+        write_lines(tmp_path / "clue" / "cluener_public" / f"{split}.json", rows)
+        paragraphs = [{"id": f"{split}-p{i}", "context": f"{people[i % 3]}在北京工作。他喜欢电影。", "qas": [
+            {"id": f"{split}-q{i}", "question": "谁在北京工作？",
+             "answers": [{"text": people[i % 3], "answer_start": 0}] if split != "test" else []}]}
+            for i in range(n)]
+        folder = tmp_path / "clue" / "cmrc2018_public"
+        folder.mkdir(exist_ok=True)
+        (folder / f"{split}.json").write_text(json.dumps({"version": "v1.0", "data": [
+            {"id": split, "title": "t", "paragraphs": paragraphs}]}, ensure_ascii=False), encoding="utf-8")
     out = tmp_path / "out"
     proc = run_script("run_clue_mgpu.py", f"--clue_dir={tmp_path / 'clue'}", f"--init_checkpoint={release}",
-                      f"--output_dir={out}", "--tasks=afqmc,wsc", "--n_gpus=0", "--towers_per_gpu=2",
+                      f"--output_dir={out}", "--tasks=all", "--n_gpus=0", "--towers_per_gpu=2",
                       "--num_train_epochs=4", "--learning_rate=1e-3", "--train_batch_size=4", "--precision=float32",
                       "--max_seq_length=64")
     table = (out / "clue_results.md").read_text().splitlines()
-    assert table[0] == "| Score | AFQMC | WSC |" and table[2] in proc.stdout
+    assert table[0] == "| Score | AFQMC | WSC | CLUENER | CMRC2018 |" and table[2] in proc.stdout
     cells = [float(c) for c in table[2].strip("| ").split(" | ")]
-    assert cells[0] == pytest.approx((cells[1] + cells[2]) / 2, abs=0.01)
+    assert cells[0] == pytest.approx(sum(cells[1:]) / 4, abs=0.01)
     assert cells[1] > 75, cells  # AFQMC's made-up pairs are learnable: the suite trained and evaluated it
     tsv = (out / "clue_results.tsv").read_text().splitlines()
     assert "AFQMC\teval_accuracy\t" in "\n".join(tsv) and "WSC\teval_accuracy\t" in "\n".join(tsv)
@@ -102,3 +122,8 @@ def test_the_suite_trains_each_task_and_writes_clues_table_and_submission_files(
     wsc = [json.loads(line) for line in (out / "submission" / "cluewsc11_predict.json").read_text().splitlines()]
     assert [r["id"] for r in wsc] == list(range(10)) and {r["label"] for r in wsc} <= {"true", "false"}
     assert (out / "afqmc" / "ckpt-64.index").exists()  # 128 examples / 8 a step x 4 epochs
+    ner = [json.loads(line) for line in (out / "submission" / "cluener_predict.json").read_text().splitlines()]
+    assert [r["id"] for r in ner] == list(range(5)) and all(isinstance(r["label"], dict) for r in ner)
+    answers = json.loads((out / "submission" / "cmrc2018_predict.json").read_text())
+    assert sorted(answers) == [f"test-q{i}" for i in range(5)] and all(isinstance(a, str) for a in answers.values())
+    assert "CMRC2018\teval_f1\t" in "\n".join(tsv) and "CLUENER\teval_f1\t" in "\n".join(tsv)

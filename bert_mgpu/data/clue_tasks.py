@@ -1,6 +1,7 @@
-"""CLUE's classification tasks: each task's files as CLUE's download lays them out (JSON lines: train.json,
-dev.json, test.json), its labels, the text pair it makes (WSC's span marks, CSL's keywords), the recipe of
-CLUE's BERT baseline and its leaderboard file. The suite that trains them all is api/clue.py.
+"""CLUE's tasks: each task's files as CLUE's download lays them out (train.json, dev.json, test.json), its
+labels, the text pair it makes (WSC's span marks, CSL's keywords), the recipe of CLUE's BERT baseline and its
+leaderboard file. CLUENER (read by data/tagged.py) and CMRC 2018 (SQuAD's JSON, data/squad.py) join the
+classification tasks. The suite that trains them all is api/clue.py.
 
 Example:
     examples, ids = TASKS["tnews"].read("clue/tnews", "test")      # ids: the test file's own, for submission
@@ -41,13 +42,22 @@ class ClueTask:
     batch_size: int = 32
     max_seq_length: int = 128
     folders: tuple = ()
+    kind: str = "classification"  # or "tagging" (CLUENER) or "span" (CMRC 2018)
+    metric: str = "eval_accuracy"  # its score in CLUE's table
 
-    def directory(self, clue_dir):
-        """Its folder: `<name>`, `<name>_public` (the zip's name) or another name CLUE used."""
+    def find(self, clue_dir):
+        """Its folder: `<name>`, `<name>_public` (the zip's name) or another name CLUE used; None."""
         for folder in (self.name, f"{self.name}_public", *self.folders):
             path = os.path.join(clue_dir, folder)
             if os.path.isdir(path):
                 return path
+        return None
+
+    def directory(self, clue_dir):
+        """`find`, or a UserError saying what is missing."""
+        found = self.find(clue_dir)
+        if found:
+            return found
         raise UserError(f"{clue_dir}: no {self.name}/ folder ({self.title}'s train.json, dev.json, test.json)")
 
     def label_list(self, folder):
@@ -142,6 +152,11 @@ TASKS = {t.name: t for t in (
              batch_size=8, folders=("wsc", "cluewsc")),
     ClueTask("csl", "CSL", labels=("0", "1"), submission="csl_predict.json", learning_rate=1e-5, batch_size=4,
              max_seq_length=256),
+    # NER and reading comprehension: run_ner_mgpu.py's and google-bert run_squad's recipes.
+    ClueTask("cluener", "CLUENER", submission="cluener_predict.json", learning_rate=3e-5, kind="tagging",
+             metric="eval_f1"),
+    ClueTask("cmrc2018", "CMRC2018", submission="cmrc2018_predict.json", epochs=2, learning_rate=3e-5,
+             batch_size=12, max_seq_length=512, kind="span", metric="eval_exact_match"),
 )}
 ALIASES = {"wsc": "cluewsc2020", "cluewsc": "cluewsc2020", "tnews1.1": "tnews"}
 
