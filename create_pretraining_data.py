@@ -58,7 +58,7 @@ def run():
     plan = masking.mask_plan()
     cfg = pretraining_records.MaskingConfig(
         FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
-        FLAGS.dupe_factor, plan.whole_word or bool(FLAGS.ref_file), FLAGS.word_segmenter, plan.max_ngram_size,
+        FLAGS.dupe_factor, plan.whole_word, FLAGS.word_segmenter, plan.max_ngram_size,
         plan.span, tuple(FLAGS.ref_file or ()))
     inputs = expand_files(FLAGS.input_file)
     stats = pretraining_records.create_pretraining_data(

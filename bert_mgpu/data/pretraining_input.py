@@ -13,6 +13,7 @@ keras-hub's MaskedLMMaskGenerator is not used because its random draws cannot be
 """
 
 import contextlib
+import dataclasses
 import re
 
 import tensorflow as tf
@@ -261,6 +262,8 @@ class PretrainingData:
         self.kind, self.tokenizer, self.seed = kind, tokenizer, seed
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
+        if word_segmenter not in (None, "none") and not (plan and plan.whole_word):  # words imply whole words
+            plan = dataclasses.replace(plan or masking.MaskPlan(), whole_word=True)
         self.plan, self.word_segmenter = plan, word_segmenter  # text: what is masked together (masking.py)
         self.input_files = (check_records(input_files, max_seq_length, max_predictions_per_seq)
                             if kind == "records" else expand_files(input_files))

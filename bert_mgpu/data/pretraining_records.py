@@ -47,7 +47,8 @@ class MaskingConfig:
 
     @functools.cached_property
     def plan(self):
-        return MaskPlan(self.do_whole_word_mask, self.max_ngram_size, self.span_masking)
+        """What is masked together; words from a segmenter or reference file imply whole-word masking."""
+        return MaskPlan(self.do_whole_word_mask or self.words_given, self.max_ngram_size, self.span_masking)
 
     @property
     def words_given(self):
@@ -67,7 +68,6 @@ def iter_documents(input_files, tokenizer, lines_per_batch=1024, cfg=None):
         raise UserError(f"--ref_file: {len(cfg.ref_files)} reference file(s) for {len(input_files)} input file(s); "
                         "give one an input file, in the order of the input files")
     segment = word_segments.segmenter(cfg.word_segmenter)
-    warned = False
     document = []
     for n_file, path in enumerate(input_files):
         try:
@@ -86,8 +86,8 @@ def iter_documents(input_files, tokenizer, lines_per_batch=1024, cfg=None):
                     except UnicodeDecodeError as e:
                         raise UserError(f"{path}:{line_no}: not UTF-8 ({e.reason} at byte {e.start})") from None
                 if batch and (len(batch) >= lines_per_batch or not raw):
-                    warned = warned or word_segments.warn_if_cjk_unsegmented(
-                        batch, cfg.do_whole_word_mask and not cfg.words_given, "none", path)
+                    word_segments.warn_if_cjk_unsegmented(batch, cfg.do_whole_word_mask and not cfg.words_given,
+                                                          "none", path)
                     for ids in _codes(tokenizer, batch, segment, ref):
                         if ids:
                             document.append(ids)
