@@ -22,7 +22,6 @@ import logging
 import os
 import random
 
-import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
@@ -228,7 +227,7 @@ def token_ids(tokenizer):
         raise UserError(f"{tokenizer.vocab_file}: vocabulary has no [MASK] token")
     return {"cls": tokenizer.cls_id, "sep": tokenizer.sep_id, "mask": tokenizer.mask_id,
             "vocab_size": tokenizer.vocab_size,
-            "is_continuation": np.array([t.startswith("##") for t in tokenizer.vocab])}
+            "is_continuation": word_segments.continues(tokenizer).numpy()}
 
 
 def create_pretraining_data(input_files, output_files, tokenizer, cfg=None, random_seed=12345,

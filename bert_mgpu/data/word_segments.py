@@ -112,7 +112,7 @@ class RefFile:
     corpus, a JSON list of the token positions (counting [CLS] as 0) that continue a word.
 
     Example:
-        ref = RefFile("ref.txt")
+        ref = RefFile("ref.txt", "corpus.txt")
         starts = ref.starts(len(ids))     # for the corpus's next non-blank line
     """
 
