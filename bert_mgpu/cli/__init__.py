@@ -44,11 +44,6 @@ def main_wrapper(run):
                 raise
             print(f"{os.path.basename(argv[0])}: error: {line}", file=sys.stderr)
             sys.exit(1)
-        finally:
-            if "tensorflow" in sys.modules:  # several workers: none closes its sockets under another's read
-                from bert_mgpu.parallel import distribute
-
-                distribute.leave_together()
 
     return main
 

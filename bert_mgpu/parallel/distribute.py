@@ -309,7 +309,15 @@ def multi_worker_strategy(plan, cluster, timeout_seconds=None):
     with _compat.multi_worker_local_devices(plan.device_type, plan.towers):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=cluster.resolver(),
                                                              communication_options=comm)
+    if not _LEAVING:  # a script or a notebook: the process waits for the other workers before it ends
+        import atexit
+
+        atexit.register(leave_together)
+        _LEAVING.append(True)
     return strategy
+
+
+_LEAVING = []  # whether leave_together is registered to run at exit (once a process)
 
 
 def preemption_handler(strategy, watch, save, stop):
@@ -352,9 +360,10 @@ def is_chief(strategy):
 
 def leave_together(timeout_seconds=10):
     """Before a worker's process ends (finished or failed), wait up to `timeout_seconds` for the others to
-    end too. A collective returns on a worker once it has what it receives; its peer may still be
-    reading from it, and a process that exits at once makes that peer's collective fail ("Socket
-    closed"), the last step or the same-start check turned into a crash. Does nothing on one machine."""
+    end too (`multi_worker_strategy` registers it at exit). A collective returns on a worker once it has
+    what it receives; its peer may still be reading from it, and a process that exits at once makes that
+    peer's collective fail ("Socket closed"): the last step or the same-start check turned into a crash.
+    Does nothing on one machine."""
     return _compat.wait_for_workers("bert_mgpu_leave", timeout_seconds)
 
 
