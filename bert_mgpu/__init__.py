@@ -26,7 +26,9 @@ _HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "Dev
           "get_task": "data.tasks", "FullTokenizer": "data.tokenization", "export_model": "io.export",
           "TrainConfig": "train.train_config", "PretrainConfig": "train.train_config", "BertTagger": "api.tagger",
           "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",
-          "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad"}
+          "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad",
+          "BertMultipleChoice": "api.multiple_choice", "read_choices": "data.choices",
+          "ChoiceQuestion": "data.choices"}
 __all__ = sorted(_HOMES)
 
 

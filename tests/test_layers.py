@@ -126,4 +126,5 @@ def test_module_paths_from_before_the_subpackages_import_the_same_modules():
 SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "tagger", "crf", "tagging_objectives",
                          "qa_metrics", "squad", "squad_input", "span_objectives", "question_answering", "span_serving",
                          "doc_windows", "sweep", "system_metrics", "reporting", "word_segments", "masking",
-                         "masked_rows", "mlm_scorer", "mlm_scoring", "clue_tasks", "clue", "suite"}
+                         "masked_rows", "mlm_scorer", "mlm_scoring", "clue_tasks", "clue", "suite", "choices",
+                         "choice_input", "choice_objectives", "multiple_choice"}

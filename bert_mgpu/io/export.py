@@ -27,6 +27,7 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
     as_trained,
     build_model,
     from_classifier,
+    from_multiple_choice,
     from_pretrainer,
     from_question_answerer,
     from_tagger,
@@ -38,6 +39,7 @@ log = logging.getLogger("bert_mgpu")
 FORMATS = ("saved_model", "hf", "google", "keras_hub")
 TAGGER_FORMATS = ("saved_model", "hf", "google")
 SPAN_FORMATS = ("saved_model", "hf", "google")  # keras-hub has no span head either
+CHOICE_FORMATS = ("hf", "google")  # a served graph would take a question's choices: not built yet
 # Texts the keras-hub export is compared on, besides any the caller gives.
 PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
                "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
@@ -75,6 +77,8 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     if trained.kind == "question_answerer" and format not in SPAN_FORMATS:
         raise UserError(f"--export_format={format}: a question answerer exports as {' or '.join(SPAN_FORMATS)} "
                         "(keras-hub has no span head)")
+    if trained.kind == "multiple_choice" and format not in CHOICE_FORMATS:
+        raise UserError(f"--export_format={format}: a multiple-choice model exports as {' or '.join(CHOICE_FORMATS)}")
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
@@ -117,6 +121,7 @@ def write_google(trained, directory):
 def write_hf(trained, directory):
     """config.json, model.safetensors, vocab.txt and the tokenizer's files, as transformers saves
     `BertForSequenceClassification` (a classifier), `BertForTokenClassification` (a tagger),
+    `BertForQuestionAnswering`, `BertForMultipleChoice`,
     `BertForPreTraining` (masked-LM and next-sentence heads) or `BertForMaskedLM`."""
     from safetensors.numpy import save_file
 

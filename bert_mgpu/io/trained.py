@@ -10,14 +10,23 @@ import numpy as np
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints
+from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.config import BertConfig
-from bert_mgpu.model.modeling import build_backbone, build_classifier, build_span_model, build_tagger
+from bert_mgpu.model.modeling import (
+    build_backbone,
+    build_choice_model,
+    build_classifier,
+    build_span_model,
+    build_tagger,
+)
 from bert_mgpu.model.objectives import objective
 from bert_mgpu.model.pretraining_model import head_weights
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 
 SPAN = "question_answerer"  # the kind of a span head (SQuAD)
+CHOICE = "multiple_choice"  # the kind of a multiple-choice head (SWAG, C3)
+ONE_HEAD = ("classifier", "tagger", CHOICE)  # the kinds with a head under output_weights / output_bias
 
 
 @dataclasses.dataclass
@@ -26,8 +35,8 @@ class Trained:
 
     Args:
         kind: "classifier" (a head over the pooled output), "tagger" (a head on every token),
-            "question_answerer" (a start and an end score on every token) or "pretrainer" (the encoder and
-            any pretraining heads).
+            "question_answerer" (a start and an end score on every token), "multiple_choice" (a score a
+            choice) or "pretrainer" (the encoder and any pretraining heads).
         config: the `BertConfig`.
         vocab_file: its `vocab.txt`.
         do_lower_case: the tokenizer's setting.
@@ -60,6 +69,8 @@ class Trained:
             return CRFTagging() if "crf/transitions" in self.weights else TokenClassification()
         if self.kind == SPAN:
             return SpanExtraction()
+        if self.kind == CHOICE:
+            return MultipleChoice()
         return objective(self.task_type) if self.kind == "classifier" else None
 
 
@@ -86,6 +97,13 @@ def from_tagger(tagger):
                    list(tagger.labels), TokenClassification.name, tagger.max_seq_length)
 
 
+def from_multiple_choice(mc):
+    """A `BertMultipleChoice`'s weights as they are now (the head as a one-label classifier's)."""
+    weights = _with_head(mc.model, checkpoints.encoder_weights(mc.model.backbone))
+    return Trained(CHOICE, mc.config, mc.tokenizer.vocab_file, mc.tokenizer.do_lower_case, weights, [],
+                   MultipleChoice.name, mc.max_seq_length)
+
+
 def from_question_answerer(qa):
     """A `BertQuestionAnswerer`'s weights as they are now (the head under run_squad's names)."""
     weights = checkpoints.encoder_weights(qa.model.backbone)
@@ -108,7 +126,7 @@ def read_trained(path):
     run = pre.run or {}
     kind = run.get("kind", "classifier") if pre.kind == "bert_mgpu" else (
         "classifier" if "output_weights" in pre.weights else SPAN if GOOGLE_HEAD[0] in pre.weights else "pretrainer")
-    classifier = kind in ("classifier", "tagger")  # a head under output_weights / output_bias
+    classifier = kind in ONE_HEAD
     if pre.kind == "bert_mgpu" and (classifier or kind == SPAN):  # the head from its checkpoint
         head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
         kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
@@ -122,7 +140,7 @@ def read_trained(path):
             pre.weights["crf/transitions"] = transitions[0]
     task_type = run.get("task_type") or pre.task_type or "classification"
     labels = list(run.get("labels") or pre.labels or [])
-    if classifier and not labels and objective(task_type).has_classes:
+    if kind in ("classifier", "tagger") and not labels and objective(task_type).has_classes:
         labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
     settings = run.get("settings") or {}
     return Trained(kind if classifier or kind == SPAN else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
@@ -141,12 +159,15 @@ def build_model(trained, precision="float32"):
         model.head.kernel.assign(trained.weights[GOOGLE_HEAD[0]].T)
         model.head.bias.assign(trained.weights[GOOGLE_HEAD[1]])
         return model
-    if trained.kind not in ("classifier", "tagger"):
+    if trained.kind == CHOICE:
+        model = build_choice_model(trained.config, precision, fused=False)
+    elif trained.kind not in ("classifier", "tagger"):
         backbone = build_backbone(trained.config, precision)
         checkpoints.assign_encoder(backbone, trained.weights, "export")
         return backbone
-    build = build_tagger if trained.kind == "tagger" else build_classifier
-    model = build(trained.config, max(len(trained.labels), 1), precision, fused=False)
+    else:
+        build = build_tagger if trained.kind == "tagger" else build_classifier
+        model = build(trained.config, max(len(trained.labels), 1), precision, fused=False)
     checkpoints.assign_encoder(model.backbone, trained.weights, "export")
     model.head.kernel.assign(trained.weights["output_weights"].T)
     model.head.bias.assign(trained.weights["output_bias"])
@@ -160,6 +181,8 @@ def as_trained(source):
         return read_trained(str(source))
     if isinstance(getattr(source, "objective", None), TokenClassification):
         return from_tagger(source)
+    if isinstance(getattr(source, "objective", None), MultipleChoice):
+        return from_multiple_choice(source)
     if isinstance(getattr(source, "objective", None), SpanExtraction):
         return from_question_answerer(source)
     if hasattr(source, "labels") and hasattr(source, "task_type"):

@@ -1,4 +1,5 @@
-"""BERT encoder (keras-hub's BertBackbone), the sequence-classification head and the token-classification head.
+"""BERT encoder (keras-hub's BertBackbone) and its heads: sequence classification, token classification, spans
+and multiple choice.
 
 The sequence head follows google-bert's run_classifier: dropout on the pooled [CLS] output, then one dense
 layer (truncated-normal init, stddev initializer_range). The token head is the same on every position's
@@ -71,6 +72,44 @@ def build_span_model(config, policy="float32", fused=True):
     (google-bert's run_squad head, cls/squad/output_weights; transformers' qa_outputs). No dropout before
     the head, as both."""
     return _with_head(config, 2, policy, 0.0, fused, "sequence_output", "bert_span")
+
+
+class _Choices(keras.layers.Layer):
+    """[batch, choices, length] inputs -> [batch x choices, length] rows, and the rows' scores back to
+    [batch, choices]: a choice with no [CLS] (padding) scores -1e4, so it is never chosen."""
+
+    def call(self, inputs):
+        return {k: keras.ops.reshape(v, (-1, keras.ops.shape(v)[-1])) for k, v in inputs.items()}
+
+    def compute_output_spec(self, inputs):
+        return {k: keras.KerasTensor((None, v.shape[-1]), v.dtype) for k, v in inputs.items()}
+
+
+class _ChoiceScores(keras.layers.Layer):
+    def call(self, scores, padding_mask):
+        scores = keras.ops.reshape(scores, keras.ops.shape(padding_mask)[:2])
+        return keras.ops.where(padding_mask[:, :, 0], scores, keras.ops.full_like(scores, -1e4))
+
+    def compute_output_spec(self, scores, padding_mask):
+        return keras.KerasTensor(padding_mask.shape[:2], scores.dtype)
+
+
+def build_choice_model(config, policy="float32", dropout=None, fused=True):
+    """Functional Keras model: features [batch, choices, length] -> float32 scores [batch, choices], one
+    from each choice's pooled [CLS] output through one dense unit (transformers' BertForMultipleChoice;
+    google-bert's names output_weights [1, hidden] / output_bias). `.backbone` and `.head` as
+    build_classifier's."""
+    inner = _with_head(config, 1, policy, dropout, fused, "pooled_output", "bert_choice_rows")
+    inputs = {
+        "token_ids": keras.Input(shape=(None, None), dtype="int32", name="token_ids"),
+        "segment_ids": keras.Input(shape=(None, None), dtype="int32", name="segment_ids"),
+        "padding_mask": keras.Input(shape=(None, None), dtype="bool", name="padding_mask"),
+    }
+    scores = _ChoiceScores(dtype="float32", name="choice_scores")(inner(_Choices(name="choice_rows")(inputs)),
+                                                                 inputs["padding_mask"])
+    model = keras.Model(inputs, scores, name="bert_multiple_choice")
+    model.backbone, model.head = inner.backbone, inner.head
+    return model
 
 
 def _with_head(config, num_labels, policy, dropout, fused, output, name):
