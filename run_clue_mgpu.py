@@ -1,5 +1,5 @@
 """The CLUE suite on every GPU: each task fine-tuned with CLUE's baseline recipe (the classification tasks,
-CLUENER, CMRC 2018), then CLUE's table and the leaderboard's submission files. The twin of run_glue_mgpu.py.
+CLUENER, CMRC 2018, CHID, C3), then CLUE's table and the leaderboard's submission files. The twin of run_glue_mgpu.py.
 
     python run_clue_mgpu.py --clue_dir=CLUEdataset --init_checkpoint=chinese_L-12_H-768_A-12 --output_dir=clue \
         --tasks=all --n_gpus=4

@@ -68,6 +68,8 @@ def run():
         init, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length if given_length else None,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
         fused_encoder=FLAGS.fused_encoder)
+    if train:
+        mc.probe_choices = max(len(q.choices) for q in train)  # what --auto_batch_size measures with
     if FLAGS.do_train and not fine_tuning.train(mc, train, dev if watch else None, ("data_format",)):
         return
     results = {}

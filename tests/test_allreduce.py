@@ -69,11 +69,12 @@ def test_the_gpu_step_runs_with_every_precision_in_packs_of_one_dtype_last_layer
         assert np.array_equal(a.numpy(), b.numpy()), v.path
 
 
-@pytest.mark.parametrize("head", ["tagger_crf", "span"])
+@pytest.mark.parametrize("head", ["tagger_crf", "span", "multiple_choice"])
 def test_the_token_heads_step_on_the_gpu_path_in_mixed_float16(head):
-    """run_ner_mgpu.py --crf and run_squad_mgpu.py on GPUs: the token and span heads' float32 logits, the
-    CRF's float32 transitions and the encoder's float16 gradients cross in packs of one dtype on NCCL; both
-    towers stay equal."""
+    """run_ner_mgpu.py --crf, run_squad_mgpu.py and run_multiple_choice_mgpu.py on GPUs: the token, span and
+    choice heads' float32 scores, the CRF's float32 transitions and the encoder's float16 gradients cross in
+    packs of one dtype on NCCL; both towers stay equal."""
+    from bert_mgpu.model.choice_objectives import MultipleChoice
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging
 
@@ -82,6 +83,8 @@ def test_the_token_heads_step_on_the_gpu_path_in_mixed_float16(head):
     with strategy.scope():
         if head == "span":
             model, loss = modeling.build_span_model(config, "mixed_float16"), SpanExtraction().loss
+        elif head == "multiple_choice":
+            model, loss = modeling.build_choice_model(config, "mixed_float16"), MultipleChoice().loss
         else:
             model, loss = modeling.build_tagger(config, 5, "mixed_float16", crf=True), CRFTagging().loss
         opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
@@ -89,6 +92,11 @@ def test_the_token_heads_step_on_the_gpu_path_in_mixed_float16(head):
     features, _ = memory.classifier_batch(8, 16)
     if head == "span":
         labels = np.stack([np.arange(8) % 16, (np.arange(8) * 3) % 16], 1).astype(np.int32)
+    elif head == "multiple_choice":  # 8 questions of 4 choices, the last choice of odd ones padding
+        features = {k: v.reshape(8, 4, 4) for k, v in memory.classifier_batch(32, 4)[0].items()}
+        features["padding_mask"][1::2, 3] = False
+        features["token_ids"][1::2, 3] = 0
+        labels = (np.arange(8) % 3).astype(np.int32)
     else:
         labels = np.where(np.arange(16) % 3 == 1, np.arange(8 * 16).reshape(8, 16) % 5, -1).astype(np.int32)
     batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(2))

@@ -65,8 +65,8 @@ def test_bad_rows_are_named_with_their_file_and_line(tmp_path, task, row, expect
     with pytest.raises(UserError) as e:
         TASKS[task].read(str(folder), "train", TASKS[task].label_list(str(folder)))
     assert str(e.value) == f"{folder / 'train.json'}{expected}"
-    with pytest.raises(UserError, match=r"^--tasks: unknown chid \(CLUE's are afqmc, tnews"):
-        clue.resolve(["afqmc", "chid"])
+    with pytest.raises(UserError, match=r"^--tasks: unknown race \(CLUE's are afqmc, tnews"):
+        clue.resolve(["afqmc", "race"])
     assert clue.resolve(None, str(tmp_path)) == [task]  # all: the tasks whose folders are there
     with pytest.raises(UserError, match="no cluener/ folder"):
         TASKS["cluener"].directory(str(tmp_path))
@@ -105,15 +105,32 @@ def test_the_suite_trains_each_task_and_writes_clues_table_and_submission_files(
         folder.mkdir(exist_ok=True)
         (folder / f"{split}.json").write_text(json.dumps({"version": "v1.0", "data": [
             {"id": split, "title": "t", "paragraphs": paragraphs}]}, ensure_ascii=False), encoding="utf-8")
+        # C3: d- and m- files, test1.1.json; CHID: a blank a paragraph, the answers beside.
+        c3 = [[[f"{people[i % 3]}在北京工作。"], [{"question": "谁在北京工作？", "choice": people, "id": i,
+                                                **({"answer": people[i % 3]} if split != "test" else {})}], f"d{i}"]
+              for i in range(n)]
+        name = "test1.1.json" if split == "test" else f"d-{split}.json"
+        folder = tmp_path / "clue" / "c3_public"
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_text(json.dumps(c3, ensure_ascii=False), encoding="utf-8")
+        if split != "test":
+            (folder / f"m-{split}.json").write_text(json.dumps(c3[:2], ensure_ascii=False), encoding="utf-8")
+        idioms = ["一心一意", "三心二意", "七上八下"]
+        blanks = [f"#idiom{('train', 'dev', 'test').index(split)}{i:05d}#" for i in range(n)]
+        write_lines(tmp_path / "clue" / "chid_public" / ("test1.1.json" if split == "test" else f"{split}.json"),
+                    [{"candidates": idioms, "content": [f"他做事{b}。"]} for b in blanks])
+        if split != "test":
+            (tmp_path / "clue" / "chid_public" / f"{split}_answer.json").write_text(
+                json.dumps({b: i % 3 for i, b in enumerate(blanks)}))
     out = tmp_path / "out"
     proc = run_script("run_clue_mgpu.py", f"--clue_dir={tmp_path / 'clue'}", f"--init_checkpoint={release}",
                       f"--output_dir={out}", "--tasks=all", "--n_gpus=0", "--towers_per_gpu=2",
                       "--num_train_epochs=4", "--learning_rate=1e-3", "--train_batch_size=4", "--precision=float32",
                       "--max_seq_length=64")
     table = (out / "clue_results.md").read_text().splitlines()
-    assert table[0] == "| Score | AFQMC | WSC | CLUENER | CMRC2018 |" and table[2] in proc.stdout
+    assert table[0] == "| Score | AFQMC | WSC | CLUENER | CMRC2018 | CHID | C3 |" and table[2] in proc.stdout
     cells = [float(c) for c in table[2].strip("| ").split(" | ")]
-    assert cells[0] == pytest.approx(sum(cells[1:]) / 4, abs=0.01)
+    assert cells[0] == pytest.approx(sum(cells[1:]) / 6, abs=0.01)
     assert cells[1] > 75, cells  # AFQMC's made-up pairs are learnable: the suite trained and evaluated it
     tsv = (out / "clue_results.tsv").read_text().splitlines()
     assert "AFQMC\teval_accuracy\t" in "\n".join(tsv) and "WSC\teval_accuracy\t" in "\n".join(tsv)
@@ -127,3 +144,8 @@ def test_the_suite_trains_each_task_and_writes_clues_table_and_submission_files(
     answers = json.loads((out / "submission" / "cmrc2018_predict.json").read_text())
     assert sorted(answers) == [f"test-q{i}" for i in range(5)] and all(isinstance(a, str) for a in answers.values())
     assert "CMRC2018\teval_f1\t" in "\n".join(tsv) and "CLUENER\teval_f1\t" in "\n".join(tsv)
+    assert "C3\teval_accuracy\t" in "\n".join(tsv) and "CHID\teval_accuracy\t" in "\n".join(tsv)
+    c3 = [json.loads(line) for line in (out / "submission" / "c311_predict.json").read_text().splitlines()]
+    assert [r["id"] for r in c3] == list(range(5)) and {r["label"] for r in c3} <= {0, 1, 2}
+    chid = json.loads((out / "submission" / "chid11_predict.json").read_text())
+    assert sorted(chid) == [f"#idiom2{i:05d}#" for i in range(5)] and set(chid.values()) <= {0, 1, 2}

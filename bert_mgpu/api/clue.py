@@ -1,5 +1,5 @@
-"""The CLUE suite: every task fine-tuned with CLUE's baseline recipe (the classification tasks, CLUENER and
-CMRC 2018), its dev score, the leaderboard's submission files and the table CLUE prints. Each task's files,
+"""The CLUE suite: every task fine-tuned with CLUE's baseline recipe (the classification tasks, CLUENER,
+CMRC 2018, CHID and C3), its dev score, the leaderboard's submission files and the table CLUE prints. Each task's files,
 labels and recipe are clue_tasks.py's. The twin of glue.py.
 
 Example:
@@ -11,10 +11,12 @@ import logging
 import os
 
 from bert_mgpu.api.classifier import BertClassifier
+from bert_mgpu.api.multiple_choice import BertMultipleChoice
 from bert_mgpu.api.question_answering import BertQuestionAnswerer
 from bert_mgpu.api.tagger import BertTagger
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data import choices
 from bert_mgpu.data.clue_tasks import ALIASES, TASKS, submission_lines
 from bert_mgpu.data.squad import read_squad
 from bert_mgpu.data.tagged import read_tagged, tag_set
@@ -75,7 +77,7 @@ def run(clue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
                       train_batch_size=batch_size or task.batch_size, **fit_args)
         opened = dict(towers=towers, precision=precision, max_seq_length=max_seq_length or task.max_seq_length)
         log.info("CLUE %s: %g epochs at %g", task.title, recipe["epochs"], recipe["learning_rate"])
-        train = {"classification": _classifier, "tagging": _tagger, "span": _answerer}[task.kind]
+        train = {"classification": _classifier, "tagging": _tagger, "span": _answerer, "choice": _chooser}[task.kind]
         model, dev, predict = train(task, folder, init_checkpoint, opened, recipe, os.path.join(output_dir, name))
         if model.interrupted:
             raise UserError(f"CLUE {task.title}: interrupted by {model.interrupted}; rerun to resume")
@@ -85,8 +87,8 @@ def run(clue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
                                      model.global_step)
         log.info("CLUE %s: %s %.4f", task.title, task.metric, results[name][task.metric])
         if do_predict:
-            if not os.path.exists(os.path.join(folder, "test.json")):
-                log.warning("no %s: CLUE %s is not predicted", os.path.join(folder, "test.json"), task.title)
+            if task.test_file(folder) is None:
+                log.warning("no test file in %s: CLUE %s is not predicted", folder, task.title)
                 continue
             text = predict(eval_batch_size)
             if towers.is_chief:
@@ -148,3 +150,19 @@ def _answerer(task, folder, init_checkpoint, opened, recipe, output_dir):
         return json.dumps(qa.answer(test, batch_size=batch_size).predictions, ensure_ascii=False, indent=2) + "\n"
 
     return qa, read_squad(os.path.join(folder, "dev.json"))[0], predict
+
+
+def _chooser(task, folder, init_checkpoint, opened, recipe, output_dir):
+    """CHID or C3 -> (the trained multiple-choice model, dev questions, predict(batch) -> its leaderboard file)."""
+    read = lambda split: choices.read_split(folder, split, task.name)[0]  # noqa: E731
+    train = read("train")
+    mc = BertMultipleChoice.from_pretrained(init_checkpoint, **opened)
+    mc.probe_choices = max(len(q.choices) for q in train)
+    mc.fit(train, output_dir, **recipe)
+
+    def predict(batch_size):
+        test = read("test")
+        scored = mc.predict(test, batch_size=batch_size)
+        return mc.objective.prediction_files(test, [p["probabilities"] for p in scored], task.name)[task.submission]
+
+    return mc, read("dev"), predict

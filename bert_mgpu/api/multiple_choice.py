@@ -92,6 +92,7 @@ class BertMultipleChoice(FineTuned):
     def __init__(self, model, tokenizer, config, towers, policy, max_seq_length=128, fused_encoder=True):
         super().__init__(model, tokenizer, [], config, towers, policy, max_seq_length, MultipleChoice(),
                          fused_encoder)
+        self.probe_choices = 4  # choices a question has in `auto_batch_size`'s probe (SWAG's; CHID has 10)
 
     @classmethod
     def from_pretrained(cls, init_checkpoint: str, towers: Towers | None = None, precision: str = "auto",
@@ -151,7 +152,8 @@ class BertMultipleChoice(FineTuned):
     def _head_settings(self):
         return self.objective.settings()
 
-    def _probe_batch(self, global_batch, choices=4):
+    def _probe_batch(self, global_batch):
+        choices = self.probe_choices
         features, labels = memory.classifier_batch(global_batch * choices, self.max_seq_length)
         return ({k: v.reshape(global_batch, choices, -1) for k, v in features.items()},
                 labels[:global_batch])

@@ -1,7 +1,7 @@
 """CLUE's tasks: each task's files as CLUE's download lays them out (train.json, dev.json, test.json), its
 labels, the text pair it makes (WSC's span marks, CSL's keywords), the recipe of CLUE's BERT baseline and its
-leaderboard file. CLUENER (read by data/tagged.py) and CMRC 2018 (SQuAD's JSON, data/squad.py) join the
-classification tasks. The suite that trains them all is api/clue.py.
+leaderboard file. CLUENER (data/tagged.py), CMRC 2018 (SQuAD's JSON, data/squad.py), CHID and C3
+(data/choices.py) join the classification tasks. The suite that trains them all is api/clue.py.
 
 Example:
     examples, ids = TASKS["tnews"].read("clue/tnews", "test")      # ids: the test file's own, for submission
@@ -12,6 +12,7 @@ import json
 import os
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data import choices
 from bert_mgpu.data.tasks import Example
 from bert_mgpu.data.text_files import read_json_lines
 
@@ -42,7 +43,7 @@ class ClueTask:
     batch_size: int = 32
     max_seq_length: int = 128
     folders: tuple = ()
-    kind: str = "classification"  # or "tagging" (CLUENER) or "span" (CMRC 2018)
+    kind: str = "classification"  # or "tagging" (CLUENER), "span" (CMRC 2018), "choice" (CHID, C3)
     metric: str = "eval_accuracy"  # its score in CLUE's table
 
     def find(self, clue_dir):
@@ -59,6 +60,17 @@ class ClueTask:
         if found:
             return found
         raise UserError(f"{clue_dir}: no {self.name}/ folder ({self.title}'s train.json, dev.json, test.json)")
+
+    def test_file(self, folder):
+        """The test file to predict for the leaderboard, or None: test.json; a multiple-choice task's
+        test1.1.json (or test1.0.json)."""
+        if self.kind == "choice":
+            try:
+                return choices.find_split(folder, "test")[0]
+            except UserError:
+                return None
+        path = os.path.join(folder, "test.json")
+        return path if os.path.exists(path) else None
 
     def label_list(self, folder):
         """The task's labels: fixed, or labels.json's ({"label": ..., "label_desc"/"label_des": ...} a line),
@@ -157,6 +169,12 @@ TASKS = {t.name: t for t in (
              metric="eval_f1"),
     ClueTask("cmrc2018", "CMRC2018", submission="cmrc2018_predict.json", epochs=2, learning_rate=3e-5,
              batch_size=12, max_seq_length=512, kind="span", metric="eval_exact_match"),
+    # Multiple choice: CLUE's PyTorch reading-comprehension baseline's run_c3.sh (a batch of 16 by
+    # accumulation, 256 tokens) and bert4keras's CLUE chid.py (64 tokens around the blank, batch 12).
+    ClueTask("chid", "CHID", submission="chid11_predict.json", epochs=5, batch_size=12, max_seq_length=64,
+             kind="choice"),
+    ClueTask("c3", "C3", submission="c311_predict.json", epochs=8, batch_size=16, max_seq_length=256,
+             kind="choice"),
 )}
 ALIASES = {"wsc": "cluewsc2020", "cluewsc": "cluewsc2020", "tnews1.1": "tnews"}
 
