@@ -132,12 +132,14 @@ def step(setup, policy, steps=4):
 
 
 def heads_mixed_float16(setup, steps=3):
-    """run_ner_mgpu.py --crf and run_squad_mgpu.py in mixed_float16: a token head with the CRF's float32
-    transitions (labels on every other position, -1 on the rest) and the span head (start and end labels),
-    each trained on every tower: finite losses, towers bit-equal after."""
+    """run_ner_mgpu.py --crf, run_squad_mgpu.py and run_multiple_choice_mgpu.py in mixed_float16: a token head
+    with the CRF's float32 transitions (labels on every other position, -1 on the rest), the span head (start
+    and end labels) and the choice head (4 choices a question, the last one padding on odd questions), each
+    trained on every tower: finite losses, towers bit-equal after."""
     import tensorflow as tf
 
     from bert_mgpu.model import modeling
+    from bert_mgpu.model.choice_objectives import MultipleChoice
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging
     from bert_mgpu.train import optimization, training
@@ -147,12 +149,17 @@ def heads_mixed_float16(setup, steps=3):
     features, _ = next(iter(_data(rows, seq, 1)))
     token_labels = np.where(np.arange(seq) % 2 == 1, np.arange(rows * seq).reshape(rows, seq) % 9, -1)
     span_labels = np.stack([np.arange(rows) % seq, (np.arange(rows) + 3) % seq], 1)
+    choice_features = {k: v.numpy().reshape(rows, 4, seq // 4) for k, v in features.items()}
+    choice_features["padding_mask"][1::2, 3] = False
+    choice_features["token_ids"][1::2, 3] = 0
     heads = {"tagger_crf": (lambda: modeling.build_tagger(_config("tiny"), 9, "mixed_float16", crf=True),
-                            CRFTagging().loss, token_labels),
+                            CRFTagging().loss, features, token_labels),
              "span": (lambda: modeling.build_span_model(_config("tiny"), "mixed_float16"), SpanExtraction().loss,
-                      span_labels)}
+                      features, span_labels),
+             "multiple_choice": (lambda: modeling.build_choice_model(_config("tiny"), "mixed_float16"),
+                                 MultipleChoice().loss, choice_features, np.arange(rows) % 3)}
     out, ok = {}, True
-    for name, (build, loss, labels) in heads.items():
+    for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():
             model = build()
             opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True)
