@@ -31,8 +31,6 @@ flags.DEFINE_float("masked_lm_prob", 0.15, "Share of tokens masked.")
 flags.DEFINE_float("short_seq_prob", 0.1, "Probability of a sequence shorter than max_seq_length.")
 flags.DEFINE_integer("num_output_shards", 1, "With one --output_file: write NAME-0000i-of-0000N shards.")
 flags.DEFINE_integer("documents_per_buffer", 100_000, "Documents held in memory at once.")
-flags.DEFINE_list("ref_file", None, "Where Chinese words begin, as transformers' run_chinese_ref.py writes it: one "
-                  "file an --input_file, in their order (instead of --word_segmenter). Implies --do_whole_word_mask.")
 masking.define_masking_flags()
 
 
@@ -53,8 +51,6 @@ def run():
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise UserError(f"{path}: directory {parent} does not exist")
-    if FLAGS.ref_file and FLAGS.word_segmenter != "none":
-        raise UserError("--ref_file and --word_segmenter both say where words begin; pick one")
     plan = masking.mask_plan()
     cfg = pretraining_records.MaskingConfig(
         FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob, FLAGS.short_seq_prob,

@@ -86,13 +86,13 @@ define_export_flags()
 masking.define_masking_flags(text_input_only=True)
 
 
-def _data(files, tokenizer):
+def _data(files, tokenizer, refs=()):
     from bert_mgpu.data.pretraining_input import PretrainingData
 
     return PretrainingData(FLAGS.input_format, files, tokenizer, max_seq_length=FLAGS.max_seq_length,
                            max_predictions_per_seq=FLAGS.max_predictions_per_seq,
                            masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed, sharding=FLAGS.input_sharding,
-                           plan=masking.mask_plan(), word_segmenter=FLAGS.word_segmenter)
+                           plan=masking.mask_plan(), word_segmenter=FLAGS.word_segmenter, ref_files=refs)
 
 
 def _pretrainer(towers):
@@ -145,8 +145,9 @@ def run():
         return FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
 
     if FLAGS.input_format == "records" and masking.settings():
-        raise UserError("--do_whole_word_mask, --word_segmenter, --max_ngram_size and --span_masking mask raw text "
-                        "(--input_format=text); records were masked when create_pretraining_data.py wrote them")
+        raise UserError("--do_whole_word_mask, --word_segmenter, --ref_file, --max_ngram_size and --span_masking mask "
+                        "raw text (--input_format=text); records were masked when create_pretraining_data.py wrote "
+                        "them")
     begun = cli.prelude(("do_train", "do_eval"), ("input_file", "output_dir"), micro, lambda plan: (
         f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch {FLAGS.train_batch_size}"
         f" = {plan.job_towers} towers x {micro(plan)} x "
@@ -162,12 +163,17 @@ def run():
                             memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla,
                             recompute=FLAGS.recompute)
     files = expand_files(FLAGS.input_file)
+    refs, held_out_refs = list(FLAGS.ref_file or ()), ()
+    if refs and len(refs) != len(files):
+        raise UserError(f"--ref_file: {len(refs)} reference file(s) for {len(files)} input file(s); give one an "
+                        "input file, in the order of the input files")
     held_out = FLAGS.validation_input_file
     if (FLAGS.do_validation or FLAGS.do_eval) and not held_out:
         if len(files) < 2:
             raise UserError("validation needs --validation_input_file or at least two --input_file shards "
                             "(the last one is held out)")
         files, held_out = files[:-1], files[-1:]
+        refs, held_out_refs = refs[:-1], refs[-1:]
     step = pre.global_step  # evaluating a run directory: its checkpoint's step
     if FLAGS.do_train:
         warmup = FLAGS.warmup_proportion
@@ -181,7 +187,7 @@ def run():
             finetune_time_markers=tuple(float(m) for m in FLAGS.finetune_time_markers),
             early_stop_time=FLAGS.early_stop_time, early_stop_eval_loss=FLAGS.early_stop_eval_loss)
         validation = Validation(
-            _data(held_out, pre.tokenizer), epochs=FLAGS.validation_epochs, steps=FLAGS.validation_steps,
+            _data(held_out, pre.tokenizer, held_out_refs), epochs=FLAGS.validation_epochs, steps=FLAGS.validation_steps,
             begin_proportion=FLAGS.validation_begin_proportion, epochs_begin=FLAGS.validation_epochs_begin,
             end_proportion=FLAGS.validation_end_proportion, epochs_end=FLAGS.validation_epochs_end,
             batch_size=towers.batch(FLAGS.eval_batch_size), max_steps=FLAGS.max_eval_steps,
@@ -189,16 +195,16 @@ def run():
         settings = {name: getattr(FLAGS, name) for name in (
             "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "nsp",
             "seed", "deterministic", "validation_input_file")} | masking.settings()
-        pre.fit(_data(files, pre.tokenizer), FLAGS.output_dir, budget, cli.pretrain_config(), validation=validation,
-                settings=settings)
+        pre.fit(_data(files, pre.tokenizer, refs), FLAGS.output_dir, budget, cli.pretrain_config(),
+                validation=validation, settings=settings)
         step = int(pre.trainer.step.numpy())
         print(f"pretraining stopped at step {step}: {pre.stop}")
         if pre.stop.startswith("interrupted"):
             return
     results = {}
     if FLAGS.do_eval:
-        results = pre.evaluate(_data(held_out, pre.tokenizer), batch_size=towers.batch(FLAGS.eval_batch_size),
-                               max_steps=FLAGS.max_eval_steps)
+        results = pre.evaluate(_data(held_out, pre.tokenizer, held_out_refs),
+                               batch_size=towers.batch(FLAGS.eval_batch_size), max_steps=FLAGS.max_eval_steps)
         if towers.is_chief:
             path = pre.write_eval_results(FLAGS.output_dir, results, step)
             cli.report_final(results, step)

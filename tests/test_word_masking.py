@@ -127,9 +127,10 @@ def test_dynamic_masking_masks_jieba_words_whole_and_the_same_on_resume(zh, capl
         pretraining_input.PretrainingData("text", [str(d / "corpus.txt")], tok, plan=plan, word_segmenter="jieba")
     assert [r.getMessage().count("masks single characters") for r in caplog.records] == [1]
 
-    def stream(start=0, segmenter="jieba", n=40):
+    def stream(start=0, segmenter="jieba", n=40, refs=()):
         ds = pretraining_input.text_dataset([str(d / "corpus.txt")], tok, 1, 48, 12, training=True, seed=3,
-                                            shuffle_buffer=1, start=start, plan=plan, word_segmenter=segmenter)
+                                            shuffle_buffer=1, start=start, plan=plan, word_segmenter=segmenter,
+                                            ref_files=refs)
         return [(f["token_ids"][0].numpy(), f["mask_positions"][0].numpy(), lab["masked_lm_ids"][0].numpy(),
                  lab["masked_lm_weights"][0].numpy()) for f, lab in ds.take(n)]
 
@@ -144,6 +145,10 @@ def test_dynamic_masking_masks_jieba_words_whole_and_the_same_on_resume(zh, capl
     assert whole > 40
     again = stream(start=17, n=5)
     for a, b in zip(first[17:22], again):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    # The same words from a reference file: the same masks, example for example.
+    for a, b in zip(first, stream(segmenter="none", refs=(str(d / "ref.txt"),))):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
 
@@ -210,6 +215,12 @@ def test_reference_files_that_do_not_match_the_corpus_are_named_with_their_line(
         with pytest.raises(UserError) as e:
             _records(zh, name, do_whole_word_mask=True, ref_files=(str(tmp_path / f"{name}.txt"),))
         assert str(e.value).startswith(expected), str(e.value)
+        with pytest.raises(UserError) as e:  # dynamic masking reads it through before any step
+            pretraining_input.PretrainingData("text", [str(d / "corpus.txt")], tok,
+                                              ref_files=(str(tmp_path / f"{name}.txt"),))
+        assert str(e.value).startswith(expected), str(e.value)
+    with pytest.raises(UserError, match=r"^--ref_file: 2 reference file\(s\) for 1 input file\(s\)"):
+        pretraining_input.PretrainingData("text", [str(d / "corpus.txt")], tok, ref_files=(str(d / "ref.txt"),) * 2)
     assert not list(d.glob("short.tfrecord*"))  # nothing half-written is left
 
 
@@ -233,6 +244,41 @@ def test_the_scripts_take_the_flags_and_write_the_same_bytes_in_every_process(zh
                      f"--output_dir={tmp_path / 'run'}", f"--vocab_file={d / 'vocab.txt'}", "--span_masking",
                      check=False)
     assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
-        "run_pretraining_mgpu.py: error: --do_whole_word_mask, --word_segmenter, --max_ngram_size and --span_masking "
-        "mask raw text (--input_format=text); records were masked when create_pretraining_data.py wrote them")
+        "run_pretraining_mgpu.py: error: --do_whole_word_mask, --word_segmenter, --ref_file, --max_ngram_size and "
+        "--span_masking mask raw text (--input_format=text); records were masked when create_pretraining_data.py "
+        "wrote them")
     assert os.path.exists(tmp_path / "a.tfrecord")
+
+
+def test_run_pretraining_takes_reference_files_with_text_input_the_last_shards_held_out(zh, tmp_path):
+    """Dynamic masking from reference files end to end: two corpus shards with a reference file each, the second
+    held out for evaluation with its own; a reference file of another corpus is one line naming it."""
+    from conftest import tiny_config
+
+    d, _ = zh
+    lines = (d / "corpus.txt").read_text(encoding="utf-8").split("\n\n")
+    refs = (d / "ref.txt").read_text(encoding="utf-8").splitlines()
+    half = len(lines) // 2
+    first, second = "\n\n".join(lines[:half]) + "\n", "\n\n".join(lines[half:])
+    (tmp_path / "a.txt").write_text(first, encoding="utf-8")
+    (tmp_path / "b.txt").write_text(second, encoding="utf-8")
+    cut = sum(1 for line in first.splitlines() if line.strip())
+    (tmp_path / "a.ref").write_text("\n".join(refs[:cut]) + "\n", encoding="utf-8")
+    (tmp_path / "b.ref").write_text("\n".join(refs[cut:]) + "\n", encoding="utf-8")
+    config = tiny_config(len(open(d / "vocab.txt", encoding="utf-8").read().split()))
+    config.to_json_file(str(tmp_path / "bert_config.json"))
+    args = [f"--input_file={tmp_path}/a.txt,{tmp_path}/b.txt", "--input_format=text", "--nsp=false",
+            f"--vocab_file={d / 'vocab.txt'}", f"--bert_config_file={tmp_path / 'bert_config.json'}",
+            "--max_seq_length=32", "--max_predictions_per_seq=5", "--train_batch_size=8", "--num_train_steps=4",
+            "--do_train", "--do_eval", "--towers_per_gpu=2", "--precision=float32"]
+    out = run_script("run_pretraining_mgpu.py", *args, f"--ref_file={tmp_path}/a.ref,{tmp_path}/b.ref",
+                     f"--output_dir={tmp_path / 'run'}")
+    assert "pretraining stopped at step 4" in out.stdout
+    results = dict(line.split(" = ") for line in (tmp_path / "run" / "eval_results.txt").read_text().splitlines())
+    assert float(results["masked_lm_loss"]) > 0
+    settings = json.load(open(tmp_path / "run" / "bert_mgpu.json"))["settings"]
+    assert settings["masking"] == (f"whole_word=True ref_file={tmp_path}/a.ref,{tmp_path}/b.ref max_ngram_size=1 "
+                                   "span=False")
+    bad = run_script("run_pretraining_mgpu.py", *args, f"--ref_file={tmp_path}/b.ref,{tmp_path}/a.ref",
+                     f"--output_dir={tmp_path / 'other'}", check=False)
+    assert bad.returncode == 1 and "b.ref:" in bad.stderr.strip().splitlines()[-1], bad.stderr[-1500:]

@@ -150,15 +150,21 @@ def _data_loss(error):
     return f"{found[1]} at byte {found[2]}" if found else error.message.split(" [Op:")[0][-200:]
 
 
-def packed_sequences(input_files, tokenizer, max_seq_length, part=None, segment=None):
+def packed_sequences(input_files, tokenizer, max_seq_length, part=None, segment=None, ref_files=()):
     """Raw text -> [CLS] + (max_seq_length - 2 tokens of the running text) + [SEP], documents split by [SEP].
-    `part`: (index, workers), only this worker's files. With `segment` (word_segments.segmenter), each
-    element is (ids, starts): whether each token starts a word of the segmenter."""
-    files = worker_files(expand_files(input_files), part)
+    `part`: (index, workers), only this worker's files. With `segment` (word_segments.segmenter) or
+    `ref_files` (one an input file, word_segments.RefFile's), each element is (ids, starts): whether each
+    token starts a word."""
+    files = expand_files(input_files)
+    pairs = worker_files(list(zip(files, ref_files or [None] * len(files))), part)
+    files = [path for path, _ in pairs]
     sep = tokenizer.sep_id
 
-    def tokenize(lines):
-        if segment is None:
+    def tokenize(lines, positions=None):
+        if positions is not None:
+            ids = tokenizer(lines)
+            starts = word_segments.starts_from_refs(ids, positions)
+        elif segment is None:
             ids, starts = tokenizer(lines), None
         else:
             ids, starts = word_segments.tokenize_with_word_starts(tokenizer, lines, segment)
@@ -172,9 +178,15 @@ def packed_sequences(input_files, tokenizer, max_seq_length, part=None, segment=
         return ids, tf.concat([starts, ones], axis=1).flat_values
 
     body = max_seq_length - 2
-    ds = tf.data.TextLineDataset(files).batch(1024).map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE)
+    if ref_files:
+        ds = tf.data.Dataset.from_generator(
+            lambda: word_segments.lines_with_refs(files, [ref for _, ref in pairs]),
+            output_signature=(tf.TensorSpec([], tf.string), tf.TensorSpec([None], tf.int32))).ragged_batch(1024)
+    else:
+        ds = tf.data.TextLineDataset(files).batch(1024)
+    ds = ds.map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.unbatch().batch(body, drop_remainder=True)
-    if segment is None:
+    if segment is None and not ref_files:
         return ds.map(lambda t: tf.concat([[tokenizer.cls_id], t, [sep]], 0))
     return ds.map(lambda t, s: (tf.concat([[tokenizer.cls_id], t, [sep]], 0), tf.concat([[True], s, [True]], 0)))
 
@@ -214,15 +226,15 @@ def dynamic_mask(ids, index, seed, max_predictions_per_seq, masked_lm_prob, voca
 
 def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predictions_per_seq,
                  masked_lm_prob=0.15, training=True, seed=12345, start=0, shuffle_buffer=10_000, rows=None,
-                 part=None, plan=None, word_segmenter="none"):
+                 part=None, plan=None, word_segmenter="none", ref_files=()):
     """Raw text, packed and dynamically masked -> batches; training repeats forever, from example `start`.
     `rows`: a function of the packed, unmasked sequences that keeps some (distribute.worker_rows);
     `part`: (index, workers), only this worker's files, masked unlike any other worker's;
-    `plan` (masking.MaskPlan) and `word_segmenter` (word_segments.py): what is masked together."""
+    `plan` (masking.MaskPlan) and `word_segmenter` or `ref_files` (word_segments.py): what is masked together."""
     if tokenizer.mask_id is None:
         raise UserError(f"{tokenizer.vocab_file}: vocabulary has no [MASK] token")
     segment = word_segments.segmenter(word_segmenter) if plan is not None and plan.whole_word else None
-    ds = packed_sequences(input_files, tokenizer, max_seq_length, part, segment)
+    ds = packed_sequences(input_files, tokenizer, max_seq_length, part, segment, ref_files)
     if training:
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.enumerate().skip(start)
@@ -234,7 +246,7 @@ def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predict
     continues = word_segments.continues(tokenizer)
 
     def mask(i, element):
-        ids, starts = element if segment is not None else (element, None)
+        ids, starts = element if segment is not None or ref_files else (element, None)
         if starts is None and plan is not None and (plan.whole_word or plan.grouped):
             starts = tf.logical_not(tf.gather(continues, ids))  # google-bert's words: no `##`
         return _as_model_inputs(dynamic_mask(ids, i, seed, max_predictions_per_seq, masked_lm_prob,
@@ -253,7 +265,7 @@ class PretrainingData:
     """
 
     def __init__(self, kind, input_files, tokenizer=None, max_seq_length=128, max_predictions_per_seq=20,
-                 masked_lm_prob=0.15, seed=12345, sharding="auto", plan=None, word_segmenter="none"):
+                 masked_lm_prob=0.15, seed=12345, sharding="auto", plan=None, word_segmenter="none", ref_files=()):
         if kind not in ("records", "text"):
             raise UserError(f"input kind {kind!r}: expected records or text")
         if sharding not in ("auto", "files", "examples"):
@@ -262,13 +274,21 @@ class PretrainingData:
         self.kind, self.tokenizer, self.seed = kind, tokenizer, seed
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
-        if word_segmenter not in (None, "none") and not (plan and plan.whole_word):  # words imply whole words
+        if ref_files and word_segmenter not in (None, "none"):
+            raise UserError("--ref_file and --word_segmenter both say where words begin; pick one")
+        words = word_segmenter not in (None, "none") or bool(ref_files)
+        if words and not (plan and plan.whole_word):  # words imply whole words
             plan = dataclasses.replace(plan or masking.MaskPlan(), whole_word=True)
         self.plan, self.word_segmenter = plan, word_segmenter  # text: what is masked together (masking.py)
         self.input_files = (check_records(input_files, max_seq_length, max_predictions_per_seq)
                             if kind == "records" else expand_files(input_files))
+        self.ref_files = tuple(ref_files or ())
+        if self.ref_files:
+            if kind != "text":
+                raise UserError("--ref_file: reference files go with raw text (--input_format=text)")
+            word_segments.check_ref_files(self.input_files, self.ref_files, tokenizer)
         self._count = None
-        if kind == "text" and plan is not None and plan.whole_word and word_segmenter in (None, "none"):
+        if kind == "text" and plan is not None and plan.whole_word and not words:
             with tf.io.gfile.GFile(self.input_files[0], "rb") as f:
                 head = [line.decode("utf-8", "replace") for line, _ in zip(f, range(1000))]
             word_segments.warn_if_cjk_unsegmented(head, True, word_segmenter, self.input_files[0])
@@ -297,7 +317,7 @@ class PretrainingData:
                                   training, self.seed, start, rows=rows, part=part)
         return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
                             self.max_predictions_per_seq, self.masked_lm_prob, training, self.seed, start, rows=rows,
-                            part=part, plan=self.plan, word_segmenter=self.word_segmenter)
+                            part=part, plan=self.plan, word_segmenter=self.word_segmenter, ref_files=self.ref_files)
 
     @contextlib.contextmanager
     def reading(self):

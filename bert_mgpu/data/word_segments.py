@@ -5,7 +5,8 @@ Chinese has one character a token and never `##`, so there the flag did nothing 
 The words come from elsewhere instead:
 - a segmenter: `jieba` (pure Python, its own dictionary), as bert4keras' `word_segment`;
 - text already segmented, words separated by spaces (`pretokenized`);
-- a reference file as transformers' `run_chinese_ref.py` writes (`RefFile`).
+- a reference file as transformers' `run_chinese_ref.py` writes (`RefFile`; in the dynamic path,
+  `check_ref_files` first, then `lines_with_refs`).
 
 The token ids never change: text is cut where google-bert's BasicTokenizer cuts it (`split_words_tf`),
 each piece is WordPiece'd as the whole line would be, and a flag per token says whether it starts a word.
@@ -23,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.input_pipeline import traced_pieces
 from bert_mgpu.data.tagging_input import split_words_tf
 
 log = logging.getLogger("bert_mgpu")
@@ -154,6 +156,54 @@ class RefFile:
         if extra.strip():
             raise UserError(f"{self.path}:{self.line + 1}: the reference file has more lines than {self.corpus} "
                             "has non-blank lines")
+
+
+def _nonblank_lines(path, chunk):
+    """Lists of at most `chunk` of a corpus file's non-blank lines (bytes), as the dynamic path reads them."""
+    batch = []
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for raw in f:
+            if raw.strip():
+                batch.append(raw.rstrip(b"\r\n"))
+                if len(batch) == chunk:
+                    yield batch
+                    batch = []
+    if batch:
+        yield batch
+
+
+def check_ref_files(files, refs, tokenizer, chunk=8192):
+    """Each corpus file read beside its reference file, every line tokenized: UserError naming the reference
+    file and line where they disagree (before any step, as create_pretraining_data.py finds it)."""
+    if len(refs) != len(files):
+        raise UserError(f"--ref_file: {len(refs)} reference file(s) for {len(files)} input file(s); give one an "
+                        "input file, in the order of the input files")
+    pieces = traced_pieces(tokenizer)
+    for path, ref_path in zip(files, refs):
+        ref = RefFile(ref_path, path)
+        for batch in _nonblank_lines(path, chunk):
+            for n in pieces(tf.constant(batch)).row_lengths().numpy():
+                ref.starts(int(n))
+        ref.close()
+
+
+def lines_with_refs(files, refs):
+    """(line, positions that continue a word) for every line of each corpus file, its reference file's
+    positions beside each non-blank line (none beside a blank one): for tf.data.Dataset.from_generator."""
+    for path, ref_path in zip(files, refs):
+        with tf.io.gfile.GFile(path, "rb") as f, open(ref_path, encoding="utf-8") as ref:
+            for raw in f:
+                line = raw.rstrip(b"\r\n")
+                yield line, np.array(json.loads(ref.readline()) if line.strip() else [], np.int32)
+
+
+def starts_from_refs(ids, positions):
+    """Ragged ids [lines, (tokens)] and positions [lines, (continuing)] (1-based, [CLS] being 0) -> ragged
+    starts [lines, (tokens)]: true where a token starts a word."""
+    flat = positions.flat_values - 1 + tf.gather(tf.cast(ids.row_starts(), tf.int32), positions.value_rowids())
+    starts = tf.tensor_scatter_nd_update(tf.ones([tf.size(ids.flat_values)], tf.bool), flat[:, None],
+                                         tf.zeros_like(flat, tf.bool))
+    return ids.with_flat_values(starts)
 
 
 def warn_if_cjk_unsegmented(lines, whole_word, segmenter_name, where):
