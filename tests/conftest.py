@@ -82,6 +82,21 @@ def ner_sentences(count, low, high, seed=0, split="train"):
     return out
 
 
+def hf_state(model, head=("output_weights", "output_bias")):
+    """A head model's weights as transformers names them ({name: numpy array}), the head under `head`'s
+    Google names: what a parity test loads into transformers' model of the same kind."""
+    from bert_mgpu.io import checkpoints, weight_names
+
+    weights = checkpoints.encoder_weights(model.backbone)
+    kernel, bias = model.head.get_weights()
+    weights.update({head[0]: kernel.T, head[1]: bias})
+    state = {}
+    for name, value in weights.items():
+        hf, transpose = weight_names.google_to_hf_name(name)
+        state[hf] = value.T if transpose else value
+    return state
+
+
 def write_vocab(path, words=WORDS):
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", "!", "'", "?"] + list(words)
     with open(path, "w", encoding="utf-8") as f:

@@ -8,26 +8,14 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import WORDS, learning_release, run_script, tiny_config
+from conftest import WORDS, hf_state, learning_release, run_script, tiny_config
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import choices
 from bert_mgpu.data.choice_input import choice_texts
 from bert_mgpu.data.choices import ChoiceQuestion
-from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
 from bert_mgpu.model.choice_objectives import MultipleChoice
-
-
-def _hf_state(model):
-    weights = checkpoints.encoder_weights(model.backbone)
-    kernel, bias = model.head.get_weights()
-    weights.update({"output_weights": kernel.T, "output_bias": bias})
-    state = {}
-    for name, value in weights.items():
-        hf, transpose = weight_names.google_to_hf_name(name)
-        state[hf] = value.T if transpose else value
-    return state
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "keras_hub"])
@@ -54,7 +42,7 @@ def test_scores_and_loss_equal_transformers_on_the_same_weights(reference, fused
     hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "encoder_ln_mode"},
                                         layer_norm_eps=1e-12)
     theirs = transformers.BertForMultipleChoice(hf_config).eval()
-    missing, unexpected = theirs.load_state_dict({k: torch.tensor(v) for k, v in _hf_state(model).items()},
+    missing, unexpected = theirs.load_state_dict({k: torch.tensor(v) for k, v in hf_state(model).items()},
                                                  strict=False)
     assert not unexpected and all("position_ids" in m for m in missing), (missing, unexpected)
     tensor = lambda a: torch.tensor(np.asarray(a, np.int64))  # noqa: E731

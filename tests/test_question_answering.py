@@ -8,23 +8,11 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import WORDS, learning_release, tiny_config, write_google_release
+from conftest import WORDS, hf_state, learning_release, tiny_config, write_google_release
 
 from bert_mgpu.data.squad import Question
-from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
-
-
-def _hf_state(model):
-    weights = checkpoints.encoder_weights(model.backbone)
-    kernel, bias = model.head.get_weights()
-    weights.update({GOOGLE_HEAD[0]: kernel.T, GOOGLE_HEAD[1]: bias})
-    state = {}
-    for name, value in weights.items():
-        hf, transpose = weight_names.google_to_hf_name(name)
-        state[hf] = value.T if transpose else value
-    return state
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "keras_hub"])
@@ -46,7 +34,7 @@ def test_logits_and_loss_equal_transformers_on_the_same_weights(reference, fused
     hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "encoder_ln_mode"},
                                         layer_norm_eps=1e-12)
     theirs = transformers.BertForQuestionAnswering(hf_config).eval()
-    missing, unexpected = theirs.load_state_dict({k: torch.tensor(v) for k, v in _hf_state(model).items()},
+    missing, unexpected = theirs.load_state_dict({k: torch.tensor(v) for k, v in hf_state(model, GOOGLE_HEAD).items()},
                                                  strict=False)
     assert all(".pooler." in u for u in unexpected) and all("position_ids" in m for m in missing), (missing,
                                                                                                    unexpected)

@@ -6,9 +6,8 @@ import os
 import keras
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import hf_state, tiny_config
 
-from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
 from bert_mgpu.model.tagging_objectives import TokenClassification
 
@@ -30,13 +29,7 @@ def test_logits_and_loss_equal_transformers_on_the_same_weights(reference, fused
     features = {"token_ids": ids, "segment_ids": segments, "padding_mask": mask}
     ours = model(features, training=False).numpy()
 
-    weights = checkpoints.encoder_weights(model.backbone)
-    kernel, bias = model.head.get_weights()
-    weights.update({"output_weights": kernel.T, "output_bias": bias})
-    state = {}
-    for name, value in weights.items():
-        hf, transpose = weight_names.google_to_hf_name(name)
-        state[hf] = torch.tensor(value.T if transpose else value)
+    state = {name: torch.tensor(value) for name, value in hf_state(model).items()}
     hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items() if k != "encoder_ln_mode"},
                                         num_labels=5, layer_norm_eps=1e-12)
     reference_model = transformers.BertForTokenClassification(hf_config).eval()

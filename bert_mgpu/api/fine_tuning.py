@@ -13,8 +13,10 @@ import os
 import keras
 import tensorflow as tf
 
+from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints, run_dir
+from bert_mgpu.io.loading import Opened, open_checkpoint
 from bert_mgpu.train import memory, optimization
 from bert_mgpu.train.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.train.session import Session
@@ -22,6 +24,38 @@ from bert_mgpu.train.train_config import TrainConfig
 from bert_mgpu.train.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
+
+
+@dataclasses.dataclass
+class Opening:
+    """What `open_head` found: the checkpoint opened, the model built on the towers with its encoder in it,
+    the checkpoint's names the encoder did not use, whether it is this head kind's own run (`own`: its head
+    is restored from it), that run's bert_mgpu.json (`run`, {} otherwise) and the window length chosen."""
+
+    opened: Opened
+    model: object
+    unused: list
+    own: bool
+    run: dict
+    max_seq_length: int
+
+
+def open_head(kind, init_checkpoint, build, max_seq_length=None, default_length=128, towers=None, precision="auto",
+              do_lower_case=None, bert_config_file=None, vocab_file=None):
+    """The opening a head's `from_pretrained` shares: the checkpoint (any format bert_mgpu reads; a run of
+    this `kind` gives its own window length unless one is given) and the model `build(config, policy)` on the
+    towers, with a warning when there are no weights. The head is then the caller's to restore or load."""
+    before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
+    own_run = before.get("kind") == kind
+    max_seq_length = int(max_seq_length or (before.get("max_seq_length") if own_run else None) or default_length)
+    opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
+                             max_seq_length, config_alone=True)
+    pre = opened.pretrained
+    model, unused = opened.build(build)
+    if not opened.has_weights:
+        log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
+    own = pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == kind
+    return Opening(opened, model, unused, own, before if own_run else {}, max_seq_length)
 
 
 class FineTuned:

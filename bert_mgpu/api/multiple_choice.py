@@ -16,13 +16,11 @@ import logging
 
 import numpy as np
 
-from bert_mgpu.api.fine_tuning import FineTuned
-from bert_mgpu.core import storage
+from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choice_input import choice_dataset, encode_questions
 from bert_mgpu.data.choices import ChoiceQuestion
-from bert_mgpu.io import checkpoints, export, run_dir
-from bert_mgpu.io.loading import open_checkpoint
+from bert_mgpu.io import checkpoints, export
 from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.modeling import build_choice_model
 from bert_mgpu.parallel.devices import Towers
@@ -102,18 +100,12 @@ class BertMultipleChoice(FineTuned):
         """A multiple-choice model from any checkpoint bert_mgpu reads; the head is the checkpoint's when it
         has a one-unit head (a bert_mgpu multiple-choice run, transformers' BertForMultipleChoice, its Google
         export), else fresh."""
-        before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
-        own_run = before.get("kind") == KIND
-        max_seq_length = int(max_seq_length or (before.get("max_seq_length") if own_run else None) or 128)
-        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
-                                 max_seq_length, config_alone=True)
-        pre = opened.pretrained
-        model, unused = opened.build(lambda config, policy: build_choice_model(config, policy, fused=fused_encoder))
-        if not opened.has_weights:
-            log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
-        own = pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == KIND
+        found = open_head(KIND, init_checkpoint, lambda config, policy: build_choice_model(
+            config, policy, fused=fused_encoder), max_seq_length, 128, towers, precision, do_lower_case,
+            bert_config_file, vocab_file)
+        opened, model, own, pre = found.opened, found.model, found.own, found.opened.pretrained
         head = pre.weights.get("output_weights") if opened.has_weights and not own else None
-        unused = [n for n in unused if not (head is not None and n in ("output_weights", "output_bias"))]
+        unused = [n for n in found.unused if not (head is not None and n in ("output_weights", "output_bias"))]
         if unused:
             log.info("not used by a multiple-choice model: %s", ", ".join(unused))
         if own:
@@ -126,7 +118,8 @@ class BertMultipleChoice(FineTuned):
             log.info("multiple-choice head loaded from %s", init_checkpoint)
         else:
             log.info("multiple-choice head is freshly initialized")
-        mc = cls(model, opened.tokenizer, opened.config, opened.towers, opened.policy, max_seq_length, fused_encoder)
+        mc = cls(model, opened.tokenizer, opened.config, opened.towers, opened.policy, found.max_seq_length,
+                 fused_encoder)
         if own:
             step = pre.checkpoint_step
             mc.global_step = step if step is not None else int(pre.run.get("global_step", 0))

@@ -16,13 +16,11 @@ import logging
 
 import numpy as np
 
-from bert_mgpu.api.fine_tuning import FineTuned
-from bert_mgpu.core import storage
+from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.squad import Question, metric_for
 from bert_mgpu.data.squad_input import best_answers, make_windows, span_dataset
-from bert_mgpu.io import checkpoints, export, run_dir
-from bert_mgpu.io.loading import open_checkpoint
+from bert_mgpu.io import checkpoints, export
 from bert_mgpu.model.modeling import build_span_model
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
 from bert_mgpu.parallel.devices import Towers
@@ -106,20 +104,14 @@ class BertQuestionAnswerer(FineTuned):
         """A question answerer from any checkpoint bert_mgpu reads; the head is its own when the checkpoint
         has one (a bert_mgpu run, google-bert run_squad's cls/squad/, transformers' BertForQuestionAnswering),
         else fresh. `flags`: doc_stride, max_query_length, ... (default: the run's own, else run_squad's)."""
-        before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
-        own_run = before.get("kind") == KIND
-        facts = before.get("squad", {}) if own_run else {}
-        max_seq_length = int(max_seq_length or (before.get("max_seq_length") if own_run else None) or 384)
-        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
-                                 max_seq_length, config_alone=True)
-        pre = opened.pretrained
-        model, unused = opened.build(lambda config, policy: build_span_model(config, policy, fused=fused_encoder))
-        if not opened.has_weights:
-            log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
-        unused = [n for n in unused if n not in GOOGLE_HEAD]
+        found = open_head(KIND, init_checkpoint, lambda config, policy: build_span_model(
+            config, policy, fused=fused_encoder), max_seq_length, 384, towers, precision, do_lower_case,
+            bert_config_file, vocab_file)
+        opened, model, own, pre = found.opened, found.model, found.own, found.opened.pretrained
+        facts = found.run.get("squad", {})
+        unused = [n for n in found.unused if n not in GOOGLE_HEAD]
         if unused:
             log.info("not used by a question answerer: %s", ", ".join(unused))
-        own = pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == KIND
         if own:
             checkpoints.restore_head(model, pre.ckpt_prefix)
             log.info("span head restored from %s", pre.ckpt_prefix)
@@ -130,7 +122,7 @@ class BertQuestionAnswerer(FineTuned):
         else:
             log.info("span head is freshly initialized")
         settings = {k: v for k, v in {**facts, **flags}.items() if v is not None}
-        qa = cls(model, opened.tokenizer, opened.config, opened.towers, opened.policy, max_seq_length,
+        qa = cls(model, opened.tokenizer, opened.config, opened.towers, opened.policy, found.max_seq_length,
                  fused_encoder, **settings)
         if own:
             step = pre.checkpoint_step
