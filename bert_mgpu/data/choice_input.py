@@ -62,20 +62,20 @@ def encode_questions(questions, tokenizer, max_seq_length, num_choices=None):
     for i in range(0, len(pairs), _CHUNK):
         a, b = zip(*pairs[i:i + _CHUNK])
         tokens, segs = encode(tf.constant(a), tf.constant(b), tf.constant([bool(t) for t in b]))
-        ids += [row.numpy() for row in tokens]
-        segments += [row.numpy() for row in segs]
-    lengths = np.array([len(r) for r in ids], np.int32)
-    longest = int(lengths.max())
-    token_ids = np.full((len(questions), num_choices, longest), tokenizer.pad_id, np.int32)
+        ids.append(tokens.flat_values.numpy())
+        segments.append(segs.flat_values.numpy())
+        lengths.append(tokens.row_lengths().numpy())
+    lengths = np.concatenate(lengths)
+    sizes = np.array([len(q.choices) for q in questions])
+    question, choice = np.repeat(np.arange(len(questions)), sizes), np.concatenate([np.arange(n) for n in sizes])
+    pair = np.repeat(np.arange(len(pairs)), lengths)  # each token's pair, then its place in it
+    place = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    token_ids = np.full((len(questions), num_choices, int(lengths.max())), tokenizer.pad_id, np.int32)
     segment_ids = np.zeros_like(token_ids)
-    k = 0
-    for n, q in enumerate(questions):
-        for c in range(len(q.choices)):
-            token_ids[n, c, :lengths[k]] = ids[k]
-            segment_ids[n, c, :lengths[k]] = segments[k]
-            k += 1
+    token_ids[question[pair], choice[pair], place] = np.concatenate(ids)
+    segment_ids[question[pair], choice[pair], place] = np.concatenate(segments)
     per_question = np.zeros(len(questions), np.int32)
-    np.maximum.at(per_question, np.repeat(np.arange(len(questions)), [len(q.choices) for q in questions]), lengths)
+    np.maximum.at(per_question, question, lengths)
     labels = np.array([-1 if q.label is None else q.label for q in questions], np.int32)
     return EncodedChoices(token_ids, segment_ids, per_question, labels, tokenizer.pad_id)
 
