@@ -35,7 +35,7 @@ flags.DEFINE_list("tag_map", None, "segmented: parts of speech that are entities
 flags.DEFINE_integer("doc_stride", None, "WordPieces between the starts of a long sentence's windows (default: "
                      "half a window).")
 flags.DEFINE_bool("crf", None, "A linear-chain CRF over the tag scores: transitions learnt, Viterbi decoding "
-                  "(default: whether --init_checkpoint is a tagger with one). Exports as google only.")
+                  "(default: whether --init_checkpoint is a tagger with one). Exports as google or saved_model.")
 flags.DEFINE_list("labels", None, "The tags, comma-separated, O first (default: the tags of the training data).")
 
 
@@ -67,9 +67,9 @@ def run():
     from bert_mgpu.io.export import TAGGER_FORMATS
 
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if FLAGS.crf and fmt in ("hf", "saved_model"):
-            raise UserError(f"--crf --export_format={fmt}: {fmt} cannot decode a CRF (transformers has none; the "
-                            "served graph does not yet); export google")
+        if FLAGS.crf and fmt == "hf":
+            raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; export "
+                            "google or saved_model")
         if fmt not in TAGGER_FORMATS:  # before any training
             raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {', '.join(TAGGER_FORMATS)} "
                             "(keras-hub has no token classifier)")

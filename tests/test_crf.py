@@ -61,3 +61,20 @@ def test_the_likelihood_compiles_with_xla_and_gives_transitions_a_gradient():
     # (0 -> 2) and (2 -> 1), so those entries are negative and the others positive.
     g = gradient.numpy()
     assert g[0, 2] < 0 and g[2, 1] < 0 and (np.delete(g.ravel(), [2, 9]) > 0).all()
+
+
+def test_the_graphs_viterbi_equals_the_hosts_on_rows_of_every_length():
+    """viterbi_tf (the SavedModel's decoder) against viterbi, rows of 0 to 7 positions padded to 7."""
+    from bert_mgpu.model.crf import viterbi_tf
+
+    rng = np.random.default_rng(2)
+    c, width = 4, 7
+    transitions = rng.normal(size=(c, c)).astype(np.float32)
+    emissions = rng.normal(size=(8, width, c)).astype(np.float32)
+    lengths = np.array([0, 1, 2, 3, 4, 5, 6, 7], np.int32)
+    got = viterbi_tf(tf.constant(emissions), tf.constant(lengths), tf.constant(transitions)).numpy()
+    assert got.shape == (8, width)
+    for row, n in enumerate(lengths):
+        assert tuple(got[row, :n]) == tuple(viterbi(emissions[row, :n], transitions)), row
+    one = viterbi_tf(tf.constant(emissions[:, :1]), tf.constant(np.minimum(lengths, 1)), tf.constant(transitions))
+    assert one.numpy()[1:, 0].tolist() == emissions[1:, 0].argmax(-1).tolist()

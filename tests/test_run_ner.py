@@ -138,8 +138,8 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
         extra.append("--tag_map=nr:PER")
         expected = "--tag_map: 'nr:PER' is not pos=TYPE (as nr=PER)"
     elif case == "crf_saved_model":
-        extra += ["--crf", "--do_export", "--export_format=saved_model"]
-        expected = "--crf --export_format=saved_model: saved_model cannot decode a CRF"
+        extra += ["--crf", "--do_export", "--export_format=hf"]
+        expected = "--crf --export_format=hf: transformers' BertForTokenClassification has no CRF"
     elif case == "no_train_file":
         os.remove(d / "train.txt")
         expected = f"--data_dir={d}: no train file"

@@ -186,13 +186,27 @@ def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with
     t = tagger.model.crf.transitions.numpy()
     o, b_per, i_per = (NER_TAGS.index(x) for x in ("O", "B-PER", "I-PER"))
     assert t[b_per, i_per] > t[o, i_per] + 1.0, t  # learnt: I-PER continues a person, never starts one
-    with pytest.raises(bert_mgpu.UserError, match="has no CRF; export the model as google"):
+    with pytest.raises(bert_mgpu.UserError, match="has no CRF; export the model as google or saved_model"):
         tagger.export(str(tmp_path / "hf"), "hf")
     tagger.export(str(tmp_path / "google"), "google")
     back = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "google"), towers=towers, max_seq_length=16,
                                                 doc_stride=6, precision="float32")
     assert back.model.crf is not None and np.array_equal(back.model.crf.transitions.numpy(), t)
     assert back.predict_tags(test) == tagger.predict_tags(test)
+    # The SavedModel decodes the same Viterbi paths in its graph (texts within one window), and reads back
+    # as a CRF tagger.
+    import tensorflow as tf
+
+    tagger.export(str(tmp_path / "served"), "saved_model")
+    short = ner_sentences(40, 2, 12, seed=4, split="short")
+    served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"](
+        text=tf.constant([" ".join(s.tokens) for s in short]))["tags"].numpy()
+    expected = tagger.predict_tags(short)  # Viterbi paths on the host
+    for row, want in zip(served, expected):
+        assert [t.decode() for t in row[:len(want)]] == want
+    again = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "served"), towers=towers, max_seq_length=16,
+                                                 doc_stride=6, precision="float32")
+    assert again.model.crf is not None and np.allclose(again.model.crf.transitions.numpy(), t)
 
 
 def test_the_served_chunking_equals_conllevals_on_random_tag_sequences():

@@ -22,7 +22,6 @@ import keras
 import tensorflow as tf
 
 from bert_mgpu.core import storage
-from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import pool_in_graph, windows_in_graph
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tagging_input import split_words_tf
@@ -31,6 +30,7 @@ from bert_mgpu.io import weight_names
 from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
 from bert_mgpu.io.span_serving import span_endpoint
 from bert_mgpu.io.trained import build_model
+from bert_mgpu.model.crf import viterbi_tf
 from bert_mgpu.model.objectives import objective
 
 # run_squad's defaults, for a question answerer whose run did not record its own.
@@ -89,6 +89,7 @@ def write_saved_model(trained, path, precision="float32"):
 
     archive = keras.export.ExportArchive()
     archive.track(model)
+    crf = None
     if trained.kind == "question_answerer":
         text_specs = [tf.TensorSpec([None], tf.string, name=n) for n in ("question", "context")]
         facts = {**SQUAD_DEFAULTS, **trained.facts}
@@ -96,7 +97,10 @@ def write_saved_model(trained, path, precision="float32"):
                              text_specs)
     elif trained.kind == "tagger":
         text_specs = _text_specs(False)
-        archive.add_endpoint("serving_default", _tagger_endpoint(trained, tokenizer, model), text_specs)
+        if "crf/transitions" in trained.weights:  # kept as a variable: the export reads back as a CRF tagger
+            crf = tf.Variable(trained.weights["crf/transitions"], trainable=False, name="crf_transitions")
+            archive.add_variable_collection("crf", [crf])
+        archive.add_endpoint("serving_default", _tagger_endpoint(trained, tokenizer, model, crf), text_specs)
     elif trained.pairs:
         text_specs = _text_specs(True)
         archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b), text_specs)
@@ -106,6 +110,8 @@ def write_saved_model(trained, path, precision="float32"):
     archive.add_endpoint("serving_ids", run, _id_specs())
     # Every weight, its Google name in the meta file: what `read_saved_model` reads back.
     named = _named_variables(model, backbone)
+    if crf is not None:
+        named["crf/transitions"] = crf
     archive.add_variable_collection("bert_weights", list(named.values()))
     archive.write_out(path, verbose=False)
     storage.makedirs(os.path.join(path, EXTRA))
@@ -130,16 +136,13 @@ def _named_variables(model, backbone):
 
 
 
-def _tagger_endpoint(trained, tokenizer, model):
+def _tagger_endpoint(trained, tokenizer, model, crf=None):
     """Raw text -> each word's tag and the entities, with character offsets into the text: the words cut as
-    `split_words` cuts them, labels read on each word's first WordPiece. A text of more than
-    max_seq_length - 2 WordPieces is read up to there: its later words are tagged O (`BertTagger.predict`
-    reads long texts in windows)."""
+    `split_words` cuts them, labels read on each word's first WordPiece (with `crf`, its transitions: the
+    Viterbi path over the text's words). A text of more than max_seq_length - 2 WordPieces is read up to
+    there: its later words are tagged O (`BertTagger.predict` reads long texts in windows)."""
     labels = list(trained.labels)
     head = trained.head
-    if "crf/transitions" in trained.weights:
-        raise UserError("--crf --export_format=saved_model: the served graph does not decode a CRF yet; export "
-                        "google")
     room, pad = trained.max_seq_length - 2, tokenizer.pad_id
     outside = labels.index("O") if "O" in labels else 0
 
@@ -167,9 +170,17 @@ def _tagger_endpoint(trained, tokenizer, model):
                        training=False)
         width = tf.shape(logits)[1]
         at = tf.cast(rows, tf.int32) * width + tf.minimum(first + 1, width - 1)
-        chosen = tf.argmax(tf.gather(tf.reshape(logits, [-1, len(labels)]), at), -1, output_type=tf.int32)
-        tag_ids = tf.where(first < room, chosen, outside)
+        scores = tf.gather(tf.reshape(logits, [-1, len(labels)]), at)  # each word's, on its first piece
         count = tf.size(rows)
+        if crf is None:
+            tag_ids = tf.where(first < room, tf.argmax(scores, -1, output_type=tf.int32), outside)
+        else:  # the window's words of each text (a prefix of them), decoded together
+            kept = tf.where(first < room)[:, 0]
+            words_in = tf.RaggedTensor.from_value_rowids(tf.gather(scores, kept), tf.gather(rows, kept),
+                                                         tf.cast(n, tf.int64))
+            paths = viterbi_tf(words_in.to_tensor(), tf.cast(words_in.row_lengths(), tf.int32), crf)
+            decoded = tf.RaggedTensor.from_tensor(paths, lengths=words_in.row_lengths()).flat_values
+            tag_ids = tf.tensor_scatter_nd_update(tf.fill([count], outside), kept[:, None], decoded)
         last_in_row = (rows != tf.roll(rows, -1, 0)) | (tf.range(count) == count - 1)
         first_word, last_word, kind, types = head.serving_chunks(tag_ids, last_in_row, labels)
         entity_rows = tf.gather(rows, first_word)

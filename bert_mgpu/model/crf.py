@@ -4,7 +4,8 @@ The score of a tag path y over n positions is sum_t emissions[t, y_t] + sum_{t>0
 the likelihood normalizes it over every path (the forward algorithm, in float32 whatever the policy). Only
 the positions that carry a label take part (each word's first WordPiece): they are moved to the front of their
 row by a stable sort, so shapes stay static (XLA) and the chain runs word to word, as BERT-BiLSTM-CRF-NER's
-and bert4keras' CRFs do over their tokens. Decoding runs on the host per window (`viterbi`).
+and bert4keras' CRFs do over their tokens. Decoding runs on the host per window (`viterbi`), and in a
+SavedModel's graph over each text's words (`viterbi_tf`).
 
 Example:
     crf = CRF(num_labels)                  # in the model, after the head: it passes the scores through
@@ -77,3 +78,35 @@ def viterbi(emissions, transitions):
     for pointers in reversed(back):
         path.append(int(pointers[path[-1]]))
     return np.array(path[::-1], np.int64)
+
+
+def viterbi_tf(emissions, lengths, transitions):
+    """`viterbi` in TensorFlow ops over rows: emissions [rows, n, labels], each row's first `lengths` positions
+    its own -> the best paths [rows, n] (positions past a row's length repeat its last tag)."""
+    emissions = tf.cast(emissions, tf.float32)
+    transitions = tf.cast(tf.convert_to_tensor(transitions), tf.float32)
+    labels = tf.shape(transitions)[0]
+    time_major = tf.transpose(emissions, [1, 0, 2])
+    live = tf.transpose(tf.sequence_mask(lengths, tf.shape(emissions)[1]))
+    stay = tf.range(labels)[None, :]  # a step past a row's end points each tag at itself
+
+    def forward(carry, step):
+        score, _ = carry
+        emission, alive = step
+        total = score[:, :, None] + transitions[None]  # [rows, from, to]
+        moved = tf.reduce_max(total, 1) + emission
+        back = tf.argmax(total, 1, output_type=tf.int32)
+        return (tf.where(alive[:, None], moved, score),
+                tf.where(alive[:, None], back, tf.broadcast_to(stay, tf.shape(back))))
+
+    rows = tf.shape(emissions)[0]
+    start = (time_major[0], tf.zeros([rows, labels], tf.int32))
+    scores, backs = tf.scan(forward, (time_major[1:], live[1:]), initializer=start)
+    last = tf.cond(tf.shape(time_major)[0] > 1, lambda: scores[-1], lambda: time_major[0])
+    best = tf.argmax(last, 1, output_type=tf.int32)
+
+    def backward(tag, back):
+        return tf.gather(back, tag, batch_dims=1)
+
+    earlier = tf.scan(backward, backs, initializer=best, reverse=True)  # the tag before each later step
+    return tf.transpose(tf.concat([earlier, best[None]], 0))

@@ -133,4 +133,5 @@ class CRFTagging(TokenClassification):
         return lambda scores: viterbi(scores, transitions)
 
     def hf_architecture(self, weights):
-        raise UserError("--crf: transformers' BertForTokenClassification has no CRF; export the model as google")
+        raise UserError("--crf: transformers' BertForTokenClassification has no CRF; export the model as google "
+                        "or saved_model")
