@@ -111,9 +111,13 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
             got["entity_types"][i], got["entity_texts"][i], got["entity_starts"][i], got["entity_ends"][i])
             if s >= 0] == [(e["type"], e["text"], e["start"], e["end"]) for e in found]
     assert sum(1 for row in got["entity_types"] for t in row if t) >= 4
-    long = " ".join(t.tokens[0] for t in test)  # 40 words: past the window's 14 pieces, tagged O there
-    tags = [t.decode() for t in served(text=tf.constant([long]))["tags"].numpy()[0]]
-    assert len(tags) == 40 and set(tags[14:]) == {"O"}
+    # Long texts (up to 40 words, windows of 14 pieces 6 apart) are read in windows in the graph, each word
+    # tagged from the window with most context: the tags predict gives, word for word.
+    long = [" ".join(s.tokens) for s in test[:12]] + [" ".join(t.tokens[0] for t in test)]
+    got = served(text=tf.constant(long))["tags"].numpy()
+    for row, want in zip(got, tagger.predict_tags(long)):
+        assert [t.decode() for t in row[:len(want)]] == want and not any(row[len(want):])
+    assert sum(len(s.tokens) > 14 for s in test[:12]) >= 6
     back = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "served"), towers=towers, max_seq_length=16,
                                                 doc_stride=6, precision="float32")
     assert back.labels == NER_TAGS and back.predict_tags(texts) == tagger.predict_tags(texts)
@@ -193,12 +197,12 @@ def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with
                                                 doc_stride=6, precision="float32")
     assert back.model.crf is not None and np.array_equal(back.model.crf.transitions.numpy(), t)
     assert back.predict_tags(test) == tagger.predict_tags(test)
-    # The SavedModel decodes the same Viterbi paths in its graph (texts within one window), and reads back
-    # as a CRF tagger.
+    # The SavedModel decodes the same Viterbi paths in its graph, each window's words together, long texts in
+    # windows; it reads back as a CRF tagger.
     import tensorflow as tf
 
     tagger.export(str(tmp_path / "served"), "saved_model")
-    short = ner_sentences(40, 2, 12, seed=4, split="short")
+    short = ner_sentences(40, 2, 40, seed=4, split="short")
     served = tf.saved_model.load(str(tmp_path / "served")).signatures["serving_default"](
         text=tf.constant([" ".join(s.tokens) for s in short]))["tags"].numpy()
     expected = tagger.predict_tags(short)  # Viterbi paths on the host

@@ -24,13 +24,12 @@ import tensorflow as tf
 from bert_mgpu.core import storage
 from bert_mgpu.data.doc_windows import pool_in_graph, windows_in_graph
 from bert_mgpu.data.input_pipeline import encode
-from bert_mgpu.data.tagging_input import split_words_tf
 from bert_mgpu.data.tokenization import FullTokenizer
 from bert_mgpu.io import weight_names
 from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
 from bert_mgpu.io.span_serving import span_endpoint
+from bert_mgpu.io.tag_serving import tagger_endpoint
 from bert_mgpu.io.trained import build_model
-from bert_mgpu.model.crf import viterbi_tf
 from bert_mgpu.model.objectives import objective
 
 # run_squad's defaults, for a question answerer whose run did not record its own.
@@ -100,7 +99,7 @@ def write_saved_model(trained, path, precision="float32"):
         if "crf/transitions" in trained.weights:  # kept as a variable: the export reads back as a CRF tagger
             crf = tf.Variable(trained.weights["crf/transitions"], trainable=False, name="crf_transitions")
             archive.add_variable_collection("crf", [crf])
-        archive.add_endpoint("serving_default", _tagger_endpoint(trained, tokenizer, model, crf), text_specs)
+        archive.add_endpoint("serving_default", tagger_endpoint(trained, tokenizer, model, crf), text_specs)
     elif trained.pairs:
         text_specs = _text_specs(True)
         archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b), text_specs)
@@ -132,69 +131,3 @@ def _named_variables(model, backbone):
     if getattr(model, "head", None) is not None:
         named["classifier/kernel"], named["classifier/bias"] = model.head.kernel, model.head.bias
     return named
-
-
-
-
-def _tagger_endpoint(trained, tokenizer, model, crf=None):
-    """Raw text -> each word's tag and the entities, with character offsets into the text: the words cut as
-    `split_words` cuts them, labels read on each word's first WordPiece (with `crf`, its transitions: the
-    Viterbi path over the text's words). A text of more than max_seq_length - 2 WordPieces is read up to
-    there: its later words are tagged O (`BertTagger.predict` reads long texts in windows)."""
-    labels = list(trained.labels)
-    head = trained.head
-    room, pad = trained.max_seq_length - 2, tokenizer.pad_id
-    outside = labels.index("O") if "O" in labels else 0
-
-    def tag(text):
-        words, byte_starts, byte_ends = split_words_tf(text)
-        rows = words.value_rowids()
-        flat_text = tf.gather(text, rows)
-        byte_starts, byte_ends = byte_starts.flat_values, byte_ends.flat_values
-        char = lambda ends: tf.strings.length(tf.strings.substr(flat_text, tf.zeros_like(ends), ends),  # noqa: E731
-                                              unit="UTF8_CHAR")
-        starts, ends = char(byte_starts), char(byte_ends)
-        pieces = tokenizer(words.flat_values)  # [words, (pieces)]; a word with none reads as [UNK]
-        plus = tf.concat([pieces, tf.RaggedTensor.from_tensor(tf.fill([tf.shape(rows)[0], 1], tokenizer.unk_id))], 1)
-        pieces = tf.ragged.boolean_mask(plus, tf.ragged.range(plus.row_lengths()) < tf.maximum(
-            pieces.row_lengths(), 1)[:, None])
-        counts = tf.cast(pieces.row_lengths(), tf.int32)
-        before = tf.cumsum(counts, exclusive=True)
-        first = before - tf.gather(tf.gather(tf.concat([before, [0]], 0), tf.cast(words.row_splits, tf.int32)),
-                                   tf.cast(rows, tf.int32))  # each word's first piece within its text
-        per_text = tf.RaggedTensor.from_row_splits(pieces, words.row_splits).merge_dims(1, 2)[:, :room]
-        n = tf.shape(text)[0]
-        ids = tf.concat([tf.fill([n, 1], tokenizer.cls_id), per_text,
-                         tf.fill([n, 1], tokenizer.sep_id)], 1).to_tensor(pad)
-        logits = model({"token_ids": ids, "segment_ids": tf.zeros_like(ids), "padding_mask": ids != pad},
-                       training=False)
-        width = tf.shape(logits)[1]
-        at = tf.cast(rows, tf.int32) * width + tf.minimum(first + 1, width - 1)
-        scores = tf.gather(tf.reshape(logits, [-1, len(labels)]), at)  # each word's, on its first piece
-        count = tf.size(rows)
-        if crf is None:
-            tag_ids = tf.where(first < room, tf.argmax(scores, -1, output_type=tf.int32), outside)
-        else:  # the window's words of each text (a prefix of them), decoded together
-            kept = tf.where(first < room)[:, 0]
-            words_in = tf.RaggedTensor.from_value_rowids(tf.gather(scores, kept), tf.gather(rows, kept),
-                                                         tf.cast(n, tf.int64))
-            paths = viterbi_tf(words_in.to_tensor(), tf.cast(words_in.row_lengths(), tf.int32), crf)
-            decoded = tf.RaggedTensor.from_tensor(paths, lengths=words_in.row_lengths()).flat_values
-            tag_ids = tf.tensor_scatter_nd_update(tf.fill([count], outside), kept[:, None], decoded)
-        last_in_row = (rows != tf.roll(rows, -1, 0)) | (tf.range(count) == count - 1)
-        first_word, last_word, kind, types = head.serving_chunks(tag_ids, last_in_row, labels)
-        entity_rows = tf.gather(rows, first_word)
-        span = tf.gather(byte_starts, first_word)
-        n64 = tf.cast(n, tf.int64)
-        by_entity = lambda values: tf.RaggedTensor.from_value_rowids(values, entity_rows, n64)  # noqa: E731
-        by_word = lambda values: tf.RaggedTensor.from_value_rowids(values, rows, n64)  # noqa: E731
-        texts = tf.strings.substr(tf.gather(flat_text, first_word), span,
-                                  tf.gather(byte_ends, last_word) - span)
-        return {"tags": by_word(tf.gather(tf.constant(labels), tag_ids)).to_tensor(""),
-                "word_starts": by_word(starts).to_tensor(-1), "word_ends": by_word(ends).to_tensor(-1),
-                "entity_types": by_entity(tf.gather(tf.constant(types or [""]), kind)).to_tensor(""),
-                "entity_texts": by_entity(texts).to_tensor(""),
-                "entity_starts": by_entity(tf.gather(starts, first_word)).to_tensor(-1),
-                "entity_ends": by_entity(tf.gather(ends, last_word)).to_tensor(-1)}
-
-    return tag

@@ -94,7 +94,8 @@ def from_tagger(tagger):
     if getattr(tagger.model, "crf", None) is not None:
         weights["crf/transitions"] = np.asarray(tagger.model.crf.transitions.numpy(), np.float32)
     return Trained("tagger", tagger.config, tagger.tokenizer.vocab_file, tagger.tokenizer.do_lower_case, weights,
-                   list(tagger.labels), TokenClassification.name, tagger.max_seq_length)
+                   list(tagger.labels), TokenClassification.name, tagger.max_seq_length,
+                   facts={"doc_stride": tagger._stride()})
 
 
 def from_multiple_choice(mc):
