@@ -83,7 +83,11 @@ def test_saved_model_serves_raw_text_in_a_process_without_bert_mgpu(trained, tmp
     served = np.load(tmp_path / "served.npz")
     ours = clf.predict(batch, batch_size=64)
     assert served["probabilities"].shape == (1000, 2)
-    assert np.abs(served["probabilities"] - ours).max() <= 1e-5
+    # Two float32 code paths (keras-hub's graph, one batch of 1,000; the fused encoder, batches of 64): on an
+    # Intel Xeon with AMX one text of 1,000 differs by 1.4e-5 (1.9e-5 with oneDNN off), a logit 5.6e-5 apart
+    # at p = 0.53; the rest by under 1e-6.
+    assert np.abs(served["probabilities"] - ours).max() <= 5e-5
+    assert (np.abs(served["probabilities"] - ours).max(1) > 1e-6).sum() <= 10
     assert np.abs(served["one"] - ours[:1]).max() <= 1e-5
     assert list(served["labels"]) == [clf.labels[i] for i in ours.argmax(1)]
     assert (served["label_ids"] == ours.argmax(1)).all()
