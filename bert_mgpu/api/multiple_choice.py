@@ -185,8 +185,9 @@ class BertMultipleChoice(FineTuned):
 
     def evaluate(self, questions, batch_size: int = 8, verbose="auto") -> dict:
         """Accuracy and the mean loss over questions, as eval_<name>."""
-        questions, scores = self.scores(questions, batch_size, verbose, "eval")
+        questions = as_questions(questions)
         if any(q.label is None for q in questions):
             raise UserError("evaluation questions need labels")
+        questions, scores = self.scores(questions, batch_size, verbose, "eval")
         results = self.objective.evaluate(scores, [q.label for q in questions])
         return {**results, "global_step": self.global_step, "eval_examples": len(questions)}
