@@ -17,9 +17,7 @@ import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choices import SLOT
-from bert_mgpu.data.input_pipeline import traced_encode
-
-_CHUNK = 8192  # choices tokenized per call
+from bert_mgpu.data.input_pipeline import _CHUNK, traced_encode
 
 
 @dataclasses.dataclass
