@@ -112,8 +112,12 @@ def run():
         predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
             form = tagged.detect_format(files["test"]) if FLAGS.data_format == "auto" else FLAGS.data_format
-            paths = storage.write_set(FLAGS.output_dir, tagger.objective.prediction_files(test, predicted, form))
+            files = tagger.objective.prediction_files(test, predicted, form)
+            paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
+            if "test_results.txt" in files:
+                print("test: " + ", ".join(line.replace(" = ", " ") for line in files["test_results.txt"].splitlines()
+                                           if line.startswith(("test_f1", "test_precision", "test_recall"))))
     if towers.is_chief:
         cli.run_exports(tagger, exports)
         if FLAGS.do_train:

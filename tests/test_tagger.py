@@ -152,6 +152,14 @@ def test_prediction_files_give_conll_columns_entities_with_character_offsets_and
     assert [(e["text"], e["start"], e["end"]) for e in second["entities"]] == [("New York", 0, 8), ("is", 9, 11)]
     assert json.loads(files["cluener_predict.json"].splitlines()[0]) == {
         "id": 0, "label": {"PER": {"张三": [[0, 1]]}, "LOC": {"北京": [[3, 4]]}}}
+    assert "test_results.txt" not in files  # the first sentence has no true tags
+    tagged = [Sentence("test-0", list("张三在北京"), ["B-PER", "I-PER", "O", "B-LOC", "O"], 1), sentences[1]]
+    results = dict(line.split(" = ") for line in TokenClassification().prediction_files(
+        tagged, predicted)["test_results.txt"].splitlines())
+    # Right: 张三 and New York; predicted 4 (张三, 北京, New York, is), true 3 (张三, 北, New York): P 2/4, R 2/3.
+    assert float(results["test_precision"]) == 0.5 and float(results["test_recall"]) == pytest.approx(2 / 3)
+    assert float(results["test_f1"]) == pytest.approx(4 / 7) and float(results["test_accuracy"]) == 6 / 8
+    assert results["report_LOC_support"] == "2" and float(results["report_PER_precision"]) == 0.5
 
 
 def test_stray_inside_tags_are_counted_in_one_warning(tmp_path, caplog):

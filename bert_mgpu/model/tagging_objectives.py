@@ -85,7 +85,8 @@ class TokenClassification(Objective):
         """{file name: text} for sentences (guid, tokens, tags or None) and their predicted tags:
         predict.txt (CoNLL columns `token [true] predicted`, a blank line between sentences: what conlleval
         reads), predictions.jsonl (each sentence's text and entities: type, text, character start and end in
-        the text, end exclusive, and the token span) and, for CLUENER's data, cluener_predict.json (its
+        the text, end exclusive, and the token span), test_results.txt when every sentence has its true tags
+        (eval_results.txt's scores, named test_) and, for CLUENER's data, cluener_predict.json (its
         submission format, character offsets, end inclusive). The text is the tokens joined by a space, or
         run together when every token is one character (Chinese)."""
         columns, found, cluener = [], [], []
@@ -107,6 +108,11 @@ class TokenClassification(Objective):
                 label.setdefault(e["type"], {}).setdefault(e["text"], []).append([e["start"], e["end"] - 1])
             cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
         files = {"predict.txt": "".join(columns), "predictions.jsonl": "".join(found)}
+        if sentences and all(s.tags is not None for s in sentences):  # a tagged test set: conlleval's scores
+            results, report = self.evaluate([s.tags for s in sentences], predicted)
+            files["test_results.txt"] = "".join(f"test_{k[5:]} = {v}\n" for k, v in sorted(results.items())) + "".join(
+                f"report_{kind}_{name} = {values[name]}\n" for kind, values in report.items()
+                for name in ("precision", "recall", "f1", "support"))
         if data_format == "cluener":
             files["cluener_predict.json"] = "".join(cluener)
         return files
