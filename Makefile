@@ -123,7 +123,8 @@ ner-demo: $(NER)/train.txt assets
 	  --num_train_epochs=2 --learning_rate=1e-4 --eval_every_steps=500 --load_best_model_at_end \
 	  --eval_batch_size=64 --predict_batch_size=64
 	@grep "dictionary baseline" $(NER)/baseline.txt
-	@echo "bert_mgpu on dev: $$(grep -E '^eval_f1' $(NER_OUT)/eval_results.txt)"
+	@echo "bert_mgpu: dev $$(grep -E '^eval_f1' $(NER_OUT)/eval_results.txt), test $$(grep -E '^test_f1' \
+	  $(NER_OUT)/test_results.txt)"
 
 # Long documents: the Linux manual pages (Debian's manpages and manpages-dev, downloaded, never installed), each
 # page labelled with its section (2 system calls, 3 library functions, 4, 5, 7), classified at 128 pieces

@@ -115,9 +115,10 @@ def run():
             files = tagger.objective.prediction_files(test, predicted, form)
             paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
-            if "test_results.txt" in files:
-                print("test: " + ", ".join(line.replace(" = ", " ") for line in files["test_results.txt"].splitlines()
-                                           if line.startswith(("test_f1", "test_precision", "test_recall"))))
+            if "test_results.txt" in files:  # the test file has its tags
+                scores = dict(line.split(" = ") for line in files["test_results.txt"].splitlines())
+                print(f"test: entity f1 {float(scores['test_f1']):.4f} (precision {float(scores['test_precision']):.4f}"
+                      f", recall {float(scores['test_recall']):.4f}) on {len(test)} sentences")
     if towers.is_chief:
         cli.run_exports(tagger, exports)
         if FLAGS.do_train:
