@@ -159,7 +159,8 @@ def test_a_question_answerer_learns_on_two_towers_answers_long_contexts_in_windo
                                                               max_seq_length=24, doc_stride=6, max_query_length=4,
                                                               precision="float32")
         assert back.answer(test).predictions == expected, source
-    loaded = bert_mgpu.BertQuestionAnswerer.from_pretrained(os.path.join(out, "best"), towers=towers)
+    loaded = bert_mgpu.BertQuestionAnswerer.from_pretrained(os.path.join(out, "best"), towers=towers,
+                                                            precision="float32")  # as trained (see test_tagger)
     assert (loaded.max_seq_length, loaded.doc_stride, loaded.max_query_length) == (24, 6, 4)
     assert loaded.evaluate(test)["eval_f1"] == pytest.approx(results["eval_f1"], abs=1e-9)
 
