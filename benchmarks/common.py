@@ -184,3 +184,32 @@ def torch_adamw(model, learning_rate, steps, warmup_proportion):
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                                   lr=learning_rate, eps=1e-6)
     return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, int(steps * warmup_proportion), steps)
+
+
+def paired_torch_steps(model, batches, loss_of, learning_rate, warmup_proportion, log_every):
+    """transformers' side of a strictly paired run: `loss_of(batch)` on each of bert_mgpu's batches in its
+    order, with bert_mgpu's formulas (AdamW with google-bert's weight decay, its warmup and linear decay over
+    all steps, Keras' epsilon, clipping at 1.0) -> ({step: the interval's mean loss, as bert_mgpu logs it},
+    seconds)."""
+    import torch
+
+    steps = len(batches)
+    optimizer, _ = torch_adamw(model, learning_rate, steps, warmup_proportion)
+    warmup = int(steps * warmup_proportion)
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # google-bert's decay: over all steps, warmup on top
+        optimizer, lambda k: k / warmup if k < warmup else max(0.0, 1.0 - k / steps))
+    model.train()
+    started, losses, interval = time.monotonic(), {}, []
+    for done, batch in enumerate(batches, 1):
+        loss = loss_of(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        for group in optimizer.param_groups:  # Keras adds epsilon before the bias correction of v, torch after
+            group["eps"] = 1e-6 / np.sqrt(1 - 0.999 ** done)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        interval.append(float(loss))
+        if done % log_every == 0 or done == steps:
+            losses[done], interval = float(np.mean(interval)), []
+    return losses, time.monotonic() - started

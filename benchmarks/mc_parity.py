@@ -117,26 +117,11 @@ def transformers_run(seed, model_dir, work):
 
     rows = encode_questions(train, tokenizer, RECIPE["max_seq_length"])
     steps = int(len(train) / RECIPE["batch"] * RECIPE["epochs"])
-    optimizer, _ = common.torch_adamw(model, RECIPE["learning_rate"], steps, RECIPE["warmup_proportion"])
-    warmup = int(steps * RECIPE["warmup_proportion"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # google-bert's decay: over all steps, warmup on top
-        optimizer, lambda k: k / warmup if k < warmup else max(0.0, 1.0 - k / steps))
-    model.train()
-    started, losses, interval = time.monotonic(), {}, []
-    for done, batch in enumerate(shared["order"].tolist()[:steps], 1):
-        batch = np.array(batch)
-        loss = torch.nn.functional.cross_entropy(scores(rows, batch), torch.tensor(rows.labels[batch]).long())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for group in optimizer.param_groups:  # Keras adds epsilon before the bias correction of v, torch after
-            group["eps"] = 1e-6 / np.sqrt(1 - 0.999 ** done)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        interval.append(float(loss))
-        if done % LOG_EVERY == 0 or done == steps:  # the interval's mean, as bert_mgpu logs it
-            losses[done], interval = float(np.mean(interval)), []
-    seconds = time.monotonic() - started
+    labels = torch.tensor(rows.labels).long()
+    losses, seconds = common.paired_torch_steps(
+        model, shared["order"].tolist()[:steps],
+        lambda batch: torch.nn.functional.cross_entropy(scores(rows, np.array(batch)), labels[np.array(batch)]),
+        RECIPE["learning_rate"], RECIPE["warmup_proportion"], LOG_EVERY)
     model.eval()
     dev_rows = encode_questions(dev, tokenizer, RECIPE["max_seq_length"])
     with torch.no_grad():

@@ -153,29 +153,15 @@ def transformers_run(seed, model_dir, work, made_up):
                                                 reduction="none") * weight.reshape(-1)
         return per.sum() / weight.sum().clamp(min=1.0)
 
-    windows, steps = shared["windows"], len(shared["order"])
-    optimizer, _ = common.torch_adamw(model, RECIPE["learning_rate"], steps, RECIPE["warmup_proportion"])
-    warmup = int(steps * RECIPE["warmup_proportion"])
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # google-bert's decay: over all steps, warmup on top
-        optimizer, lambda k: k / warmup if k < warmup else max(0.0, 1.0 - k / steps))
-    model.train()
-    started, losses, interval = time.monotonic(), {}, []
-    half = RECIPE["batch"] // 2
-    for done, batch in enumerate(shared["order"], 1):
+    windows, half = shared["windows"], RECIPE["batch"] // 2
+
+    def loss_of(batch):
         ids, tags = tensors([windows[i] for i in batch])
         logits = model(input_ids=ids, token_type_ids=torch.zeros_like(ids), attention_mask=(ids != 0).long()).logits
-        loss = (half_loss(logits[:half], tags[:half]) + half_loss(logits[half:], tags[half:])) / 2  # two towers
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for group in optimizer.param_groups:  # Keras adds epsilon before the bias correction of v, torch after
-            group["eps"] = 1e-6 / np.sqrt(1 - 0.999 ** done)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        interval.append(float(loss))
-        if done % LOG_EVERY == 0 or done == steps:  # the interval's mean, as bert_mgpu logs it
-            losses[done], interval = float(np.mean(interval)), []
-    seconds = time.monotonic() - started
+        return (half_loss(logits[:half], tags[:half]) + half_loss(logits[half:], tags[half:])) / 2  # two towers
+
+    losses, seconds = common.paired_torch_steps(model, shared["order"], loss_of, RECIPE["learning_rate"],
+                                                RECIPE["warmup_proportion"], LOG_EVERY)
     model.eval()
     test_windows, logits = shared["test_windows"], []
     with torch.no_grad():
