@@ -112,11 +112,11 @@ def run():
         predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
             form = tagged.detect_format(files["test"]) if FLAGS.data_format == "auto" else FLAGS.data_format
-            files = tagger.objective.prediction_files(test, predicted, form)
-            paths = storage.write_set(FLAGS.output_dir, files)
+            written = tagger.objective.prediction_files(test, predicted, form)
+            paths = storage.write_set(FLAGS.output_dir, written)
             print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
-            if "test_results.txt" in files:  # the test file has its tags
-                scores = dict(line.split(" = ") for line in files["test_results.txt"].splitlines())
+            if "test_results.txt" in written:  # the test file has its tags
+                scores = dict(line.split(" = ") for line in written["test_results.txt"].splitlines())
                 print(f"test: entity f1 {float(scores['test_f1']):.4f} (precision {float(scores['test_precision']):.4f}"
                       f", recall {float(scores['test_recall']):.4f}) on {len(test)} sentences")
     if towers.is_chief:
