@@ -34,8 +34,6 @@ TYPES = {"mod": "MOD", "class": "CLASS", "func": "FUNC", "meth": "FUNC", "exc": 
 MARKUP = re.compile(r":(?P<role>[a-z:]+):`(?P<target>[^`]*)`|``(?P<literal>.*?)``|\*\*?")
 WORD = re.compile(r"\w+(?:\.\w+)*|[^\w\s]")
 SHOWN = re.compile(r"^(?P<shown>.*?)\s*<[^>]*>$")  # :func:`title <str.title>` shows "title"
-
-
 CODE_DIRECTIVE = re.compile(r"\.\. (code-block|sourcecode|doctest|testcode|testoutput|testsetup|productionlist"
                             r"|literalinclude|highlight|raw|csv-table|list-table|table|math)::")
 BULLET = re.compile(r"^(?:[-*+]|#\.|\d+\.)\s+")
