@@ -3,9 +3,9 @@
 Ops run one at a time (`inter_op_parallelism_threads=1`), so the sums add up to the step's wall time and
 no op's time is counted twice.
 
-Usage: python benchmarks/profile_step.py CASE [--steps 3] [--top 25]   (CASE: a, b, c, d or eb; see common.py)
+Usage: python benchmarks/profile_step.py CASE [--steps 3] [--top 25]   (CASE: a, b, c, d, t, eb or et; see common.py)
 
-For eb a "step" is one whole prediction pass over the Rotten Tomatoes dev set (after a warm-up pass).
+For eb and et a "step" is one whole prediction pass over the case's set (after a warm-up pass).
 """
 
 import argparse
@@ -53,7 +53,7 @@ def op_times(logdir):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("case", choices=["a", "b", "c", "d", "eb"])
+    ap.add_argument("case", choices=["a", "b", "c", "d", "t", "eb", "et"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -62,15 +62,16 @@ def main():
     tf.config.threading.set_inter_op_parallelism_threads(1)
     import bench_bert_mgpu
 
-    if args.case == "eb":
+    predicting = args.case in ("eb", "et")
+    if predicting:
         trainer = bench_bert_mgpu.build(args.case)[2]
-        step = lambda: trainer.predict_logits(bench_bert_mgpu.rt_dataset(args.case))  # noqa: E731
+        step = lambda: trainer.predict_logits(bench_bert_mgpu.case_dataset(args.case))  # noqa: E731
     else:
         trainer, dist = bench_bert_mgpu.setup(args.case)
         step = lambda: trainer.train_step(next(dist))  # noqa: E731
     import common
 
-    for _ in range(1 if args.case == "eb" else max(3, common.CASES[args.case]["warmup"])):
+    for _ in range(1 if predicting else max(3, common.CASES[args.case]["warmup"])):
         step()  # (b): every length bucket traced and compiled before the profile
     logdir = tempfile.mkdtemp(prefix="bert_mgpu_profile_")
     tf.profiler.experimental.start(logdir)

@@ -88,7 +88,7 @@ def test_an_hfl_roberta_wwm_ext_release_loads_and_predicts_as_transformers_bert(
     assert pre.kind == "google" and pre.config.vocab_size == 21128 and pre.config.num_hidden_layers == 3
     tok = FullTokenizer(str(release / "vocab.txt"), do_lower_case=True)
     texts = ["使用语言模型来预测下一个词。", "今天天气很好！"]
-    rows = [[tok.cls_id, *tok(np.array([t]))[0], tok.sep_id] for t in texts]
+    rows = [[tok.cls_id, *ids, tok.sep_id] for ids in tok.id_lists(texts)]
     assert [tok.vocab[i] for i in rows[0][:3]] == ["[CLS]", "使", "用"] and rows[0][0] == 101  # Google's layout
     width = max(map(len, rows))
     ids = np.array([r + [0] * (width - len(r)) for r in rows], np.int32)

@@ -35,7 +35,7 @@ def reference_log_probs(model, tok, text):
     """transformers: each token masked in turn, its log-probability there."""
     import torch
 
-    ids = [tok.cls_id, *tok(np.array([text]))[0], tok.sep_id]
+    ids = [tok.cls_id, *tok.id_lists([text])[0], tok.sep_id]
     out = []
     for t in range(1, len(ids) - 1):
         copy = list(ids)
@@ -70,7 +70,7 @@ def test_scores_equal_transformers_masked_lm_and_fill_mask_its_top_tokens(refere
         pieces = text.split("[MASK]")
         ids = [tok.cls_id]
         for k, piece in enumerate(pieces):
-            ids += list(tok(np.array([piece]))[0]) + ([tok.mask_id] if k < len(pieces) - 1 else [])
+            ids += tok.id_lists([piece])[0] + ([tok.mask_id] if k < len(pieces) - 1 else [])
         ids.append(tok.sep_id)
         where = [i for i, t in enumerate(ids) if t == tok.mask_id]
         with torch.no_grad():

@@ -37,6 +37,18 @@ def test_ids_and_specials(minilm_dir):
     assert tok.convert_tokens_to_ids(tok.tokenize("hello world")) == [7592, 2088]
 
 
+def test_eager_calls_take_the_tf_data_path(minilm_dir):
+    """Called eagerly, keras-hub's tokenizer would run its Python path; ours runs the graph tf.data runs."""
+    import tensorflow as tf
+
+    tok = FullTokenizer(os.path.join(minilm_dir, "vocab.txt"))
+    eager = tok(tf.constant(TEXTS))
+    assert isinstance(eager, tf.RaggedTensor)
+    in_data = next(iter(tf.data.Dataset.from_tensors(tf.constant(TEXTS)).map(tok)))
+    assert eager.to_list() == in_data.to_list() == tok.id_lists(TEXTS)
+    assert tok.id_lists(["", "hello world"]) == [[], [7592, 2088]]
+
+
 def test_vocab_without_bert_specials_is_refused(tmp_path):
     p = tmp_path / "vocab.txt"
     p.write_text("hello\nworld\n")

@@ -20,7 +20,7 @@ import tensorflow as tf
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import make_dataset, pair_kind, traced_encode
 from bert_mgpu.data.tasks import as_examples
-from bert_mgpu.data.tokenization import FullTokenizer
+from bert_mgpu.data.tokenization import FullTokenizer, rows
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_backbone
 from bert_mgpu.parallel.devices import Towers
@@ -117,6 +117,6 @@ class Encoder:
             has_b = np.array([e.text_b is not None for e in chunk])  # as make_dataset encodes them
             ids, _ = traced_encode(self.tokenizer, self.max_seq_length, pair_kind(has_b))(
                 np.array([e.text_a for e in chunk], object), np.array([e.text_b or "" for e in chunk], object), has_b)
-            for row, v in zip(ids.to_list(), values):
+            for row, v in zip(rows(ids), values):
                 out.append(([self.tokenizer.vocab[i] for i in row], v[:, :len(row)]))
         return out

@@ -22,8 +22,7 @@ def encode(tokenizer, text):
     """A text's WordPiece ids; "[MASK]" written in it becomes the [MASK] token (the tokenizer alone would cut
     it into "[", "mask", "]")."""
     parts = text.split(MASK_TEXT)
-    pieces = tokenizer(tf.constant(parts))
-    pieces = [list(p.numpy()) if hasattr(p, "numpy") else list(p) for p in pieces]
+    pieces = tokenizer.id_lists(parts)
     ids = list(pieces[0])
     for part in pieces[1:]:
         ids += [tokenizer.mask_id, *part]

@@ -25,7 +25,7 @@ import random
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data import word_segments
+from bert_mgpu.data import tokenization, word_segments
 from bert_mgpu.data.masking import MaskPlan, candidates
 
 log = logging.getLogger("bert_mgpu")
@@ -108,8 +108,8 @@ def _codes(tokenizer, lines, segment, ref):
     if segment is not None:
         ids, starts = word_segments.tokenize_with_word_starts(tokenizer, tf.constant(lines), segment)
         return [[t if s else t | CONTINUES for t, s in zip(row, flags)]
-                for row, flags in zip(ids.to_list(), starts.to_list())]
-    rows = [r.numpy().tolist() if hasattr(r, "numpy") else list(r) for r in tokenizer(tf.constant(lines))]
+                for row, flags in zip(tokenization.rows(ids), tokenization.rows(starts))]
+    rows = tokenizer.id_lists(lines)
     if ref is None:
         return rows
     return [[t if s else t | CONTINUES for t, s in zip(row, ref.starts(len(row)))] if line else row

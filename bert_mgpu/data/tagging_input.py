@@ -45,9 +45,7 @@ def word_pieces(tokenizer, words, chunk=8192):
     """The WordPiece ids of each word, tokenized in batches of `chunk` words -> [[id, ...], ...]."""
     pieces = []
     for i in range(0, len(words), chunk):
-        ragged = tokenizer(tf.constant(words[i:i + chunk]))  # eagerly, keras-hub may give Python lists
-        rows = ragged.to_list() if hasattr(ragged, "to_list") else [list(r) for r in ragged]
-        pieces.extend(list(row) or [tokenizer.unk_id] for row in rows)
+        pieces.extend(ids or [tokenizer.unk_id] for ids in tokenizer.id_lists(words[i:i + chunk]))
     return pieces
 
 

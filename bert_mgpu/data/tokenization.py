@@ -65,21 +65,40 @@ class FullTokenizer:
         self.pad_id = ids.get("[PAD]", 0)
         self.cls_id, self.sep_id, self.unk_id = ids["[CLS]"], ids["[SEP]"], ids["[UNK]"]
         self.mask_id = ids.get("[MASK]")
+        self._eager = None  # __call__'s traced function, made on first eager call
 
     @property
     def vocab_size(self):
         return len(self.vocab)
 
     def __call__(self, texts):
-        """String tensor [batch] -> ragged int32 ids [batch, (tokens)]."""
+        """String tensor [batch] -> ragged int32 ids [batch, (tokens)].
+
+        Called eagerly, keras-hub's layer would take its pure-Python path (ten times slower here, NOTES
+        item 53), so eager calls run the same TensorFlow ops as tf.data does, in one traced function."""
+        if tf.inside_function():
+            return self._ids(texts)
+        if self._eager is None:
+            self._eager = tf.function(self._ids, reduce_retracing=True, autograph=False)
+        return self._eager(tf.convert_to_tensor(texts, tf.string))
+
+    def _ids(self, texts):
         return self._wordpiece(normalize(texts, self.do_lower_case))
+
+    def id_lists(self, texts):
+        """Python strings -> each one's ids as a Python list (tokenized in one call)."""
+        return rows(self(tf.constant(list(texts), tf.string)))
 
     def tokenize(self, text):
         """One Python string -> list of WordPiece strings (for logs and tests)."""
-        ids = self(tf.constant([text]))[0]  # keras-hub returns Python lists when called eagerly
-        ids = ids.numpy().tolist() if hasattr(ids, "numpy") else list(ids)
-        return [self.vocab[i] for i in ids]
+        return [self.vocab[i] for i in self.id_lists([text])[0]]
 
     def convert_tokens_to_ids(self, tokens):
         ids = {t: i for i, t in enumerate(self.vocab)}
         return [ids.get(t, self.unk_id) for t in tokens]
+
+
+def rows(ragged):
+    """An eager ragged tensor [n, (k)] -> n Python lists; five times faster than `to_list()` (NOTES item 53)."""
+    values, cuts = ragged.flat_values.numpy().tolist(), ragged.row_splits.numpy().tolist()
+    return [values[a:b] for a, b in zip(cuts, cuts[1:])]
