@@ -74,6 +74,20 @@ def test_every_hidden_act_computes_one_function_in_keras_training_and_inference(
     assert float(tf.reduce_max(tf.abs(bias_gelu_exact(z, zero) - bias_gelu_tanh(z, zero)))) > 1e-4
 
 
+def test_a_bias_folded_into_its_matmul_gives_the_same_values():
+    """Inference under oneDNN adds the query/key/value bias inside the matmul (a ones column, a bias row)."""
+    from bert_mgpu.model.fused_encoder import _matmul_bias
+
+    rng = np.random.default_rng(0)
+    x, w, b = (rng.normal(size=s).astype(np.float32) for s in ([37, 24], [24, 72], [72]))
+    np.testing.assert_allclose(_matmul_bias(x, w, b, fold=True), x @ w + b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_matmul_bias(x, w, b, fold=False), x @ w + b, rtol=1e-5, atol=1e-5)
+    low = [tf.cast(t, tf.bfloat16) for t in (x, w, b)]
+    exact = tf.cast(low[0], tf.float32) @ tf.cast(low[1], tf.float32) + tf.cast(low[2], tf.float32)
+    folded = tf.cast(_matmul_bias(*low, fold=True), tf.float32)
+    assert folded.shape == (37, 72) and np.abs(folded - exact).max() <= 2 ** -7 * np.abs(exact).max()
+
+
 def test_mixed_precision_never_casts_the_whole_embedding_table():
     """Each step gathers the rows it needs; a cast of the [vocab, hidden] table would read all of it."""
     backbone = build_backbone(tiny_config(30), "mixed_bfloat16")

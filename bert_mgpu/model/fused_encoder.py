@@ -153,7 +153,7 @@ class FusedBertEncoder(keras.layers.Layer):
 
         h = kernels.norm(x, *_read(ln1.gamma, ln1.beta), ln1.epsilon) if pre_ln else x
         if rows is None:
-            qkv = tf.matmul(h, w_qkv) + b_qkv
+            qkv = _matmul_bias(h, w_qkv, b_qkv, fold=not training and _compat.onednn_enabled())
             qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, size]), [2, 0, 3, 1, 4])
             q, k, v = tf.unstack(qkv)  # unstack, not qkv[i]: a slice's gradient writes a full-size zero tensor
         else:
@@ -193,6 +193,17 @@ class FusedBertEncoder(keras.layers.Layer):
         if pre_ln:
             return kernels.bias_dropout_residual(out, self._w(outer.bias), mask, x)
         return kernels.residual_norm(out, self._w(outer.bias), mask, x, *_read(ln2.gamma, ln2.beta), ln2.epsilon)
+
+
+def _matmul_bias(x, w, b, fold):
+    """x @ w + b. With `fold` (inference under oneDNN) the bias rides in the matmul, a row of the weight
+    against a column of ones (then 31 zeros, so the depth stays a multiple of 32): with the bias fused,
+    oneDNN leaves its AMX matmul for a slower inner product (NOTES item 53)."""
+    if not fold:
+        return tf.matmul(x, w) + b
+    ones = tf.one_hot(tf.zeros(tf.shape(x)[:1], tf.int32), 32, dtype=x.dtype)
+    w = tf.concat([w, b[None], tf.zeros([31, tf.shape(w)[1]], w.dtype)], axis=0)
+    return tf.matmul(tf.concat([x, ones], axis=1), w)
 
 
 def set_recompute(model, on):
