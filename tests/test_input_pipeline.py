@@ -91,7 +91,7 @@ def test_evaluation_and_training_inputs_agree_and_evaluation_is_sorted(tok, monk
     tokenizes inside tf.data. Both must give each example the same ids, segments, label and mask."""
     import bert_mgpu.data.input_pipeline as ip
 
-    monkeypatch.setattr(ip, "_CHUNK", 7)  # several tokenizer calls
+    monkeypatch.setattr(ip, "CHUNK", 7)  # several tokenizer calls
     rng = np.random.default_rng(1)
     examples = [Example(str(i), words(int(a), i), words(int(b), 2 * i) if i % 3 else "", "ab"[i % 2])
                 for i, (a, b) in enumerate(rng.integers(0, 30, size=(45, 2)))]

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choices import SLOT
-from bert_mgpu.data.input_pipeline import _CHUNK, traced_encode
+from bert_mgpu.data.input_pipeline import CHUNK, traced_encode
 
 
 @dataclasses.dataclass
@@ -57,8 +57,8 @@ def encode_questions(questions, tokenizer, max_seq_length, num_choices=None):
     pairs = [choice_texts(q, c) for q in questions for c in q.choices]
     encode = traced_encode(tokenizer, max_seq_length, "mixed")
     ids, segments, lengths = [], [], []
-    for i in range(0, len(pairs), _CHUNK):
-        a, b = zip(*pairs[i:i + _CHUNK])
+    for i in range(0, len(pairs), CHUNK):
+        a, b = zip(*pairs[i:i + CHUNK])
         tokens, segs = encode(tf.constant(a), tf.constant(b), tf.constant([bool(t) for t in b]))
         ids.append(tokens.flat_values.numpy())
         segments.append(segs.flat_values.numpy())

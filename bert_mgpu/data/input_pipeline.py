@@ -194,7 +194,7 @@ def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multip
 
 
 _ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs, truncation): traced encode}
-_CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of a large set
+CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of a large set
 
 
 def traced_encode(tokenizer, max_seq_length, pairs, truncation="head"):
@@ -230,8 +230,8 @@ def _sorted_dataset(arrays, tokenizer, max_seq_length, batch_size, pairs, pad_to
     """Every example once: the set tokenized in chunks, then `sorted_batches`."""
     encode_fn = traced_encode(tokenizer, max_seq_length, pairs, truncation)
     ids, segs, lengths = [], [], []
-    for i in range(0, len(arrays["index"]), _CHUNK):
-        rows = slice(i, i + _CHUNK)
+    for i in range(0, len(arrays["index"]), CHUNK):
+        rows = slice(i, i + CHUNK)
         a, b = encode_fn(arrays["text_a"][rows], arrays["text_b"][rows], arrays["has_b"][rows])
         ids.append(a.flat_values.numpy())
         segs.append(b.flat_values.numpy())
