@@ -82,7 +82,9 @@ def run():
     watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
     files = {split: tagged.find_split(FLAGS.data_dir, split) for split, wanted in (
         ("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch), ("test", FLAGS.do_predict)) if wanted}
-    read = {split: tagged.read_tagged(path, FLAGS.data_format, FLAGS.tag_column, tag_map, FLAGS.invalid_utf8, split)
+    forms = {split: tagged.detect_format(path, FLAGS.invalid_utf8) if FLAGS.data_format == "auto" else FLAGS.data_format
+             for split, path in files.items()}
+    read = {split: tagged.read_tagged(path, forms[split], FLAGS.tag_column, tag_map, FLAGS.invalid_utf8, split)
             for split, path in files.items()}
     train, dev, test = read.get("train"), read.get("dev"), read.get("test")
     if train is not None and any(s.tags is None for s in train):
@@ -111,8 +113,7 @@ def run():
     if FLAGS.do_predict:
         predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            form = tagged.detect_format(files["test"]) if FLAGS.data_format == "auto" else FLAGS.data_format
-            written = tagger.objective.prediction_files(test, predicted, form)
+            written = tagger.objective.prediction_files(test, predicted, forms["test"])
             paths = storage.write_set(FLAGS.output_dir, written)
             print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
             if "test_results.txt" in written:  # the test file has its tags

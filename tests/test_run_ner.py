@@ -123,18 +123,20 @@ def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trai
 
 def test_a_tagged_test_set_is_scored_as_conlleval_scores_predict_txt(trained, data, tmp_path):
     """--do_predict on a test file with its tags: test_results.txt and the printed F1 are predict.txt's
-    gold and predicted columns scored by entity."""
+    gold and predicted columns scored by entity. A byte that is not UTF-8 is read with --invalid_utf8=replace."""
     from bert_mgpu.core.entities import entity_scores
 
     out, _, _ = trained
     tagged = tmp_path / "data"
     tagged.mkdir()
-    (tagged / "test.txt").write_text(open(os.path.join(data, "dev.txt")).read())
+    (tagged / "test.txt").write_bytes(open(os.path.join(data, "dev.txt"), "rb").read().replace(b" NN ", b"\xff NN ", 1))
     proc = run(f"--data_dir={tagged}", f"--init_checkpoint={out}", f"--output_dir={tmp_path / 'out'}", "--n_gpus=0",
-               "--towers_per_gpu=2", "--predict_batch_size=4", "--max_seq_length=16", "--doc_stride=6", "--do_predict")
+               "--towers_per_gpu=2", "--predict_batch_size=4", "--max_seq_length=16", "--doc_stride=6", "--do_predict",
+               "--invalid_utf8=replace")
     blocks = open(tmp_path / "out" / "predict.txt").read().split("\n\n")
     rows = [[line.split() for line in block.splitlines()] for block in blocks if block.strip()]
     assert len(rows) == 40 and all(len(r) == 3 for row in rows for r in row)  # token, gold, predicted
+    assert rows[0][0][0].endswith("\ufffd")
     scores = entity_scores([[r[1] for r in row] for row in rows], [[r[2] for r in row] for row in rows])
     results = dict(line.split(" = ") for line in open(tmp_path / "out" / "test_results.txt").read().splitlines())
     assert float(results["test_f1"]) == pytest.approx(scores["f1"], abs=1e-12) and scores["f1"] > 0.9
