@@ -292,12 +292,14 @@ def test_recompute_lowers_a_step_peak_at_length_512_and_fits_a_larger_batch():
         set_recompute(model, recompute)
         with towers.strategy.scope():
             trainer = training.Trainer(towers.strategy, model, optimization.create_optimizer(0.0, 10, 0))
-        return dict(memory.find_batch_size(trainer, make, plan, limit_mb=1e9, cap=4)[1])
+        return dict(memory.find_batch_size(trainer, make, plan, limit_mb=1e9, cap=5)[1])
 
     kept, recomputed = peaks(False), peaks(True)
     # Measured 0.37-0.40 at batch 4 (112-116 MiB against 302-303), oneDNN on and off.
-    assert recomputed[4] < 0.5 * kept[4], (kept, recomputed)
-    limit = kept[4] / memory.RUN_MARGIN * 1.01  # batch 4 fits without recompute, 8 does not
+    assert recomputed[4] < 0.5 * kept[4] and kept[5] > kept[4], (kept, recomputed)
+    # Midway between batch 4's and batch 5's peaks: 4 fits without recompute, 5 does not. (A limit 1% over
+    # batch 4's peak failed once in a full suite run, its step's peak a few MiB higher under load.)
+    limit = (kept[4] + kept[5]) / 2 / memory.RUN_MARGIN
     found = {on: memory.find_for_model(towers, model, "float32", make, memory_limit_mb=limit, cap=8, recompute=on)
              for on in (False, True)}
     assert found == {False: 4, True: 8}, found
