@@ -153,7 +153,7 @@ class FusedBertEncoder(keras.layers.Layer):
 
         h = kernels.norm(x, *_read(ln1.gamma, ln1.beta), ln1.epsilon) if pre_ln else x
         if rows is None:
-            qkv = _matmul_bias(h, w_qkv, b_qkv, fold=not training and _compat.onednn_enabled())
+            qkv = _matmul_bias(h, w_qkv, b_qkv, fold=not training and _cpu_onednn())
             qkv = tf.transpose(tf.reshape(qkv, [batch, length, 3, heads, size]), [2, 0, 3, 1, 4])
             q, k, v = tf.unstack(qkv)  # unstack, not qkv[i]: a slice's gradient writes a full-size zero tensor
         else:
@@ -204,6 +204,12 @@ def _matmul_bias(x, w, b, fold):
     ones = tf.one_hot(tf.zeros(tf.shape(x)[:1], tf.int32), 32, dtype=x.dtype)
     w = tf.concat([w, b[None], tf.zeros([31, tf.shape(w)[1]], w.dtype)], axis=0)
     return tf.matmul(tf.concat([x, ones], axis=1), w)
+
+
+def _cpu_onednn():
+    """Whether the matmuls run on oneDNN's CPU kernels: no GPU (where the bias rides in cuBLAS's matmul
+    as it is) and oneDNN on."""
+    return _compat.onednn_enabled() and not tf.config.list_logical_devices("GPU")
 
 
 def set_recompute(model, on):
