@@ -212,11 +212,14 @@ def sentiment_rows(n, seed=0):
 
 
 # The longest files first (minutes each, on 2 cores): `make test` hands whole files to 2 processes in
-# this order, and a long file handed out last runs alone at the end (the multi-worker file did: its
-# last ~5 of 19 minutes). Files not named keep their order after these.
-LONGEST_FIRST = ("test_multi_worker.py", "test_run_classifier.py", "test_crash_resume.py", "test_run_pretraining.py",
-                 "test_soak.py", "test_notebook.py", "test_evaluation.py", "test_multi_label.py", "test_glue.py",
-                 "test_memory.py", "test_export.py")
+# this order, and a long file handed out last runs alone at the end (gpu_check's did: its last ~5 of 47
+# minutes). The order of the sums of test times per file of a whole run (benchmarks/NOTES.md item 54);
+# files not named keep their order after these.
+LONGEST_FIRST = ("test_gpu_check.py", "test_multi_worker.py", "test_training.py", "test_allreduce.py",
+                 "test_pretraining.py", "test_run_classifier.py", "test_memory.py", "test_question_answering.py",
+                 "test_export.py", "test_run_ner.py", "test_tagger.py", "test_run_squad.py", "test_crash_resume.py",
+                 "test_run_pretraining.py", "test_soak.py", "test_input_pipeline.py", "test_multiple_choice.py",
+                 "test_sweep.py", "test_evaluation.py", "test_glue.py", "test_guards.py", "test_notebook.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -2,17 +2,39 @@
 with the GPU run's own objects, says so, and writes its JSON."""
 
 import json
-import os
 import subprocess
 import sys
 
 from bert_mgpu.cli import gpu_check
 
 
-def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(tmp_path):
+class ForkedChildren:
+    """gpu_check's `subprocess`, with each check's child forked from the test worker's warm server
+    (tests/script_runner.py) instead of a new interpreter: still a process of its own, with its own devices
+    and TensorFlow runtime, the check's argv and environment; it skips the import, 4-6 s a child."""
+
+    PIPE, TimeoutExpired, Popen = subprocess.PIPE, subprocess.TimeoutExpired, subprocess.Popen
+    CHILD = "import sys\nfrom bert_mgpu.cli import gpu_check\nsys.exit(gpu_check.main())"
+
+    def __init__(self):
+        self.argvs = []
+
+    def run(self, cmd, capture_output, text, timeout, env):
+        import script_runner
+
+        assert cmd[:3] == [sys.executable, "-m", "bert_mgpu.cli.gpu_check"] and capture_output and text
+        self.argvs.append(cmd[3:])
+        return script_runner.run(["-c", self.CHILD, *cmd[3:]], {**env, "CUDA_VISIBLE_DEVICES": ""}, timeout)
+
+
+def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(tmp_path, monkeypatch, capsys):
     out = tmp_path / "output" / "gpu_check.json"
-    proc = subprocess.run([sys.executable, "-m", "bert_mgpu.cli.gpu_check", "--quick", f"--out={out}"],
-                          capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1200)
+    children = ForkedChildren()
+    monkeypatch.setattr(gpu_check, "subprocess", children)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    code = gpu_check.main(["--quick", f"--out={out}"])
+    proc = subprocess.CompletedProcess([], code, *capsys.readouterr())
+    assert [argv[1] for argv in children.argvs] == [c for c in gpu_check.CHECKS if c != "two_workers"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert (f"{len(gpu_check.CHECKS)} of {len(gpu_check.CHECKS)} checks passed on logical CPU devices, with the GPU "
             "run's own strategy and NCCL collectives") in proc.stdout
