@@ -148,6 +148,9 @@ class ForkServer:
             if message is None:
                 raise RuntimeError("the script fork server did not start the run")
             if "started" in message:
+                # Linux reuses pids (pid_max is 32768 here, and TensorFlow's threads take pids too): an
+                # earlier run's exit under this pid is not this run's. Its end always came before this start.
+                self.ended.pop(message["started"], None)
                 return Forked(self, message["started"], [sys.executable, *argv])
             self.ended[message["pid"]] = message["status"]
 
