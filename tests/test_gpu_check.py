@@ -14,17 +14,17 @@ class ForkedChildren:
     and TensorFlow runtime, the check's argv and environment; it skips the import, 4-6 s a child."""
 
     PIPE, TimeoutExpired, Popen = subprocess.PIPE, subprocess.TimeoutExpired, subprocess.Popen
-    CHILD = "import sys\nfrom bert_mgpu.cli import gpu_check\nsys.exit(gpu_check.main())"
 
     def __init__(self):
         self.argvs = []
 
     def run(self, cmd, capture_output, text, timeout, env):
-        import script_runner
+        from conftest import run_python
 
         assert cmd[:3] == [sys.executable, "-m", "bert_mgpu.cli.gpu_check"] and capture_output and text
         self.argvs.append(cmd[3:])
-        return script_runner.run(["-c", self.CHILD, *cmd[3:]], {**env, "CUDA_VISIBLE_DEVICES": ""}, timeout)
+        code = f"import sys\nfrom bert_mgpu.cli import gpu_check\nsys.exit(gpu_check.main({cmd[3:]!r}))"
+        return run_python(code, env=env, timeout=timeout, check=False)
 
 
 def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(tmp_path, monkeypatch, capsys):
