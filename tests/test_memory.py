@@ -335,7 +335,7 @@ def test_recompute_lowers_a_step_peak_at_length_512_and_fits_a_larger_batch():
         set_recompute(model, recompute)
         with towers.strategy.scope():
             trainer = training.Trainer(towers.strategy, model, optimization.create_optimizer(0.0, 10, 0))
-        return memory.step_peaks(trainer, make, plan, [1, 2, 4, 5])  # in the order the search tries them
+        return memory.step_peaks(trainer, make, plan, [4, 5])
 
     kept, recomputed = peaks(False), peaks(True)
     # Measured 0.37-0.40 at batch 4 (112-116 MiB against 302-303), oneDNN on and off.
