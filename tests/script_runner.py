@@ -6,18 +6,26 @@ script's argv, environment, working directory, stdout and stderr (file descripto
 included) and exit status, whose `__main__` is the script. What it saves is the import, ~6 s a run on
 these machines, over a hundred runs in the suite (benchmarks/NOTES.md).
 
-`run` waits for its run as subprocess.run does; `start` returns at once with a Popen-like handle (pid,
-poll, wait, send_signal, kill), so several runs go side by side: the workers of a multi-worker test, a run
-a test kills. The server never touches gRPC or a device before it forks, so each child sets up its own.
+`start` returns at once with a Popen-like handle (pid, poll, wait, send_signal, kill), so several runs go
+side by side: the workers of a multi-worker test, a run a test kills. The server never touches gRPC or a
+device before it forks, so each child sets up its own.
+
+`run` waits for its run as subprocess.run does. A script's runs that need no process of their own go, one
+after another, to a resident process of that script (forked once, then kept), as runs in a notebook do:
+what each new process paid again, compiling the fused kernels with XLA, is then paid once (about half of
+a small run's CPU; benchmarks/NOTES.md item 56). Between runs it puts back what a run leaves behind for
+its process's life (flags, signal handlers, log levels, op determinism, locks on output directories).
 
 What the fork cannot give is what an interpreter or TensorFlow reads once as it starts: a run whose
 environment changes a TF_*, PYTHON*, LD_*, MALLOC*, OMP_* or KMP_* variable against the server's starts a
 fresh interpreter instead. So do runs that need what only subprocess gives (a preexec_fn, pipes).
 """
 
+import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,50 +45,101 @@ def say(message):
     os.write(answers, (json.dumps(message) + "\n").encode())
 
 
-def child(job):
-    os.setsid()  # its own process group: a kill reaches what it starts too
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.close(answers)
+def setup(job):
     os.environ.clear()
     os.environ.update(job["env"])
     tempfile.tempdir = None  # read TMPDIR again
     os.chdir(job["cwd"])
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
     for fd, path in ((1, job["out"]), (2, job["err"])):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
         os.close(f)
-    extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
-    argv = job["argv"]
-    code = 0
+
+
+def exit_code(call):
+    # Run `call()` as a process's main -> the exit status the process would have.
     try:
-        if argv[0] == "-c":
-            sys.argv, sys.path = ["-c", *argv[2:]], ["", *extra, *sys.path[1:]]
-            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
-        else:
-            sys.argv, sys.path = list(argv), [os.path.dirname(os.path.abspath(argv[0])), *extra, *sys.path[1:]]
-            runpy.run_path(argv[0], run_name="__main__")
+        call()
     except SystemExit as e:
         if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
+            return 0
+        if isinstance(e.code, int):
+            return e.code
+        print(e.code, file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         traceback.print_exc()
-        code = 130
+        return 130
     except BaseException:
         traceback.print_exc()
-        code = 1
+        return 1
+    return 0
+
+
+def child(job):
+    os.setsid()  # its own process group: a kill reaches what it starts too
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.close(answers)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    setup(job)
+    extra = [p for p in job["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    argv = job["argv"]
+    if argv[0] == "-c":
+        sys.argv, sys.path = ["-c", *argv[2:]], ["", *extra, *sys.path[1:]]
+        code = exit_code(lambda: exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"}))
+    elif argv[0] == "-resident":
+        sys.argv, sys.path = [argv[1]], [os.path.dirname(os.path.abspath(argv[1])), *extra, *sys.path[1:]]
+        code = resident(argv[1], job["jobs"], job["done"])
+    else:
+        sys.argv, sys.path = list(argv), [os.path.dirname(os.path.abspath(argv[0])), *extra, *sys.path[1:]]
+        code = exit_code(lambda: runpy.run_path(argv[0], run_name="__main__"))
     try:
         atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code & 0xFF)
+
+
+def resident(script, jobs, done):
+    # Run `script` once per line of the FIFO `jobs` ({argv, env, cwd, out, err}), in this process, writing
+    # each run's exit status to the FIFO `done`: what the script leaves for the process's life is put back
+    # between runs (flags, signal handlers, log levels, op determinism, output-directory locks).
+    import importlib.util
+    import logging
+
+    from absl import flags
+    from tensorflow.python.framework import config as tf_config
+
+    from bert_mgpu.io import run_dir
+
+    spec = importlib.util.spec_from_file_location("_resident_script", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    with open(jobs) as requests, open(done, "w") as replies:
+        for line in requests:
+            job = json.loads(line)
+            handlers = {s: signal.getsignal(s) for s in signals}
+            levels = {n: logging.getLogger(n).level for n in ("", "bert_mgpu", "tensorflow", "absl")}
+            setup(job)
+            sys.argv = list(job["argv"])
+            flags.FLAGS.unparse_flags()
+            code = exit_code(module._console)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            for n, level in levels.items():
+                logging.getLogger(n).setLevel(level)
+            if tf_config.is_op_determinism_enabled():
+                tf_config.disable_op_determinism()
+            for key in list(run_dir._HELD):
+                run_dir.unlock_output_dir(key)
+            replies.write(json.dumps({"status": code}) + "\n")
+            replies.flush()
+    return 0
 
 
 running, pending, open_ = set(), b"", True
@@ -138,10 +197,10 @@ class ForkServer:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)
 
-    def start(self, argv, env, out, err):
+    def start(self, argv, env, out, err, **extra):
         """Fork a run of `python *argv` writing its stdout and stderr to the files `out` and `err` -> Forked."""
         self.proc.stdin.write((json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "out": out,
-                                           "err": err}) + "\n").encode())
+                                           "err": err, **extra}) + "\n").encode())
         self.proc.stdin.flush()
         while True:
             message = self._message(60)
@@ -200,7 +259,85 @@ class Forked:
             os.killpg(self.pid, signal.SIGKILL)
 
 
-_server = None
+class Resident:
+    """One script kept running in a process forked from the server, for the runs `run` hands it one after
+    another: TensorFlow's runtime, traced kernels and XLA executables stay from run to run, as in a
+    notebook, which is what each new process paid again (half a small run's CPU, benchmarks/NOTES.md)."""
+
+    def __init__(self, server, script, env):
+        self.dir = tempfile.mkdtemp(prefix="resident-")
+        self.jobs, self.done = os.path.join(self.dir, "jobs"), os.path.join(self.dir, "done")
+        os.mkfifo(self.jobs)
+        os.mkfifo(self.done)
+        self.replies = os.open(self.done, os.O_RDONLY | os.O_NONBLOCK)
+        log = os.path.join(self.dir, "log")
+        self.proc = server.start(["-resident", script], env, log, log, jobs=self.jobs, done=self.done)
+        deadline, self.requests = time.monotonic() + 120, None
+        while self.requests is None:
+            try:
+                self.requests = os.open(self.jobs, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # not open for reading yet
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the resident run of {script} did not start: "
+                                       f"{open(log, errors='replace').read()[-2000:]}") from None
+                time.sleep(0.02)
+        os.set_blocking(self.requests, True)
+        self.pending = b""
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def run(self, argv, env, out, err, timeout):
+        """-> the run's exit status; the process's own (a signal: negative) if it died in the run, as a
+        process of the run's own would have; None when the run did not end in `timeout` s (then it is
+        killed). Once it died or was killed, `alive()` is False and the caller starts another."""
+        os.write(self.requests, (json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "out": out,
+                                             "err": err}) + "\n").encode())
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = deadline - time.monotonic()
+            if not self.alive():
+                code = self.proc.returncode
+                self.close()
+                return code
+            if left <= 0:
+                self.close()
+                return None
+            if select.select([self.replies], [], [], min(left, 0.5))[0]:
+                try:
+                    self.pending += os.read(self.replies, 1 << 16)
+                except BlockingIOError:
+                    pass
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)["status"]
+
+    def close(self):
+        if self.requests is not None:
+            self.proc.kill()
+            self.proc.wait(60)
+            for fd in (self.requests, self.replies):
+                os.close(fd)
+            self.requests = None
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# A run waited for goes to a resident process of its script unless it needs a process of its own: an
+# environment a fork cannot stand for (ForkServer.fits), a cluster, or an --auto_batch_size search (it
+# measures what the process's allocator holds). At most RESIDENTS live per test worker (each holds a
+# TensorFlow runtime).
+NOT_RESIDENT = ("--worker_hosts", "--auto_batch_size", "--multi_worker")
+RESIDENTS = 2
+_server, _residents = None, {}
+atexit.register(lambda: [r.close() for r in _residents.values()])
+
+
+def _resident_key(argv, env):
+    script = argv[0]
+    if (script.startswith("-") or not script.endswith(".py") or _server is None or not _server.fits(env)
+            or any(a.startswith(NOT_RESIDENT) and not a.endswith(("=false", "=0")) for a in argv[1:])):
+        return None
+    towers = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--towers_per_gpu=")]
+    return os.path.abspath(script), towers[-1] if towers else "1"
 
 
 def start(argv, env, out, err, fresh=False):
@@ -218,11 +355,28 @@ def start(argv, env, out, err, fresh=False):
 
 def run(argv, env, timeout, fresh=False):
     """`python *argv` in `env`, waited for -> a CompletedProcess as subprocess.run(capture_output=True,
-    text=True) gives it, or TimeoutExpired (the run killed)."""
+    text=True) gives it, or TimeoutExpired (the run killed). A script's run goes to its resident process
+    (Resident) when it needs no process of its own."""
+    global _server
+    if _server is None and not fresh:
+        _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
-        proc = start(argv, env, out, err, fresh)
         read = lambda path: open(path, encoding="utf-8", errors="replace").read()  # noqa: E731
+        key = None if fresh else _resident_key(argv, env)
+        if key is not None:
+            resident = _residents.pop(key, None)
+            if resident is None or not resident.alive():
+                while len(_residents) >= RESIDENTS:
+                    _residents.pop(next(iter(_residents))).close()  # the least recently used
+                resident = Resident(_server, key[0], env)
+            code = resident.run(argv, env, out, err, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, read(out), read(err))
+            if resident.alive():
+                _residents[key] = resident
+            return subprocess.CompletedProcess([sys.executable, *argv], code, read(out), read(err))
+        proc = start(argv, env, out, err, fresh)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:

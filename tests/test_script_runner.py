@@ -22,3 +22,54 @@ def test_a_reused_pid_does_not_take_an_earlier_runs_exit():
     assert later.pid == 4321 and later.poll() is None
     messages.append({"pid": 4321, "status": 0})
     assert later.wait(1) == 0 and earlier.returncode == 1
+
+
+SCRIPT = '''
+import os, signal, sys
+from absl import app, flags
+flags.DEFINE_integer("n", 1, "what to do")
+FLAGS = flags.FLAGS
+
+
+def run(argv):
+    from tensorflow.python.framework import config
+
+    from bert_mgpu.io import run_dir
+
+    print(FLAGS.n, config.is_op_determinism_enabled(), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+          len(run_dir._HELD), os.getpid())
+    config.enable_op_determinism()
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    run_dir.lock_output_dir(os.path.dirname(os.path.abspath(__file__)))
+    if FLAGS.n in (3, 9):
+        sys.stdout.flush()
+        sys.exit(3) if FLAGS.n == 3 else os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _console():
+    app.run(run)
+'''
+
+
+def test_a_scripts_runs_share_a_resident_process_that_puts_back_what_each_run_leaves(tmp_path):
+    """Runs of one script one after another: the same process, but each starts as a new process would
+    (flags at their defaults, op determinism off, SIGTERM's default handler, no output directory locked),
+    and ends with the exit status a process would: sys.exit's, or a signal's; after a signal, a new one."""
+    import os
+
+    from conftest import _environment
+
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    run = lambda *args: script_runner.run([str(script), *args], _environment(None), 120)  # noqa: E731
+    first, second = run("--n=5"), run()
+    assert first.returncode == second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    assert first.stdout.split()[:4] == ["5", "False", "True", "0"]
+    assert second.stdout.split()[:4] == ["1", "False", "True", "0"]
+    assert first.stdout.split()[4] == second.stdout.split()[4] != str(os.getpid())  # one resident process
+    assert run("--n=3").returncode == 3
+    killed = run("--n=9")
+    assert killed.returncode == -9 and killed.stdout.split()[0] == "9"
+    after = run("--n=2")
+    assert after.returncode == 0 and after.stdout.split()[:4] == ["2", "False", "True", "0"]
+    assert after.stdout.split()[4] != first.stdout.split()[4]  # a new resident after the kill
