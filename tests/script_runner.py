@@ -333,21 +333,26 @@ atexit.register(lambda: [r.close() for r in _residents.values()])
 
 def _resident_key(argv, env):
     script = argv[0]
-    if (script.startswith("-") or not script.endswith(".py") or _server is None or not _server.fits(env)
+    if (script.startswith("-") or not script.endswith(".py") or not _fork_server().fits(env)
             or any(a.startswith(NOT_RESIDENT) and not a.endswith(("=false", "=0")) for a in argv[1:])):
         return None
     towers = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--towers_per_gpu=")]
     return os.path.abspath(script), towers[-1] if towers else "1"
 
 
+def _fork_server():
+    """This worker's ForkServer, started on first use."""
+    global _server
+    if _server is None:
+        _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    return _server
+
+
 def start(argv, env, out, err, fresh=False):
     """`python *argv` in `env` with stdout and stderr written to the files `out` and `err`, not waited for:
     a fork of this worker's server where that stands for a fresh interpreter (unless `fresh`), else a
     fresh one -> a Popen-like handle."""
-    global _server
-    if _server is None and not fresh:
-        _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    if not fresh and _server.fits(env):
+    if not fresh and _fork_server().fits(env):
         return _server.start(argv, env, out, err)
     with open(out, "w") as o, open(err, "w") as e:
         return subprocess.Popen([sys.executable, *argv], stdout=o, stderr=e, env=env)
@@ -357,9 +362,6 @@ def run(argv, env, timeout, fresh=False):
     """`python *argv` in `env`, waited for -> a CompletedProcess as subprocess.run(capture_output=True,
     text=True) gives it, or TimeoutExpired (the run killed). A script's run goes to its resident process
     (Resident) when it needs no process of its own."""
-    global _server
-    if _server is None and not fresh:
-        _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     with tempfile.TemporaryDirectory() as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         read = lambda path: open(path, encoding="utf-8", errors="replace").read()  # noqa: E731
