@@ -54,3 +54,40 @@ def test_vocab_without_bert_specials_is_refused(tmp_path):
     p.write_text("hello\nworld\n")
     with pytest.raises(UserError, match=r"vocab.txt: vocabulary has no \[UNK\] token"):
         read_vocab(str(p))
+
+
+def test_tokenizers_of_one_vocabulary_share_their_traced_functions(tmp_path):
+    """A model loaded again in a process (a notebook's next fit) tokenizes with the functions traced the
+    first time; another vocabulary or casing gets its own; only the last SHARED_VOCABULARIES are kept."""
+    from conftest import write_vocab
+
+    from bert_mgpu.data import input_pipeline, tokenization
+
+    paths = []
+    for i, words in enumerate((["good", "bad"], ["good", "bad"], ["film", "plot"])):
+        paths.append(str(tmp_path / f"vocab{i}.txt"))
+        write_vocab(paths[-1], words)
+    first, again, other = (FullTokenizer(p) for p in paths)
+    cased = FullTokenizer(paths[0], do_lower_case=False)
+    assert again.pieces is first.pieces and again.vocab_file == paths[1]  # its own file, for export
+    assert other.pieces is not first.pieces and cased.pieces is not first.pieces
+    examples = [("pos", "good film"), ("neg", "bad plot , bad")]
+    for tok in (first, again):
+        ds = input_pipeline.make_dataset([_example(t, label) for label, t in examples], tok,
+                                         ["neg", "pos"], 16, 2, training=False)
+        batches = list(ds)
+    encode_fn = input_pipeline.traced_encode(first, 16, False)
+    assert input_pipeline.traced_encode(again, 16, False) is encode_fn
+    assert encode_fn.experimental_get_tracing_count() == 1
+    assert sorted(batches[0][0]["token_ids"].numpy()[:, 1].tolist()) == sorted(
+        first.id_lists(["good film", "bad plot , bad"])[i][0] for i in range(2))
+    for i in range(tokenization.SHARED_VOCABULARIES):
+        write_vocab(str(tmp_path / f"more{i}.txt"), [f"w{i}"])
+        FullTokenizer(str(tmp_path / f"more{i}.txt"))
+    assert FullTokenizer(paths[0]).pieces is not first.pieces  # pushed out by four newer ones
+
+
+def _example(text, label):
+    import bert_mgpu
+
+    return bert_mgpu.Example(text, text, label=label)

@@ -122,9 +122,10 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
     ds = tf.data.Dataset.from_tensor_slices(arrays)
     ds = ds.shuffle(len(examples), seed=seed, reshuffle_each_iteration=True).repeat()
 
+    encode_fn = traced_encode(tokenizer, max_seq_length, pairs, truncation)
+
     def tokenize(batch):
-        ids, segs = encode(tokenizer, batch["text_a"], batch["text_b"], max_seq_length, pairs, batch["has_b"],
-                           truncation)
+        ids, segs = encode_fn(batch["text_a"], batch["text_b"], batch["has_b"])
         return {"token_ids": ids.to_tensor(), "segment_ids": segs.to_tensor(), "length": ids.row_lengths(),
                 "label": batch["label"], "index": batch["index"]}
 
@@ -193,21 +194,19 @@ def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multip
     return ds.map(_plain(to_model_inputs), num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
 
-_ENCODERS = weakref.WeakKeyDictionary()  # tokenizer -> {(max_seq_length, pairs, truncation): traced encode}
 CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of a large set
 
 
 def traced_encode(tokenizer, max_seq_length, pairs, truncation="head"):
-    """A traced `encode` kept with the tokenizer, so its kernels (compiled regexes) are built once.
+    """`encode` traced once per vocabulary and settings, kept with the tokenizer's shared WordPieces: every
+    dataset and eager call of a process then runs one trace (0.5 s each time before, on the tiny test model).
 
-    The function reaches the tokenizer through a weak reference (it is traced once, at its first call),
-    so the cache entry goes when the tokenizer does: a strong one kept every tokenizer of a notebook's
-    runs alive (tests/test_soak.py).
+    The function reaches the WordPieces through a weak reference (it is traced once, at its first call), so
+    it goes when they do (tests/test_soak.py).
     """
-    fns = _ENCODERS.setdefault(tokenizer, {})
-    key = (max_seq_length, pairs, truncation)
+    fns, key = tokenizer.pieces.traced, (max_seq_length, pairs, truncation)
     if key not in fns:
-        ref = weakref.ref(tokenizer)
+        ref = weakref.ref(tokenizer.pieces)
         strings, flags = tf.TensorSpec([None], tf.string), tf.TensorSpec([None], tf.bool)
         fns[key] = tf.function(lambda a, b, has_b: encode(ref(), a, b, max_seq_length, pairs, has_b, truncation),
                                input_signature=[strings, strings, flags], autograph=False)
@@ -215,11 +214,11 @@ def traced_encode(tokenizer, max_seq_length, pairs, truncation="head"):
 
 
 def traced_pieces(tokenizer):
-    """The tokenizer traced (string tensor [n] -> ragged WordPiece ids), kept with it as `traced_encode`'s
-    functions are: a text's pieces, none cut (data/doc_windows.py cuts them into windows)."""
-    fns = _ENCODERS.setdefault(tokenizer, {})
+    """The tokenizer traced (string tensor [n] -> ragged WordPiece ids), kept as `traced_encode`'s functions
+    are: a text's pieces, none cut (data/doc_windows.py cuts them into windows)."""
+    fns = tokenizer.pieces.traced
     if "pieces" not in fns:
-        ref = weakref.ref(tokenizer)
+        ref = weakref.ref(tokenizer.pieces)
         fns["pieces"] = tf.function(lambda t: ref()(t), input_signature=[tf.TensorSpec([None], tf.string)],
                                     autograph=False)
     return fns["pieces"]

@@ -12,6 +12,8 @@ Example:
     tok(["Hello, Wörld!"])  # ragged ids, the same as google-bert's FullTokenizer
 """
 
+import collections
+
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -48,28 +50,26 @@ def read_vocab(path):
     return tokens
 
 
-class FullTokenizer:
-    """Text -> WordPiece ids, as google-bert's FullTokenizer (keras-hub WordPiece under the hood)."""
+class WordPieces:
+    """What a tokenizer's vocabulary and casing alone decide: keras-hub's WordPiece layer, the special ids and
+    the functions traced over them (`traced`, filled by data/input_pipeline.py). Tokenizers of the same
+    vocabulary share one (`shared`), so loading a model again in a process traces nothing again: a
+    notebook's next fit, a sweep's next run."""
 
-    def __init__(self, vocab_file, do_lower_case=True):
+    def __init__(self, vocab, do_lower_case):
         import keras_hub
 
-        self.vocab = read_vocab(vocab_file)
-        self.vocab_file = vocab_file
         self.do_lower_case = do_lower_case
         self._wordpiece = keras_hub.tokenizers.WordPieceTokenizer(
-            vocabulary=self.vocab, lowercase=False, strip_accents=False, split=True, split_on_cjk=True,
+            vocabulary=list(vocab), lowercase=False, strip_accents=False, split=True, split_on_cjk=True,
             suffix_indicator="##", oov_token="[UNK]", dtype="int32",
         )
-        ids = {t: i for i, t in enumerate(self.vocab)}
+        ids = {t: i for i, t in enumerate(vocab)}
         self.pad_id = ids.get("[PAD]", 0)
         self.cls_id, self.sep_id, self.unk_id = ids["[CLS]"], ids["[SEP]"], ids["[UNK]"]
         self.mask_id = ids.get("[MASK]")
+        self.traced = {}  # key -> a tf.function over this vocabulary
         self._eager = None  # __call__'s traced function, made on first eager call
-
-    @property
-    def vocab_size(self):
-        return len(self.vocab)
 
     def __call__(self, texts):
         """String tensor [batch] -> ragged int32 ids [batch, (tokens)].
@@ -84,6 +84,43 @@ class FullTokenizer:
 
     def _ids(self, texts):
         return self._wordpiece(normalize(texts, self.do_lower_case))
+
+
+_SHARED = collections.OrderedDict()  # (vocab, do_lower_case) -> WordPieces, the most recently used last
+SHARED_VOCABULARIES = 4
+
+
+def shared(vocab, do_lower_case):
+    """The WordPieces of this vocabulary and casing, made once while it is among the last
+    SHARED_VOCABULARIES used (their traced functions stay with them)."""
+    key = (tuple(vocab), bool(do_lower_case))
+    if key in _SHARED:
+        _SHARED.move_to_end(key)
+    else:
+        _SHARED[key] = WordPieces(key[0], key[1])
+        while len(_SHARED) > SHARED_VOCABULARIES:
+            _SHARED.popitem(last=False)
+    return _SHARED[key]
+
+
+class FullTokenizer:
+    """Text -> WordPiece ids, as google-bert's FullTokenizer (keras-hub WordPiece under the hood)."""
+
+    def __init__(self, vocab_file, do_lower_case=True):
+        self.vocab = read_vocab(vocab_file)
+        self.vocab_file = vocab_file
+        self.do_lower_case = do_lower_case
+        self.pieces = shared(self.vocab, do_lower_case)
+        self.pad_id, self.cls_id, self.sep_id = self.pieces.pad_id, self.pieces.cls_id, self.pieces.sep_id
+        self.unk_id, self.mask_id = self.pieces.unk_id, self.pieces.mask_id
+
+    @property
+    def vocab_size(self):
+        return len(self.vocab)
+
+    def __call__(self, texts):
+        """String tensor [batch] -> ragged int32 ids [batch, (tokens)] (`WordPieces.__call__`)."""
+        return self.pieces(texts)
 
     def id_lists(self, texts):
         """Python strings -> each one's ids as a Python list (tokenized in one call)."""
