@@ -69,3 +69,15 @@ def test_a_check_that_raises_fails_in_one_line_and_an_unknown_one_is_refused(tmp
     assert proc.returncode == 2 and "unknown check(s) nonsense" in proc.stderr
     result = gpu_check.run_child(["--check", "no_such_check"], 120)
     assert not result["ok"] and "AttributeError" in result["error"]
+
+
+def test_a_checks_devices_keep_memory_statistics_where_onednn_is_off():
+    """auto_batch_size reads the CPU allocator's peaks: a child's Setup chooses an allocator that keeps them
+    before TensorFlow starts, as Towers does (with oneDNN off, as on AVX2-only CPUs, the default keeps none)."""
+    from conftest import run_python
+
+    code = ("from bert_mgpu.cli.gpu_check import Setup\nfrom bert_mgpu.parallel import devices\n"
+            "from bert_mgpu.train import memory\nSetup()\n"
+            "memory.peak_meter(devices.plan_devices(0, 1, ())).reset()\nprint('statistics kept')")
+    proc = run_python(code, env={"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": None}, check=False)
+    assert proc.returncode == 0 and "statistics kept" in proc.stdout, proc.stderr[-2000:]

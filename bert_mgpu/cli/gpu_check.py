@@ -95,6 +95,7 @@ class Setup:
 
         from bert_mgpu.parallel import devices
 
+        devices.keep_cpu_memory_statistics()  # before TensorFlow's first op, as Towers does (auto_batch_size)
         self.gpu, self.per_tower = bool(tf.config.list_physical_devices("GPU")), per_tower
         if self.gpu:
             visible = devices.discover_visible_gpus()
