@@ -32,16 +32,19 @@ def write(path, rows):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, google_release):
+def run(tmp_path_factory):
+    from conftest import learning_release
+
+    release = learning_release(str(tmp_path_factory.mktemp("release")))  # no dropout: learns in 400 steps
     data = tmp_path_factory.mktemp("tags")
     write(data / "train.tsv", tagged_rows(1280, 1))
     write(data / "dev.tsv", tagged_rows(64, 2))
     write(data / "test.tsv", [("", text) for _, text in tagged_rows(9, 3)])
     out = tmp_path_factory.mktemp("out")
     args = ["--task_name=tsv", "--task_type=multi_label", "--label_separator=|", f"--data_dir={data}",
-            f"--init_checkpoint={google_release}", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2",
-            "--train_batch_size=16", "--max_seq_length=32", "--precision=float32", "--learning_rate=1e-3",
-            "--num_train_epochs=30", "--log_every_steps=200"]  # three labels from one [CLS]: slower than one
+            f"--init_checkpoint={release}", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2",
+            "--train_batch_size=16", "--max_seq_length=32", "--precision=float32", "--learning_rate=5e-3",
+            "--num_train_epochs=5", "--log_every_steps=100"]  # 4 epochs scored 1.0, 2026-11-28
     proc = run_script("run_classifier_mgpu.py", *args, "--do_train", "--do_eval", "--do_predict")
     return data, out, args, proc
 
@@ -49,8 +52,8 @@ def run(tmp_path_factory, google_release):
 def test_sets_of_labels_are_learned_and_predicted(run):
     data, out, _, proc = run
     r = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
-    assert float(r["eval_f1_micro"]) > 0.85 and float(r["eval_f1_macro"]) > 0.85, r  # measured 0.94, 0.95
-    assert float(r["eval_accuracy"]) > 0.7  # every label of a row right (measured 0.86)
+    assert float(r["eval_f1_micro"]) > 0.85 and float(r["eval_f1_macro"]) > 0.85, r  # measured 1.0, 1.0 (4 epochs)
+    assert float(r["eval_accuracy"]) > 0.7  # every label of a row right (measured 1.0)
     dev = tagged_rows(64, 2)
     for tag in ("praise", "blame", "plot"):
         assert int(r[f"report_{tag}_support"]) == sum(tag in labels.split("|") for labels, _ in dev)
