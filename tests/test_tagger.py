@@ -192,8 +192,8 @@ def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
     tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, towers=towers, max_seq_length=16,
                                                   doc_stride=6, precision="float32", crf=True)
-    tagger.fit(ner_sentences(512, 3, 30), str(tmp_path / "out"), epochs=20, learning_rate=5e-3,
-               warmup_proportion=0.05)
+    tagger.fit(ner_sentences(512, 3, 30), str(tmp_path / "out"), epochs=14, learning_rate=5e-3,
+               warmup_proportion=0.05)  # test F1 0.973, transitions 1.54 apart (2026-11-28)
     test = ner_sentences(40, 15, 40, seed=2, split="test")
     results = tagger.evaluate(test)
     assert results["eval_f1"] > 0.9, results
