@@ -54,7 +54,7 @@ class WordPieces:
     """What a tokenizer's vocabulary and casing alone decide: keras-hub's WordPiece layer, the special ids and
     the functions traced over them (`traced`, filled by data/input_pipeline.py). Tokenizers of the same
     vocabulary share one (`shared`), so loading a model again in a process traces nothing again: a
-    notebook's next fit, a sweep's next run."""
+    notebook's next fit, a resident process's next script run."""
 
     def __init__(self, vocab, do_lower_case):
         import keras_hub
