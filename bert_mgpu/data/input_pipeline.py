@@ -199,7 +199,7 @@ CHUNK = 8192  # examples tokenized per call: bounds the ragged intermediates of 
 
 def traced_encode(tokenizer, max_seq_length, pairs, truncation="head"):
     """`encode` traced once per vocabulary and settings, kept with the tokenizer's shared WordPieces: every
-    dataset and eager call of a process then runs one trace (0.5 s each time before, on the tiny test model).
+    dataset and eager call of a process then runs one trace (benchmarks/NOTES.md item 57).
 
     The function reaches the WordPieces through a weak reference (it is traced once, at its first call), so
     it goes when they do (tests/test_soak.py).
