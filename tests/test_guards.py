@@ -2,6 +2,7 @@
 
 import os
 import signal
+import time
 
 import keras
 import numpy as np
@@ -177,3 +178,23 @@ def test_a_lost_worker_is_named_when_tensorflow_names_it(message, who):
     error = guards.worker_lost(tf.errors.UnavailableError(None, None, message), "/out/ckpt-20")
     assert str(error) == (f"{who} stopped or cannot be reached (UnavailableError in a collective); rerun the same "
                           "command on every worker: the job resumes from /out/ckpt-20")
+
+
+def test_a_worker_told_of_another_workers_signal_stops_right_after_its_save():
+    """The worker that got no signal: its handler's watcher thread waits on this worker's signal, and the
+    handler joins it after the agreed save. The save wakes it, so the stop does not wait out the watcher's
+    60 s (it did: the multi-worker SIGTERM test's workers sat idle 45 s). The handler runs in local mode;
+    the agreed step is set as its cluster watcher thread sets it when another worker was signalled."""
+    saves = []
+    preemption = guards.Preemption(tf.distribute.MirroredStrategy(["/cpu:0"]), lambda: saves.append(1), workers=2)
+    with preemption:
+        handler = preemption._handler
+        assert handler._poll_termination_signal_thread.is_alive()
+        assert preemption.after_step() is None and saves == []
+        handler._step_to_checkpoint = str(handler._run_counter)  # the next call, as _watch_step_to_save_key sets it
+        handler._received_checkpoint_step.set()
+        start = time.monotonic()
+        assert preemption.after_step() == "a signal to another worker"
+        took = time.monotonic() - start
+    assert saves == [1] and preemption.requested is None
+    assert took < 30, f"the stop waited {took:.0f} s for the signal watcher"

@@ -81,6 +81,9 @@ class Preemption:
         return self.requested is not None
 
     def _save(self):  # the handler's save_fn, called on every worker after the agreed step
+        # The handler joins its watcher thread next: wake it, or a worker that got no signal waits out
+        # the watcher's 60 s before it stops.
+        self._wake.set()
         log.info("%s: every worker saves after this step and stops (TensorFlow's PreemptionCheckpointHandler)",
                  self.requested or "a signal to another worker")
         self.save()
