@@ -186,8 +186,18 @@ def _run(argv, name, check, env, timeout, fresh=False):
 
     proc = script_runner.run(argv, _environment(env), timeout, fresh)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"{name}: exit {proc.returncode}\n{proc.stderr[-3000:]}{_earlier(proc)}")
     return proc
+
+
+def _earlier(proc):
+    """The runs a resident process ran before a failed one (tests/script_runner.py), newest last: what a
+    failure that depends on them needs to be replayed."""
+    runs = getattr(proc, "earlier_runs", [])
+    if not runs:
+        return ""
+    lines = [f"  {test}: exit {status}: {' '.join(argv)}" for test, argv, status in runs[-12:]]
+    return f"\nearlier runs in its resident process ({len(runs)}, the last {len(lines)}):\n" + "\n".join(lines)
 
 
 def write_tsv(path, rows, header=("label", "text")):

@@ -283,6 +283,7 @@ class Resident:
                 time.sleep(0.02)
         os.set_blocking(self.requests, True)
         self.pending = b""
+        self.history = []  # (test, argv, status) of each run handed to this process, for a failure's report
 
     def alive(self):
         return self.proc.poll() is None
@@ -293,6 +294,11 @@ class Resident:
         killed). Once it died or was killed, `alive()` is False and the caller starts another."""
         os.write(self.requests, (json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "out": out,
                                              "err": err}) + "\n").encode())
+        self.history.append([env.get("PYTEST_CURRENT_TEST", "?"), argv[1:], None])
+        self.history[-1][2] = code = self._wait(timeout)
+        return code
+
+    def _wait(self, timeout):
         deadline = time.monotonic() + timeout
         while b"\n" not in self.pending:
             left = deadline - time.monotonic()
@@ -377,7 +383,9 @@ def run(argv, env, timeout, fresh=False):
                 raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, read(out), read(err))
             if resident.alive():
                 _residents[key] = resident
-            return subprocess.CompletedProcess([sys.executable, *argv], code, read(out), read(err))
+            done = subprocess.CompletedProcess([sys.executable, *argv], code, read(out), read(err))
+            done.earlier_runs = resident.history[:-1]  # what ran before it in the same process
+            return done
         proc = start(argv, env, out, err, fresh)
         try:
             proc.wait(timeout)
