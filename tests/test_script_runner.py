@@ -54,7 +54,8 @@ def _console():
 def test_a_scripts_runs_share_a_resident_process_that_puts_back_what_each_run_leaves(tmp_path):
     """Runs of one script one after another: the same process, but each starts as a new process would
     (flags at their defaults, op determinism off, SIGTERM's default handler, no output directory locked),
-    and ends with the exit status a process would: sys.exit's, or a signal's; after a signal, a new one."""
+    and ends with the exit status a process would: sys.exit's, or a signal's; after a signal, a new one.
+    Each run knows the runs its process ran before it (a failure's report lists them)."""
     import os
 
     from conftest import _environment
@@ -67,9 +68,13 @@ def test_a_scripts_runs_share_a_resident_process_that_puts_back_what_each_run_le
     assert first.stdout.split()[:4] == ["5", "False", "True", "0"]
     assert second.stdout.split()[:4] == ["1", "False", "True", "0"]
     assert first.stdout.split()[4] == second.stdout.split()[4] != str(os.getpid())  # one resident process
-    assert run("--n=3").returncode == 3
+    failed = run("--n=3")
+    assert failed.returncode == 3
+    test = os.environ["PYTEST_CURRENT_TEST"]
+    assert failed.earlier_runs == [[test, ["--n=5"], 0], [test, [], 0]]  # what a failure's report lists
     killed = run("--n=9")
     assert killed.returncode == -9 and killed.stdout.split()[0] == "9"
     after = run("--n=2")
     assert after.returncode == 0 and after.stdout.split()[:4] == ["2", "False", "True", "0"]
     assert after.stdout.split()[4] != first.stdout.split()[4]  # a new resident after the kill
+    assert after.earlier_runs == []
