@@ -249,3 +249,29 @@ def test_cuda_numbers_gpus_as_nvidia_smi_from_the_first_import_whatever_the_log_
         assert "order PCI_BUS_ID" in out and "tensorflow loaded False" in out, out
     own = run_python(code, env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, fresh=True).stdout
     assert "order FASTEST_FIRST" in own
+
+
+def test_one_tower_strategies_in_one_process_gather_batches_of_any_shape():
+    """Two one-tower runs in one process (a notebook's second model; the next run of a resident script):
+    the second's predictions gather batches of another shape. Gathering a one-tower batch launches a
+    one-member collective and TensorFlow keeps each collective instance's shape for the process's life,
+    so two strategies on TensorFlow's default keys failed here with "Shape mismatch in the collective
+    instance 100" and aborted every collective after it. A process of its own: that abort is for good."""
+    from conftest import run_python
+
+    code = """
+import numpy as np
+import tensorflow as tf
+from bert_mgpu.parallel import devices, distribute
+
+plan = devices.plan_devices(n_gpus=0, towers_per_gpu=1, visible_gpus=[])
+for rows, labels in ((8, np.arange(8)), (4, np.ones((4, 2))), (6, np.zeros((6, 3, 2)))):
+    strategy = distribute.make_strategy(plan)   # a new model's towers
+    gather = tf.function(lambda b, s=strategy: [s.gather(t, axis=0) for t in b], autograph=False)
+    dataset = tf.data.Dataset.from_tensor_slices((np.arange(rows), labels)).batch(rows)
+    for batch in distribute.distribute_dataset(strategy, dataset):
+        index, got = (t.numpy() for t in gather(batch))
+        assert np.array_equal(index, np.arange(rows)) and np.array_equal(got, labels), (index, got)
+print("gathered", rows)
+"""
+    assert run_python(code).stdout.split()[-2:] == ["gathered", "6"]

@@ -18,13 +18,12 @@ def make_strategy(plan, devices=None, timeout_seconds=None):
     tests and gpu_check build them), reducing with TensorFlow's CollectiveAllReduce: NCCL between distinct
     GPUs, RING where towers share a device (`DevicePlan.all_reduce`). A collective whose peer failed is
     aborted, so an error on one tower (out of memory first of all) ends the step on every tower instead of
-    hanging it; `timeout_seconds` bounds how long a collective waits for a tower that never comes.
+    hanging it; `timeout_seconds` bounds how long a collective waits for a tower that never comes. Every
+    strategy made here, one tower's too, has collective keys of its own (`_compat.mirrored`).
     """
-    import tensorflow as tf
-
     devices = list(devices or plan.devices)
     if plan.all_reduce == "none":
-        return tf.distribute.MirroredStrategy(devices=devices)
+        return _compat.mirrored(devices)
     return _compat.mirrored_with_collectives(devices, plan.all_reduce.upper(), timeout_seconds)
 
 
