@@ -256,22 +256,24 @@ def test_one_tower_strategies_in_one_process_gather_batches_of_any_shape():
     the second's predictions gather batches of another shape. Gathering a one-tower batch launches a
     one-member collective and TensorFlow keeps each collective instance's shape for the process's life,
     so two strategies on TensorFlow's default keys failed here with "Shape mismatch in the collective
-    instance 100" and aborted every collective after it. A process of its own: that abort is for good."""
+    instance 100" and aborted every collective after it. The CPU's tower, then one GPU's objects (NCCL, as
+    TensorFlow picks on a GPU) on the CPU device. A process of its own: that abort is for good."""
     from conftest import run_python
 
     code = """
 import numpy as np
 import tensorflow as tf
+from bert_mgpu.core import _compat
 from bert_mgpu.parallel import devices, distribute
 
-plan = devices.plan_devices(n_gpus=0, towers_per_gpu=1, visible_gpus=[])
-for rows, labels in ((8, np.arange(8)), (4, np.ones((4, 2))), (6, np.zeros((6, 3, 2)))):
-    strategy = distribute.make_strategy(plan)   # a new model's towers
-    gather = tf.function(lambda b, s=strategy: [s.gather(t, axis=0) for t in b], autograph=False)
-    dataset = tf.data.Dataset.from_tensor_slices((np.arange(rows), labels)).batch(rows)
-    for batch in distribute.distribute_dataset(strategy, dataset):
-        index, got = (t.numpy() for t in gather(batch))
-        assert np.array_equal(index, np.arange(rows)) and np.array_equal(got, labels), (index, got)
-print("gathered", rows)
+for plan in (devices.plan_devices(0, 1, []), devices.plan_devices(1, 1, ["0"])):
+    for rows, labels in ((8, np.arange(8)), (4, np.ones((4, 2))), (6, np.zeros((6, 3, 2)))):
+        strategy = distribute.make_strategy(plan, devices=["/cpu:0"])   # a new model's towers
+        gather = tf.function(lambda b, s=strategy: [s.gather(t, axis=0) for t in b], autograph=False)
+        dataset = tf.data.Dataset.from_tensor_slices((np.arange(rows), labels)).batch(rows)
+        for batch in distribute.distribute_dataset(strategy, dataset):
+            index, got = (t.numpy() for t in gather(batch))
+            assert np.array_equal(index, np.arange(rows)) and np.array_equal(got, labels), (index, got)
+    print(plan.device_type, _compat.collective_options(strategy).implementation.name, rows)
 """
-    assert run_python(code).stdout.split()[-2:] == ["gathered", "6"]
+    assert run_python(code).stdout.split()[-6:] == ["CPU", "RING", "6", "GPU", "NCCL", "6"]

@@ -193,14 +193,21 @@ def mirrored_with_collectives(devices, implementation, timeout_seconds=None):
 
     Every strategy made here gets collective keys of its own (`_collective_key_base`, as TensorFlow's own
     tests do): two strategies over the same devices would otherwise reuse group and instance keys, and
-    the second's collectives fail on the first's cached shapes (a notebook, gpu_check, the tests)."""
+    the second's collectives fail on the first's cached shapes, which aborts every collective of the
+    process (a notebook's second model, gpu_check, the tests). One tower too: its batches come as
+    PerReplica values of one, whose `strategy.gather` is a one-member collective."""
     import tensorflow as tf
     from tensorflow.python.distribute import cross_device_ops
 
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=getattr(tf.distribute.experimental.CommunicationImplementation, implementation),
         timeout_seconds=timeout_seconds)
-    strategy = mirrored(devices)
+    cls = tf.distribute.MirroredStrategy
+    base, cls._collective_key_base = cls._collective_key_base, next(_KEY_BASES)
+    try:
+        strategy = cls(devices=list(devices))
+    finally:
+        cls._collective_key_base = base
     extended = strategy.extended
     collective = extended._collective_ops
     if not isinstance(collective, cross_device_ops.CollectiveAllReduce) or extended._cross_device_ops is not collective:
@@ -211,24 +218,6 @@ def mirrored_with_collectives(devices, implementation, timeout_seconds=None):
         launcher._options = options
     extended._communication_options = options
     return strategy
-
-
-def mirrored(devices):
-    """MirroredStrategy over `devices` with TensorFlow's defaults, and collective keys of its own.
-
-    One tower needs them too: its batches come as PerReplica values of one, so `strategy.gather` of them
-    launches a one-member collective, and TensorFlow keeps each collective instance's shape for the
-    process's life. A second default-keyed strategy (a second model in a notebook, the next run in one
-    process) reuses group 1, instance 100 on other shapes, and every collective of the process is aborted
-    ("Shape mismatch in the collective instance 100")."""
-    import tensorflow as tf
-
-    cls = tf.distribute.MirroredStrategy
-    base, cls._collective_key_base = cls._collective_key_base, next(_KEY_BASES)
-    try:
-        return cls(devices=list(devices))
-    finally:
-        cls._collective_key_base = base
 
 
 _KEY_BASES = itertools.count(10_000, 10_000)  # group keys per strategy: one per device set it reduces over

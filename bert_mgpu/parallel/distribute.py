@@ -18,13 +18,15 @@ def make_strategy(plan, devices=None, timeout_seconds=None):
     tests and gpu_check build them), reducing with TensorFlow's CollectiveAllReduce: NCCL between distinct
     GPUs, RING where towers share a device (`DevicePlan.all_reduce`). A collective whose peer failed is
     aborted, so an error on one tower (out of memory first of all) ends the step on every tower instead of
-    hanging it; `timeout_seconds` bounds how long a collective waits for a tower that never comes. Every
-    strategy made here, one tower's too, has collective keys of its own (`_compat.mirrored`).
+    hanging it; `timeout_seconds` bounds how long a collective waits for a tower that never comes.
+
+    One tower reduces nothing, but still gathers its prediction batches through one-member collectives;
+    it gets what TensorFlow picks for its device (NCCL on a GPU, RING on the CPU) and, as every strategy
+    made here, collective keys of its own (`_compat.mirrored_with_collectives`).
     """
     devices = list(devices or plan.devices)
-    if plan.all_reduce == "none":
-        return _compat.mirrored(devices)
-    return _compat.mirrored_with_collectives(devices, plan.all_reduce.upper(), timeout_seconds)
+    implementation = plan.all_reduce if plan.towers > 1 else "nccl" if plan.device_type == "GPU" else "ring"
+    return _compat.mirrored_with_collectives(devices, implementation.upper(), timeout_seconds)
 
 
 def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
