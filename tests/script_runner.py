@@ -294,8 +294,8 @@ class Resident:
         killed). Once it died or was killed, `alive()` is False and the caller starts another."""
         os.write(self.requests, (json.dumps({"argv": argv, "env": env, "cwd": os.getcwd(), "out": out,
                                              "err": err}) + "\n").encode())
-        self.history.append([env.get("PYTEST_CURRENT_TEST", "?"), argv[1:], None])
-        self.history[-1][2] = code = self._wait(timeout)
+        code = self._wait(timeout)
+        self.history.append([env.get("PYTEST_CURRENT_TEST", "?"), argv[1:], code])
         return code
 
     def _wait(self, timeout):

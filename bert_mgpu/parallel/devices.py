@@ -51,13 +51,16 @@ class DevicePlan:
         return tuple(f"/{kind}:{i}" for i in range(self.towers))
 
     @property
-    def all_reduce(self):
-        """How gradients cross between this machine's towers (distribute.make_strategy), by TensorFlow's
-        collectives: 'nccl' between distinct GPUs; 'ring' where towers share a device (NCCL takes one rank per
-        GPU; several CPU towers), as TensorFlow's MirroredStrategy itself chooses; 'none' for one tower."""
-        if self.towers == 1:
-            return "none"
+    def collectives(self):
+        """The collective implementation the towers' strategy launches with (distribute.make_strategy), as
+        TensorFlow's MirroredStrategy itself chooses: 'nccl' on distinct GPUs (one GPU's tower included);
+        'ring' where towers share a device (NCCL takes one rank per GPU) and on the CPU."""
         return "nccl" if self.device_type == "GPU" and self.towers_per_device == 1 else "ring"
+
+    @property
+    def all_reduce(self):
+        """How gradients cross between this machine's towers: `collectives`, or 'none' for one tower."""
+        return "none" if self.towers == 1 else self.collectives
 
     def describe(self, per_tower_batch=None):
         """The plan for the log; with `per_tower_batch`, the global batch it makes."""

@@ -16,7 +16,7 @@ from bert_mgpu.parallel.cluster import Cluster
 def make_strategy(plan, devices=None, timeout_seconds=None):
     """MirroredStrategy over the plan's towers (or `devices`: a GPU plan's objects on CPU devices, as the
     tests and gpu_check build them), reducing with TensorFlow's CollectiveAllReduce: NCCL between distinct
-    GPUs, RING where towers share a device (`DevicePlan.all_reduce`). A collective whose peer failed is
+    GPUs, RING where towers share a device (`DevicePlan.collectives`). A collective whose peer failed is
     aborted, so an error on one tower (out of memory first of all) ends the step on every tower instead of
     hanging it; `timeout_seconds` bounds how long a collective waits for a tower that never comes.
 
@@ -25,8 +25,7 @@ def make_strategy(plan, devices=None, timeout_seconds=None):
     made here, collective keys of its own (`_compat.mirrored_with_collectives`).
     """
     devices = list(devices or plan.devices)
-    implementation = plan.all_reduce if plan.towers > 1 else "nccl" if plan.device_type == "GPU" else "ring"
-    return _compat.mirrored_with_collectives(devices, implementation.upper(), timeout_seconds)
+    return _compat.mirrored_with_collectives(devices, plan.collectives.upper(), timeout_seconds)
 
 
 def all_reduce(reduce_op, values, options=None, bytes_per_pack=None):
