@@ -196,14 +196,15 @@ class FusedBertEncoder(keras.layers.Layer):
 
 
 def _matmul_bias(x, w, b, fold):
-    """x @ w + b. With `fold` (inference under oneDNN) the bias rides in the matmul, a row of the weight
-    against a column of ones (then 31 zeros, so the depth stays a multiple of 32): with the bias fused,
-    oneDNN leaves its AMX matmul for a slower inner product (NOTES item 53)."""
+    """x @ w + b. With `fold` (inference under oneDNN) the bias rides in the matmul: x padded with 32 columns
+    of ones against the weight with the bias row and 31 zero rows (the depth stays a multiple of 32). With the
+    bias fused, oneDNN leaves its AMX matmul for a slower inner product (NOTES item 53). Padded, not
+    concatenated with constants: TensorFlow folds a constant of the batch's shape into the traced function,
+    which then holds it for its life (item 61)."""
     if not fold:
         return tf.matmul(x, w) + b
-    ones = tf.one_hot(tf.zeros(tf.shape(x)[:1], tf.int32), 32, dtype=x.dtype)
-    w = tf.concat([w, b[None], tf.zeros([31, tf.shape(w)[1]], w.dtype)], axis=0)
-    return tf.matmul(tf.concat([x, ones], axis=1), w)
+    w = tf.pad(tf.concat([w, b[None]], axis=0), [[0, 31], [0, 0]])
+    return tf.matmul(tf.pad(x, [[0, 0], [0, 32]], constant_values=1), w)
 
 
 def _cpu_onednn():
