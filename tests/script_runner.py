@@ -317,14 +317,22 @@ class Resident:
         line, self.pending = self.pending.split(b"\n", 1)
         return json.loads(line)["status"]
 
-    def close(self):
-        if self.requests is not None:
-            self.proc.kill()
-            self.proc.wait(60)
-            for fd in (self.requests, self.replies):
-                os.close(fd)
-            self.requests = None
-            shutil.rmtree(self.dir, ignore_errors=True)
+    def close(self, clean=False):
+        """Kill the process; with `clean`, first let it end as a script's process ends (no more runs: its
+        atexit functions run, and remove AutoGraph's generated files from the temporary directory)."""
+        if self.requests is None:
+            return
+        os.close(self.requests)
+        self.requests = None
+        if clean and self.alive():
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        self.proc.kill()
+        self.proc.wait(60)
+        os.close(self.replies)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # A run waited for goes to a resident process of its script unless it needs a process of its own: an
@@ -334,7 +342,7 @@ class Resident:
 NOT_RESIDENT = ("--worker_hosts", "--auto_batch_size", "--multi_worker")
 RESIDENTS = 2
 _server, _residents = None, {}
-atexit.register(lambda: [r.close() for r in _residents.values()])
+atexit.register(lambda: [r.close(clean=True) for r in _residents.values()])
 
 
 def _resident_key(argv, env):
@@ -376,7 +384,7 @@ def run(argv, env, timeout, fresh=False):
             resident = _residents.pop(key, None)
             if resident is None or not resident.alive():
                 while len(_residents) >= RESIDENTS:
-                    _residents.pop(next(iter(_residents))).close()  # the least recently used
+                    _residents.pop(next(iter(_residents))).close(clean=True)  # the least recently used
                 resident = Resident(_server, key[0], env)
             code = resident.run(argv, env, out, err, timeout)
             if code is None:

@@ -21,8 +21,9 @@ def latest_step(out):
 
 
 def interrupted(script, args, sig, out, after_step, delay=0.0):
-    """Start the script, send `sig` once a checkpoint past `after_step` is published (plus `delay` s)."""
-    logs = tempfile.mkdtemp()
+    """Start the script, send `sig` once a checkpoint past `after_step` is published (plus `delay` s). Its
+    stdout and stderr go to a directory beside `out`, in the test's own temporary directory."""
+    logs = tempfile.mkdtemp(prefix="logs-", dir=os.path.dirname(os.path.abspath(out)))
     proc = start_python([os.path.join(ROOT, script), *args], f"{logs}/out", f"{logs}/err")
     deadline = time.time() + 300
     while latest_step(out) <= after_step and proc.poll() is None and time.time() < deadline:

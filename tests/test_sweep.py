@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import statistics
-import tempfile
 import time
 
 import pytest
@@ -103,7 +102,8 @@ def test_a_sweep_killed_in_its_second_run_and_rerun_ends_with_the_same_table(tmp
     assert member["main"] == ["eval_accuracy"]
     assert member["measures"]["eval_accuracy"] == float(results["eval_accuracy"])
 
-    logs = tempfile.mkdtemp()
+    logs = tmp_path / "logs"
+    logs.mkdir()
     driver = start_python([os.path.join(os.path.dirname(__file__), "..", "run_classifier_mgpu.py"), *args(parts)],
                           f"{logs}/out", f"{logs}/err")
     deadline = time.time() + 300
