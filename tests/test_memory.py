@@ -20,6 +20,49 @@ def test_largest_fitting_finds_the_edge_in_few_trials(largest, cap):
     assert len(tried) <= 2 * max(1, found).bit_length() + 1
 
 
+def allocator_like(rng):
+    """A random step-peak model as an allocator reports one: weights, activations linear in the batch, a
+    log term, rounding to bins -> (peak(batch), usable MiB, cap)."""
+    import numpy as np
+
+    base, per, log_term, binned = rng.uniform(5, 200), rng.uniform(0.05, 20), rng.uniform(0, 3), rng.uniform(0.01, 5)
+    usable, cap = rng.uniform(base + per / 2, base + per * 3000), int(rng.choice([4096, 100, 64, 12]))
+    return (lambda b: np.ceil((base + per * b + log_term * per * np.floor(np.log2(b))) / (binned * per)) * binned * per,
+            usable, cap)
+
+
+def both_searches(peak, usable, cap):
+    """(edge, sizes tried) of the search by bisection, then of the one guessing from the peaks."""
+    tried, trials = [], []
+    found = memory.largest_fitting(lambda b: tried.append(b) or peak(b) <= usable, cap)
+    guessed = memory.largest_fitting(lambda b: trials.append((b, peak(b))) or peak(b) <= usable, cap,
+                                     guess=lambda low, high: memory.linear_edge(trials, usable))
+    return (found, tried), (guessed, [b for b, _ in trials])
+
+
+def test_a_guess_from_measured_peaks_finds_the_same_edge_in_fewer_trials():
+    """Peaks as an allocator reports them (weights, activations linear in the batch, a log term, rounding
+    to bins): with `linear_edge` guessing, the search returns what bisection does, in fewer trials."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    plain, guessed = [], []
+    for _ in range(400):
+        peak, usable, cap = allocator_like(rng)
+        (found, tried), (found_guessing, trials) = both_searches(peak, usable, cap)
+        assert found_guessing == found
+        assert len(trials) <= 2 * (2 * max(1, found).bit_length() + 1)  # a poor guess: bisection's next step
+        plain.append(len(tried))
+        guessed.append(len(trials))
+    assert np.mean(guessed) < 0.7 * np.mean(plain), (np.mean(guessed), np.mean(plain))  # measured 5.7 vs 9.2
+
+    # A straight line: from 1 and 2 to the edge, then the size past it.
+    _, (found, trials) = both_searches(lambda b: 100 + 3.0 * b, 250.0, 4096)
+    assert found == 50 and trials == [1, 2, 8, 32, 50, 51]
+    assert memory.linear_edge([(4, None), (2, 10.0)], 50.0) is None  # one measured point: no line
+    assert memory.linear_edge([(1, 10.0), (2, 10.0)], 50.0) is None  # flat: no line
+
+
 def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
@@ -30,8 +73,7 @@ def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
         opt.build(model.trainable_variables)
     trainer = training.Trainer(strategy, model, opt)
     make = lambda n: memory.classifier_batch(n, 32)  # noqa: E731
-    _, probe = memory.find_batch_size(trainer, make, plan, limit_mb=1e9, cap=16)
-    peaks = dict(probe)
+    peaks = memory.step_peaks(trainer, make, plan, [1, 2, 4, 8, 16])
     # The step's working memory grows with the batch. Not by a fixed ratio: the same trial reads 8.7 to
     # 10.2 MiB at batch 8 and 12.4 to 16.9 at 16 from process to process (the BFC allocator's rounding);
     # oneDNN's allocator reads 0 above the resident weights for the smallest batches.
@@ -274,7 +316,8 @@ def test_gpu_trials_run_one_tower_alone_with_the_update_and_change_no_weight(mon
     weights = [w.numpy().copy() for w in model.weights]
     best, trials = memory.find_batch_size(trainer, lambda n: memory.classifier_batch(n, 32), gpu_plan,
                                           limit_mb=1e9, cap=8)
-    assert best == 8 and [b for b, _ in sorted(trials)] == [1, 2, 4, 8]
+    tried = sorted(b for b, _ in trials)
+    assert best == 8 and tried[0] == 1 and tried[-1] == 8 and len(tried) <= 4, trials
     runs = 1 + memory.MEASURED_STEPS  # a trial: one run to trace, then the measured ones
     assert int(opt.iterations.numpy()) == runs * len(trials)  # each ran the update
     assert all((w.numpy() == v).all() for w, v in zip(model.weights, weights))
@@ -307,7 +350,7 @@ def test_recompute_lowers_a_step_peak_at_length_512_and_fits_a_larger_batch():
         set_recompute(model, recompute)
         with towers.strategy.scope():
             trainer = training.Trainer(towers.strategy, model, optimization.create_optimizer(0.0, 10, 0))
-        return dict(memory.find_batch_size(trainer, make, plan, limit_mb=1e9, cap=5)[1])
+        return memory.step_peaks(trainer, make, plan, [4, 5])
 
     kept, recomputed = peaks(False), peaks(True)
     # Measured 0.37-0.40 at batch 4 (112-116 MiB against 302-303), oneDNN on and off.

@@ -45,21 +45,47 @@ RUN_MARGIN = 0.98  # of the limit, what a trial step may peak at
 MEASURED_STEPS = 3  # a trial's peak is the largest of this many steps
 
 
-def largest_fitting(fits, cap=4096):
+def largest_fitting(fits, cap=4096, guess=None):
     """Largest b in [1, cap] with `fits(b)`, for a predicate that is true up to some size and false after:
-    doubling from 1, then bisection (about 2 log2(b) trials). 0 when not even 1 fits."""
+    doubling from 1, then bisection (about 2 log2(b) trials). 0 when not even 1 fits.
+
+    `guess(low, high)`, optional: the size the caller expects to be the edge, from what the trials so far
+    measured (`high` None while no size has failed). It is tried instead of the doubling or bisection step,
+    kept inside the bracket (at most 4x `low` while doubling). A guess that did not halve the bracket is
+    followed by a bisection step, so a poor guesser costs at most about twice the trials of bisection."""
     if not fits(1):
         return 0
-    low, high = 1, None
-    while high is None:
-        step = min(low * 2, cap)
-        if step == low:
+    low, high, bisect = 1, None, False
+    while high is None or high - low > 1:
+        if high is None and low >= cap:
             return low
-        low, high = (step, None) if fits(step) else (low, step)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
+        step = min(low * 2, cap) if high is None else (low + high) // 2
+        edge = None if bisect or guess is None else guess(low, high)
+        if edge is not None:
+            step = int(min(max(edge, low + 1), high - 1 if high is not None else min(4 * low, cap)))
+        before = (high or 2 * low) - low
+        low, high = (step, high) if fits(step) else (low, step)
+        bisect = edge is not None and high is not None and high - low > before // 2
     return low
+
+
+def linear_edge(trials, usable):
+    """The largest batch whose peak stays under `usable` on the line through the two measured trials nearest
+    the edge, or None when they give no rising line. `trials`: [(batch, peak MiB, or None: out of memory)].
+    A step's memory is its weights and slots plus activations linear in the batch, so a trial or two land
+    on the edge where bisection takes log2 of the bracket."""
+    measured = sorted((b, p) for b, p in trials if p is not None)
+    under = [(b, p) for b, p in measured if p <= usable]
+    over = [(b, p) for b, p in measured if p > usable]
+    if not under:
+        return None
+    points = [under[-1], over[0]] if over else under[-2:]
+    if len(points) < 2:
+        return None
+    (b0, p0), (b1, p1) = points
+    if p1 <= p0:
+        return None
+    return b0 + int((usable - p0) * (b1 - b0) / (p1 - p0))
 
 
 class AllocatorPeak:
@@ -148,15 +174,10 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
     return int(min(every))
 
 
-def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
-    """Largest per-tower batch whose training step fits under `limit_mb` (see the module docstring).
-
-    `make_batch(global_batch)` -> a (features, labels) batch of that many examples. CPU towers share one
-    memory: a trial is a real training step of all of them, so the trainer's optimizer must have learning
-    rate 0. On GPUs a trial runs on the first tower alone, with no collective: every tower needs the same
-    memory, and an out-of-memory trial then aborts no collective of the others.
-    """
-    strategy, trials, usable = trainer.strategy, [], RUN_MARGIN * limit_mb
+def trial_step(trainer, make_batch, plan):
+    """-> `measure(per_tower)`: the peak MiB of a trial step with that many sequences a tower, or None when
+    it ran out of memory (see the module docstring and `find_batch_size`)."""
+    strategy = trainer.strategy
     alone = plan.device_type == "GPU"
     if not alone and distribute.worker_of(strategy)[1] > 1:  # trials with collectives could differ by worker
         raise UserError("--auto_batch_size with several workers needs GPUs (each worker then tries its "
@@ -170,7 +191,7 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
     meter = peak_meter(plan)
     trial = trainer.probe_step if alone else trainer.train_step
 
-    def fits(per_tower):
+    def measure(per_tower):
         rows = per_tower if alone else per_tower * strategy.num_replicas_in_sync
         batch = make_batch(rows)
         dist = (distribute.first_tower_only(strategy, batch) if alone else
@@ -181,13 +202,38 @@ def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
             for _ in range(MEASURED_STEPS):
                 trial(dist)
         except tf.errors.ResourceExhaustedError:
-            trials.append((per_tower, None))
-            return False
-        peak = meter.read_mb()
-        trials.append((per_tower, peak))
-        return peak <= usable
+            return None
+        return meter.read_mb()
 
-    best = largest_fitting(fits, cap)
+    return measure
+
+
+def step_peaks(trainer, make_batch, plan, sizes):
+    """{per-tower batch: peak MiB of its trial step, or None (out of memory)} for each of `sizes`."""
+    measure = trial_step(trainer, make_batch, plan)
+    return {size: measure(size) for size in sizes}
+
+
+def find_batch_size(trainer, make_batch, plan, limit_mb, cap=4096):
+    """Largest per-tower batch whose training step fits under `limit_mb` (see the module docstring).
+    Returns it and the trials, [(per-tower batch, peak MiB or None: out of memory)].
+
+    `make_batch(global_batch)` -> a (features, labels) batch of that many examples. CPU towers share one
+    memory: a trial is a real training step of all of them, so the trainer's optimizer must have learning
+    rate 0. On GPUs a trial runs on the first tower alone, with no collective: every tower needs the same
+    memory, and an out-of-memory trial then aborts no collective of the others. After the first trials the
+    next size is guessed from their peaks (`linear_edge`); the sizes on both sides of the edge are measured.
+    """
+    strategy, trials, usable = trainer.strategy, [], RUN_MARGIN * limit_mb
+    alone = plan.device_type == "GPU"
+    measure = trial_step(trainer, make_batch, plan)
+
+    def fits(per_tower):
+        peak = measure(per_tower)
+        trials.append((per_tower, peak))
+        return peak is not None and peak <= usable
+
+    best = largest_fitting(fits, cap, guess=lambda low, high: linear_edge(trials, usable))
     shown = ", ".join(f"{b}: {'OOM' if p is None else f'{p:.2f} MiB' + (' over' if p > usable else '')}"
                       for b, p in sorted(trials))
     if not best:
