@@ -316,8 +316,8 @@ def test_gpu_trials_run_one_tower_alone_with_the_update_and_change_no_weight(mon
     weights = [w.numpy().copy() for w in model.weights]
     best, trials = memory.find_batch_size(trainer, lambda n: memory.classifier_batch(n, 32), gpu_plan,
                                           limit_mb=1e9, cap=8)
-    tried = sorted(b for b, _ in trials)
-    assert best == 8 and tried[0] == 1 and tried[-1] == 8 and len(tried) <= 4, trials
+    # Doubling; once two peaks rise, the guess (no limit: past the cap) jumps to the cap.
+    assert best == 8 and [b for b, _ in trials] in ([1, 2, 4, 8], [1, 2, 8]), trials
     runs = 1 + memory.MEASURED_STEPS  # a trial: one run to trace, then the measured ones
     assert int(opt.iterations.numpy()) == runs * len(trials)  # each ran the update
     assert all((w.numpy() == v).all() for w, v in zip(model.weights, weights))
