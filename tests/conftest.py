@@ -235,3 +235,22 @@ LONGEST_FIRST = ("test_gpu_check.py", "test_multi_worker.py", "test_training.py"
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
+
+
+def _seed_everything():
+    import keras
+
+    keras.utils.set_random_seed(0)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Every test starts from the same random state, whatever ran before it in its worker: an in-process fit's
+    new head (Keras draws unseeded initializers from Python's `random`) is then the same in the suite and in a
+    test run alone (benchmarks/NOTES.md item 65). Again before the body, after fixtures that drew or not."""
+    _seed_everything()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    _seed_everything()
