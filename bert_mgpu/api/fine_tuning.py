@@ -193,7 +193,7 @@ class FineTuned:
         warmup = config.warmup_steps(num_steps)
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16"), self.objective.loss,
-            accum, config.use_xla, recompute=config.recompute)
+            accum, config.use_xla, recompute=config.recompute, seed=config.seed)
         start = session.start
         if session.restored:
             log.info("resuming from %s at step %d", session.restored, start)

@@ -302,7 +302,8 @@ class BertPretrainer:
             schedule=schedule, weight_decay=config.weight_decay, float16=self.policy == "mixed_float16",
             optimizer=config.optimizer, beta_1=config.beta_1, beta_2=config.beta_2, epsilon=config.epsilon,
             clipnorm=config.clipnorm), self.objective.loss, accum, config.use_xla, recompute=config.recompute,
-            state={"heads": pretraining_model.head_checkpoint_objects(self.model), "elapsed_seconds": elapsed_var})
+            state={"heads": pretraining_model.head_checkpoint_objects(self.model), "elapsed_seconds": elapsed_var},
+            seed=data.seed)  # the data's seed is the run's (--seed): its order, masks and dropout
         trainer, step = session.trainer, session.start
         if session.restored:
             log.info("resuming from %s at step %d (%.1f s trained)", session.restored, step,

@@ -259,6 +259,9 @@ def text_dataset(input_files, tokenizer, batch_size, max_seq_length, max_predict
 class PretrainingData:
     """Where pretraining examples come from: TFRecords (`kind="records"`) or raw text (`kind="text"`).
 
+    `seed` is the run's: it orders the examples and picks the masked positions, and `BertPretrainer.fit`
+    starts the dropout masks from it.
+
     Example:
         data = PretrainingData("text", ["corpus/*.txt"], tokenizer, max_seq_length=128)
         ds = data.dataset(batch_size=64, start=0)

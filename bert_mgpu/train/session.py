@@ -14,6 +14,7 @@ Example:
 import contextlib
 import logging
 
+from bert_mgpu.core import _compat
 from bert_mgpu.io import checkpoints, run_dir
 from bert_mgpu.model.fused_encoder import set_recompute
 from bert_mgpu.parallel import distribute
@@ -39,12 +40,16 @@ class Session:
         use_xla: XLA-compile each tower's step.
         recompute: the encoder's layers recomputed in the backward pass (`fused_encoder.set_recompute`).
         state: more objects the checkpoint holds ({name: trackable}), e.g. pretraining's heads and clock.
+        seed: the run's seed (`TrainConfig.seed`), which also sets the dropout masks of a new run
+            (`seed_dropout`); a resumed run takes them from its checkpoint.
     """
 
     def __init__(self, towers, model, run, make_optimizer, loss_fn, accum_steps=1, use_xla=False, state=None,
-                 recompute=False):
+                 recompute=False, seed=None):
         self.towers, self.model, self.run = towers, model, run
         set_recompute(model, recompute)  # before the step is traced
+        if seed is not None:
+            seed_dropout(model, seed)  # before restore, which puts a resumed run's own state back
         with towers.strategy.scope():
             self.optimizer = make_optimizer()
         self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)
@@ -88,3 +93,23 @@ class Session:
         self.run.close()
         if self.reporters is not None:
             self.reporters.close()
+
+
+DEFAULT_SEED = 12345  # TrainConfig's and the scripts' --seed
+
+
+def seed_dropout(model, seed):
+    """Start `model`'s dropout seed generators from `seed`, so runs with other seeds draw other masks.
+
+    Each generator's first seed word becomes the one it was built with XOR (seed XOR DEFAULT_SEED): runs
+    with the default seed draw what they always did, and the counter word Keras steps is left as it is.
+    The fused encoder's generator is built with a fixed seed (1234), which no other seed changed before.
+    """
+    for layer in _compat.sublayers(model):
+        for generator in _compat.seed_generators(layer):
+            state = generator.state.numpy()
+            built = getattr(generator, "_bert_mgpu_built_seed", None)
+            if built is None:  # the first word as built: Keras steps only the second
+                built = generator._bert_mgpu_built_seed = int(state[0])
+            generator.state.assign([built ^ (int(seed) ^ DEFAULT_SEED), int(state[1])])
+

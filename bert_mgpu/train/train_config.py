@@ -85,7 +85,7 @@ class TrainConfig(LoopConfig):
         num_warmup_steps: warmup steps as given (wins over warmup_proportion).
         train_batch_size: per tower; None: the model's (its towers', or what `auto_batch_size` found).
         gradient_accumulation_steps: batches each tower runs per step, their gradients averaged.
-        seed: shuffling and dropout.
+        seed: shuffling and dropout masks (a resumed run keeps its own).
         evaluation_strategy: "no", "steps" (every eval_every_steps, which alone implies it) or "epoch".
         eval_every_steps, eval_batch_size: evaluation while training (per-tower batch).
         metric_for_best_model, greater_is_better: what picks the model kept in best/ (default the task's).
