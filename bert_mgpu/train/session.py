@@ -103,7 +103,7 @@ def seed_dropout(model, seed):
 
     Each generator's first seed word becomes the one it was built with XOR (seed XOR DEFAULT_SEED): runs
     with the default seed draw what they always did, and the counter word Keras steps is left as it is.
-    The fused encoder's generator is built with a fixed seed (1234), which no other seed changed before.
+    The fused encoder's generator is built with a fixed seed (1234): only this gives it the run's seed.
     """
     for layer in _compat.sublayers(model):
         for generator in _compat.seed_generators(layer):
