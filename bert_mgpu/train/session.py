@@ -21,6 +21,7 @@ from bert_mgpu.parallel import distribute
 from bert_mgpu.train import reporting
 from bert_mgpu.train.loop import Loop
 from bert_mgpu.train.system_metrics import SystemMetrics
+from bert_mgpu.train.train_config import TrainConfig
 from bert_mgpu.train.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
@@ -95,7 +96,7 @@ class Session:
             self.reporters.close()
 
 
-DEFAULT_SEED = 12345  # TrainConfig's and the scripts' --seed
+DEFAULT_SEED = TrainConfig.seed  # the scripts' --seed too
 
 
 def seed_dropout(model, seed):
@@ -112,4 +113,3 @@ def seed_dropout(model, seed):
             if built is None:  # the first word as built: Keras steps only the second
                 built = generator._bert_mgpu_built_seed = int(state[0])
             generator.state.assign([built ^ (int(seed) ^ DEFAULT_SEED), int(state[1])])
-
