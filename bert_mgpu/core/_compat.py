@@ -66,9 +66,10 @@ def per_replica_spec(*specs):
     return values.PerReplicaSpec(*specs)
 
 
-def seed_generators(layer):
-    """A Keras layer's SeedGenerators (Keras 3 tracks them in `_seed_generators`, with no public list)."""
-    return list(getattr(layer, "_seed_generators", ()))
+def seed_generators(model):
+    """Every SeedGenerator of the layers inside `model` (Keras 3 tracks a layer's in `_seed_generators`, with
+    no public list)."""
+    return [g for layer in sublayers(model) for g in getattr(layer, "_seed_generators", ())]
 
 
 def wrap_seed_generator(generator, wrapper):

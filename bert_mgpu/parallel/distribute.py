@@ -108,9 +108,8 @@ def per_tower_seeds(model):
             return seed
         return seed + tf.stack([tf.cast(replica, seed.dtype), tf.zeros([], seed.dtype)])
 
-    for layer in _compat.sublayers(model):
-        for generator in _compat.seed_generators(layer):
-            _compat.wrap_seed_generator(generator, tower_next)
+    for generator in _compat.seed_generators(model):
+        _compat.wrap_seed_generator(generator, tower_next)
     return model
 
 

@@ -106,10 +106,9 @@ def seed_dropout(model, seed):
     with the default seed draw what they always did, and the counter word Keras steps is left as it is.
     The fused encoder's generator is built with a fixed seed (1234): only this gives it the run's seed.
     """
-    for layer in _compat.sublayers(model):
-        for generator in _compat.seed_generators(layer):
-            state = generator.state.numpy()
-            built = getattr(generator, "_bert_mgpu_built_seed", None)
-            if built is None:  # the first word as built: Keras steps only the second
-                built = generator._bert_mgpu_built_seed = int(state[0])
-            generator.state.assign([built ^ (int(seed) ^ DEFAULT_SEED), int(state[1])])
+    for generator in _compat.seed_generators(model):
+        state = generator.state.numpy()
+        built = getattr(generator, "_bert_mgpu_built_seed", None)
+        if built is None:  # the first word as built: Keras steps only the second
+            built = generator._bert_mgpu_built_seed = int(state[0])
+        generator.state.assign([built ^ (int(seed) ^ DEFAULT_SEED), int(state[1])])
