@@ -166,8 +166,10 @@ def define_tower_flags():
     flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
                       "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else "
                       "float32.")
-    flags.DEFINE_float("collective_timeout_seconds", 1800, "A collective between towers or workers that waits "
-                       "longer than this ends the run with an error instead of hanging it (0: no limit).")
+    flags.DEFINE_float("collective_timeout_seconds", 0, "For debugging a hang: a collective between towers or "
+                       "workers that waits longer than this ends the run with an error (0: no limit). TensorFlow "
+                       "keeps a thread for each collective that long, so a run holds this many seconds times its "
+                       "collectives a second in threads.")
     flags.DEFINE_bool("use_xla", False, "XLA-compile each tower's forward and backward pass.")
     flags.DEFINE_bool("recompute", False, "Recompute each encoder layer in the backward pass instead of keeping "
                       "its activations: less memory (a larger batch, or length 512), about one more forward "
