@@ -35,7 +35,7 @@ def write(path, rows):
 def run(tmp_path_factory):
     from conftest import learning_release
 
-    release = learning_release(str(tmp_path_factory.mktemp("release")))  # no dropout: learns in 400 steps
+    release = learning_release(str(tmp_path_factory.mktemp("release")))  # no dropout: learns in 640 steps
     data = tmp_path_factory.mktemp("tags")
     write(data / "train.tsv", tagged_rows(1280, 1))
     write(data / "dev.tsv", tagged_rows(64, 2))
@@ -43,8 +43,8 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     args = ["--task_name=tsv", "--task_type=multi_label", "--label_separator=|", f"--data_dir={data}",
             f"--init_checkpoint={release}", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2",
-            "--train_batch_size=16", "--max_seq_length=32", "--precision=float32", "--learning_rate=5e-3",
-            "--num_train_epochs=5", "--log_every_steps=100"]  # 4 epochs scored 1.0, 2026-11-28
+            "--train_batch_size=16", "--max_seq_length=32", "--precision=float32", "--learning_rate=1e-3",
+            "--num_train_epochs=16", "--log_every_steps=100"]  # F1 1.0 for seeds 0-17 (NOTES 67)
     proc = run_script("run_classifier_mgpu.py", *args, "--do_train", "--do_eval", "--do_predict")
     return data, out, args, proc
 
@@ -52,7 +52,7 @@ def run(tmp_path_factory):
 def test_sets_of_labels_are_learned_and_predicted(run):
     data, out, _, proc = run
     r = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
-    assert float(r["eval_f1_micro"]) > 0.85 and float(r["eval_f1_macro"]) > 0.85, r  # measured 1.0, 1.0 (4 epochs)
+    assert float(r["eval_f1_micro"]) > 0.85 and float(r["eval_f1_macro"]) > 0.85, r  # measured 1.0, 1.0
     assert float(r["eval_accuracy"]) > 0.7  # every label of a row right (measured 1.0)
     dev = tagged_rows(64, 2)
     for tag in ("praise", "blame", "plot"):

@@ -41,7 +41,7 @@ def stsb(tmp_path_factory, google_release):
     out = tmp_path_factory.mktemp("out")
     args = ["--task_name=sts-b", f"--data_dir={data}", f"--init_checkpoint={google_release}", f"--output_dir={out}",
             "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8", "--eval_batch_size=8",
-            "--max_seq_length=32", "--precision=float32", "--learning_rate=5e-3", "--num_train_epochs=4",
+            "--max_seq_length=32", "--precision=float32", "--learning_rate=5e-3", "--num_train_epochs=8",
             "--log_every_steps=40"]
     proc = run_script("run_classifier_mgpu.py", *args, "--do_train", "--do_eval", "--do_predict")
     return data, out, args, proc
@@ -55,10 +55,10 @@ def test_sts_b_learns_scores_and_predicts_numbers(stsb):
     data, out, _, proc = stsb
     r = results(out / "eval_results.txt")
     assert set(r) == {"eval_loss", "eval_pearson", "eval_spearman", "eval_examples", "global_step", "loss"}
-    assert r["eval_examples"] == 64 and r["global_step"] == 160
-    assert r["eval_pearson"] > 0.8 and r["eval_spearman"] > 0.7, r  # measured 0.95 from random weights
+    assert r["eval_examples"] == 64 and r["global_step"] == 320
+    assert r["eval_pearson"] > 0.8 and r["eval_spearman"] > 0.7, r  # 0.98-0.996 for seeds 0-15 (NOTES 67)
     variance = np.var([score for score, _, _ in scored_rows(64, 2)])  # the loss of always saying the mean
-    assert r["eval_loss"] < 0.5 * variance, (r, variance)  # measured 0.23 against 2.1
+    assert r["eval_loss"] < 0.5 * variance, (r, variance)  # measured 0.02-0.11 against 2.1
     assert f"eval: pearson {r['eval_pearson']:.4f} on 64 examples" in proc.stdout
     scores = np.loadtxt(out / "test_results.tsv")
     assert scores.shape == (13,) and np.isfinite(scores).all() and scores.std() > 0.5
