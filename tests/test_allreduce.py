@@ -253,10 +253,8 @@ def threads_grown(timeout, launches):
 
 def test_collectives_hold_no_thread_each_unless_a_timeout_is_asked_for():
     """TensorFlow starts a thread for each collective launched with a timeout, which sleeps out the timeout
-    (`BaseCollectiveExecutor::CompleteParamsAsync` and `ExecuteAsync`, before any implementation is chosen:
-    RING and NCCL alike). The scripts once defaulted to 1800 s: a two-tower CPU run held ~4 more threads a
-    step and died at the machine's thread limit ("Resource temporarily unavailable"). Off by default now;
-    a timeout asked for still holds its threads."""
+    (`BaseCollectiveExecutor::CompleteParamsAsync` and `ExecuteAsync`, RING and NCCL alike): with a timeout
+    by default, every multi-tower run gains threads each step until the machine's limit ends it (NOTES 67)."""
     proc = run_python("import run_classifier_mgpu\nfrom absl import flags\n"
                       "print(flags.FLAGS['collective_timeout_seconds'].default)")
     assert float(proc.stdout.split()[-1]) == 0  # towers_from_flags passes 0 as None: no timeout
