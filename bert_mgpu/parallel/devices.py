@@ -313,8 +313,9 @@ class Towers:
         gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
         multi_worker: several machines, the cluster from TF_CONFIG or SLURM (`cluster.find_cluster`).
         worker_hosts, task_index: several machines, named here ("h1:2222,h2:2222") and this one's place.
-        collective_timeout_seconds: a collective (gradients, a step's scalars) that waits longer for a tower
-            or worker raises DeadlineExceededError instead of waiting forever; None: no limit.
+        collective_timeout_seconds: for debugging a hang: a collective (gradients, a step's scalars) that
+            waits longer for a tower or worker raises DeadlineExceededError; None: no limit. TensorFlow
+            holds a thread for each collective that long, so keep it off for long runs.
 
     Example:
         towers = Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)   # 2 CPU towers, batch 32
