@@ -193,9 +193,10 @@ def test_version_2_learns_when_there_is_no_answer(tmp_path, release):
     qa = bert_mgpu.BertQuestionAnswerer.from_pretrained(release, towers=towers, max_seq_length=24, doc_stride=6,
                                                         max_query_length=4, precision="float32",
                                                         version_2_with_negative=True)
-    # 60 epochs: the loss sits near ln 2 (the question not read) until it drops; at 40 the drop came too late
-    # for 1 of 6 head initializations, at 60 it came within the first 55% for each of 12 (NOTES item 65).
-    qa.fit(train, str(tmp_path / "out"), epochs=60, learning_rate=2e-3, warmup_proportion=0.05)
+    # 80 epochs of 3e-3: the loss sits near ln 2 (the question not read) until it drops, and when it drops
+    # depends on the CPU's arithmetic: 60 of 2e-3 passed 12 of 12 head initializations on an AMX CPU, 1 of 3
+    # on an AVX2 one with oneDNN off; 80 of 3e-3 passed 8 of 8 there with oneDNN off and on (NOTES 65, 68).
+    qa.fit(train, str(tmp_path / "out"), epochs=80, learning_rate=3e-3, warmup_proportion=0.05)
     results = qa.evaluate(test)
     assert results["eval_NoAns_total"] + results["eval_HasAns_total"] == 40
     assert results["eval_HasAns_exact"] >= 90 and results["eval_NoAns_exact"] >= 90, results
