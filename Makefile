@@ -19,7 +19,7 @@ ROUNDS ?= 2
 # the parity tests' reference (PyTorch, transformers), whose CUDA 13 libraries would overwrite TensorFlow's.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu || echo ,reference)
 
-.PHONY: demo test lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo long-demo bench gpu-check glue
+.PHONY: demo test test-quick lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo long-demo bench gpu-check glue
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -186,6 +186,11 @@ zh-demo: $(ZH)/train.tsv
 # one core does; the other keeps busy (benchmarks/NOTES.md has the suite's time per run and per file).
 test: assets
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+
+# The tests under 10 s each that read no run a module fixture trains (those not marked `slow`): a quicker loop while working, not a replacement for
+# `make test`, which CI runs.
+test-quick: assets
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m "not slow" tests
 
 # ruff.toml: pyflakes, pycodestyle (120 columns), bugbear, import order.
 lint: $(VENV)/.installed

@@ -232,6 +232,12 @@ LONGEST_FIRST = ("test_gpu_check.py", "test_multi_worker.py", "test_training.py"
                  "test_sweep.py", "test_evaluation.py", "test_glue.py", "test_guards.py", "test_notebook.py")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a test that took 10 s or more on 2 cores, or one that reads a run "
+                            "its module's fixture trains (benchmarks/NOTES.md item 69); `make test-quick` leaves "
+                            "these out, `make test` and CI run them")
+
+
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))

@@ -6,6 +6,7 @@ import pty
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, run_python, sentiment_rows, write_tsv
 
 FIT = """
@@ -18,6 +19,7 @@ clf.fit(examples, {out!r}, epochs=1, log_every=2)
 """
 
 
+@pytest.mark.slow
 def test_fit_in_a_plain_script_logs_its_steps_without_tensorflows_start_up_lines(google_release, tmp_path):
     code = FIT.format(release=str(google_release), rows=sentiment_rows(32, seed=1), out=str(tmp_path / "out"))
     proc = run_python(code, env={"TF_CPP_MIN_LOG_LEVEL": None}, fresh=True)
@@ -28,6 +30,7 @@ def test_fit_in_a_plain_script_logs_its_steps_without_tensorflows_start_up_lines
     assert not [line for line in lines if "cpu_feature_guard" in line or "absl::InitializeLog" in line], proc.stderr
 
 
+@pytest.mark.slow
 def test_the_script_draws_a_progress_bar_over_the_steps_in_a_terminal(google_release, tmp_path):
     write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
     main, child = pty.openpty()
@@ -52,6 +55,7 @@ def test_the_script_draws_a_progress_bar_over_the_steps_in_a_terminal(google_rel
     assert "\r" in text and "8/8" in text and "loss:" in text, text  # redrawn in place, to the last step
 
 
+@pytest.mark.slow
 def test_a_log_file_gets_no_progress_bar(google_release, tmp_path):
     write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv",

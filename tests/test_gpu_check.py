@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from bert_mgpu.cli import gpu_check
 
 
@@ -27,6 +29,7 @@ class ForkedChildren:
         return run_python(code, env=env, timeout=timeout, check=False)
 
 
+@pytest.mark.slow
 def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(tmp_path, monkeypatch, capsys):
     out = tmp_path / "output" / "gpu_check.json"
     children = ForkedChildren()

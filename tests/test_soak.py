@@ -14,6 +14,7 @@ import threading
 import weakref
 
 import numpy as np
+import pytest
 from conftest import sentiment_rows
 
 import bert_mgpu
@@ -28,6 +29,7 @@ def os_threads():
     return len(os.listdir("/proc/self/task"))
 
 
+@pytest.mark.slow
 def test_twenty_fits_and_predictions_in_one_process(tmp_path, google_release):
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
     train = [bert_mgpu.Example(f"t{i}", text, label=label) for i, (label, text) in enumerate(sentiment_rows(48))]

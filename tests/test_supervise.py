@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import ROOT, sentiment_rows, write_tsv
 
 from bert_mgpu.core import supervise
@@ -50,6 +51,7 @@ def test_a_native_crash_under_a_limit_ends_in_one_line_and_other_endings_pass_th
             assert "Fatal Python error" not in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_a_run_out_of_memory_at_the_limit_ends_in_one_line(minilm_dir, tmp_path):
     """At 8 GiB of address space this step does not fit; oneDNN CPUs die of a signal, others raise: one line
     either way."""
@@ -64,6 +66,7 @@ def test_a_run_out_of_memory_at_the_limit_ends_in_one_line(minilm_dir, tmp_path)
     assert last.startswith("run_classifier_mgpu.py: error: ") and ("out of memory" in last), last
 
 
+@pytest.mark.slow
 def test_a_signal_to_the_parent_stops_the_supervised_run_as_it_would_stop_one_process(google_release, tmp_path):
     write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
     proc = start([os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv", f"--data_dir={tmp_path}",

@@ -6,6 +6,7 @@ import os
 import re
 import time
 
+import pytest
 import tensorflow as tf
 from conftest import run_python, sentiment_rows, write_tsv
 
@@ -22,6 +23,7 @@ run_classifier_mgpu._console()
 """
 
 
+@pytest.mark.slow
 def test_out_of_memory_on_one_tower_ends_every_tower_in_one_line_and_keeps_the_last_checkpoint(tmp_path,
                                                                                              google_release):
     data, out = tmp_path / "data", tmp_path / "out"
