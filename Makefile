@@ -187,8 +187,8 @@ zh-demo: $(ZH)/train.tsv
 test: assets
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
-# The tests under 10 s each that read no run a module fixture trains (those not marked `slow`): a quicker loop while working, not a replacement for
-# `make test`, which CI runs.
+# The tests not marked `slow` (under 10 s each, and reading no run a module fixture trains): a quicker loop
+# while working, not a replacement for `make test`, which CI runs.
 test-quick: assets
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m "not slow" tests
 
