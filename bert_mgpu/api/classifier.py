@@ -25,7 +25,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import check_windows, cut_documents, pool, window_dataset
 from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
 from bert_mgpu.data.tasks import as_examples
-from bert_mgpu.io import checkpoints, export
+from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_classifier
 from bert_mgpu.model.objectives import objective
@@ -159,7 +159,7 @@ class BertClassifier(FineTuned):
             log.info("not used by a classifier: %s", ", ".join(unused))
         if pre.kind == "bert_mgpu" and run.get("labels") == labels and \
                 run.get("task_type", "classification") == task_type:
-            checkpoints.restore_head(model, pre.ckpt_prefix)
+            run_checkpoint.restore_head(model, pre.ckpt_prefix)
             log.info("classifier head restored from %s", pre.ckpt_prefix)
         elif pre.kind != "bert_mgpu" and _head_fits(pre.weights, model.head):
             # As google-bert's run_classifier and transformers do: a head of the right shape is loaded.
@@ -231,7 +231,7 @@ class BertClassifier(FineTuned):
                "global_step": step,
                "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
-        checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
+        run_checkpoint.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     def export(self, output_dir: str, format: str = "saved_model", precision: str = "float32",
                allow_approximate: bool = False, texts: Sequence[str] | None = None) -> str:

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.io import checkpoints, run_dir
+from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
 from bert_mgpu.train import memory, optimization
 from bert_mgpu.train.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
@@ -245,7 +245,7 @@ class FineTuned:
         self.best_step = watch.best["step"] if watch and watch.best else None
         if load_best and self.best_step is not None:
             best = os.path.join(watch.output_dir, BEST_DIR)
-            checkpoints.training_checkpoint(self.model).read(tf.train.latest_checkpoint(best)).expect_partial()
+            run_checkpoint.training_checkpoint(self.model).read(tf.train.latest_checkpoint(best)).expect_partial()
             self.global_step = self.best_step
             log.info("loaded the best model (%s %.4g at step %d) from %s", watch.choice.metric,
                      watch.best[watch.choice.metric], self.best_step, best)
@@ -253,7 +253,7 @@ class FineTuned:
 
     def _save_model_dir(self, directory, step):
         """A loadable model directory of the weights as they are (`best/`): encoder, head, run files."""
-        run_dir.save_model_dir(directory, checkpoints.training_checkpoint(self.model), step,
+        run_dir.save_model_dir(directory, run_checkpoint.training_checkpoint(self.model), step,
                                lambda d, s: self._write_run(d, s), self.towers.is_chief)
 
     def auto_batch_size(self, memory_limit_mb: float | None = None, output_dir: str | None = None,

@@ -20,7 +20,7 @@ from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choice_input import choice_dataset, encode_questions
 from bert_mgpu.data.choices import ChoiceQuestion
-from bert_mgpu.io import checkpoints, export
+from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.modeling import build_choice_model
 from bert_mgpu.parallel.devices import Towers
@@ -109,7 +109,7 @@ class BertMultipleChoice(FineTuned):
         if unused:
             log.info("not used by a multiple-choice model: %s", ", ".join(unused))
         if own:
-            checkpoints.restore_head(model, pre.ckpt_prefix)
+            run_checkpoint.restore_head(model, pre.ckpt_prefix)
             log.info("multiple-choice head restored from %s", pre.ckpt_prefix)
         elif (head is not None and head.T.shape == tuple(model.head.kernel.shape)
               and pre.task_type != "regression"):
@@ -156,7 +156,7 @@ class BertMultipleChoice(FineTuned):
                "do_lower_case": self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length,
                "global_step": step, "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
-        checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
+        run_checkpoint.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     def export(self, output_dir: str, format: str = "hf", precision: str = "float32") -> str:
         """Write the model as it is now to the new directory output_dir: "hf" (transformers'

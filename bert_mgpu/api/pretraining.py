@@ -26,7 +26,7 @@ import tensorflow as tf
 from bert_mgpu.api import mlm_scoring
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.pretraining_input import PretrainingData, worker_files
-from bert_mgpu.io import checkpoints, export, run_dir
+from bert_mgpu.io import export, run_checkpoint, run_dir
 from bert_mgpu.io.loading import open_checkpoint, open_config
 from bert_mgpu.io.outputs import write_eval_results
 from bert_mgpu.model import pretraining_model
@@ -397,7 +397,8 @@ class BertPretrainer:
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
         """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads
         (run_dir.save_model_dir). Every worker of several must call it; only the chief's copy is kept."""
-        ckpt = checkpoints.training_checkpoint(self.model, heads=pretraining_model.head_checkpoint_objects(self.model))
+        heads = pretraining_model.head_checkpoint_objects(self.model)
+        ckpt = run_checkpoint.training_checkpoint(self.model, heads=heads)
         run_dir.save_model_dir(directory, ckpt, step, lambda d, s: self._write_run(d, s, data), self.towers.is_chief)
         log.info("fine-tune checkpoint at step %d: %s", step, directory)
         return directory
@@ -407,4 +408,4 @@ class BertPretrainer:
                "max_seq_length": data.max_seq_length if data else None, "nsp": self.model.nsp_head is not None,
                "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
-        checkpoints.write_run_files(directory, run, self.config, self.tokenizer.vocab_file)
+        run_checkpoint.write_run_files(directory, run, self.config, self.tokenizer.vocab_file)

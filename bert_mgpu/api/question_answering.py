@@ -20,7 +20,7 @@ from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.squad import Question, metric_for
 from bert_mgpu.data.squad_input import best_answers, make_windows, span_dataset
-from bert_mgpu.io import checkpoints, export
+from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.model.modeling import build_span_model
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
 from bert_mgpu.parallel.devices import Towers
@@ -113,7 +113,7 @@ class BertQuestionAnswerer(FineTuned):
         if unused:
             log.info("not used by a question answerer: %s", ", ".join(unused))
         if own:
-            checkpoints.restore_head(model, pre.ckpt_prefix)
+            run_checkpoint.restore_head(model, pre.ckpt_prefix)
             log.info("span head restored from %s", pre.ckpt_prefix)
         elif opened.has_weights and all(n in pre.weights for n in GOOGLE_HEAD):
             model.head.kernel.assign(pre.weights[GOOGLE_HEAD[0]].T)
@@ -168,7 +168,7 @@ class BertQuestionAnswerer(FineTuned):
                "do_lower_case": self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length,
                "squad": self._facts(), "global_step": step, "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
-        checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
+        run_checkpoint.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     def export(self, output_dir: str, format: str = "saved_model", precision: str = "float32") -> str:
         """Write the model as it is now to the new directory output_dir: "saved_model" (TensorFlow Serving,

@@ -24,7 +24,7 @@ from bert_mgpu.core.entities import entities
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.tagged import as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
-from bert_mgpu.io import checkpoints, export, run_dir
+from bert_mgpu.io import export, run_checkpoint, run_dir
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
@@ -122,7 +122,7 @@ class BertTagger(FineTuned):
             log.info("not used by a tagger: %s", ", ".join(unused))
         head = pre.weights.get("output_weights") if opened.has_weights and not own else None
         if own and run.get("labels") == labels and bool(run.get("crf")) == crf:
-            checkpoints.restore_head(model, pre.ckpt_prefix)
+            run_checkpoint.restore_head(model, pre.ckpt_prefix)
             log.info("tagger head restored from %s", pre.ckpt_prefix)
         elif head is not None and list(pre.labels or []) == labels and head.T.shape == tuple(model.head.kernel.shape):
             model.head.kernel.assign(head.T)
@@ -173,7 +173,7 @@ class BertTagger(FineTuned):
                "do_lower_case": self.tokenizer.do_lower_case, "max_seq_length": self.max_seq_length,
                "doc_stride": self._stride(), "global_step": step, "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}
-        checkpoints.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
+        run_checkpoint.write_run_files(output_dir, run, self.config, self.tokenizer.vocab_file)
 
     def export(self, output_dir: str, format: str = "saved_model", precision: str = "float32") -> str:
         """Write the model as it is now to the new directory output_dir: "saved_model" (TensorFlow Serving:

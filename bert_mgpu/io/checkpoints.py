@@ -10,7 +10,6 @@ Pickle is never read: a `pytorch_model.bin` is refused with the conversion to ru
 """
 
 import dataclasses
-import json
 import logging
 import os
 import re
@@ -382,50 +381,6 @@ def _load_keras_hub(path):
     facts = (storage.read_json(meta).get("bert_mgpu") or {}) if storage.exists(meta) else {}
     return Pretrained("keras_hub", path, config, vocab, weights, lower, labels=facts.get("labels") or None,
                       task_type=facts.get("task_type"))
-
-
-def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
-    """bert_mgpu's checkpoint: encoder under Google names (readable by `load_pretrained`), head, state.
-
-    `heads` ({name: variable}) replaces the classifier head for a pretraining model; `state` adds
-    more variables (elapsed time, ...).
-    """
-    import tensorflow as tf
-
-    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights}}
-    objects.update({"heads": heads} if heads is not None else {"head": _head(model)})
-    if optimizer is not None:
-        objects["optimizer"] = optimizer
-    if step is not None:
-        objects["step"] = step
-    objects.update(state)
-    return tf.train.Checkpoint(**objects)
-
-
-def _head(model):
-    head = {"kernel": model.head.kernel, "bias": model.head.bias}
-    if getattr(model, "crf", None) is not None:  # a tagger's CRF transitions go with its head
-        head["transitions"] = model.crf.transitions
-    return head
-
-
-def restore_head(model, prefix):
-    """The classifier head of a bert_mgpu checkpoint (the encoder goes through `assign_encoder`)."""
-    import tensorflow as tf
-
-    tf.train.Checkpoint(head=_head(model)).read(prefix).expect_partial()
-
-
-def write_run_files(directory, run, config, vocab_file):
-    """bert_mgpu.json (run metadata + config), bert_config.json and vocab.txt: what makes a directory
-    holding a bert_mgpu checkpoint loadable by `load_pretrained`."""
-    run = {**run, "bert_config": config.to_dict()}
-    storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config.to_dict(), indent=2) + "\n")
-    vocab = os.path.join(directory, "vocab.txt")
-    if os.path.abspath(vocab_file) != os.path.abspath(vocab):  # a copy, never written through a link
-        storage.write_atomic(vocab, storage.read_bytes(vocab_file))
-    # Last: the file that makes the directory a bert_mgpu run, so a directory that has it is whole.
-    storage.write_atomic(os.path.join(directory, RUN_FILE), json.dumps(run, indent=2) + "\n")
 
 
 EXTRA = "assets.extra"  # a SavedModel export's files TensorFlow Serving does not read (serving.py writes them)

@@ -15,7 +15,7 @@ import contextlib
 import logging
 
 from bert_mgpu.core import _compat
-from bert_mgpu.io import checkpoints, run_dir
+from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.model.fused_encoder import set_recompute
 from bert_mgpu.parallel import distribute
 from bert_mgpu.train import reporting
@@ -54,7 +54,7 @@ class Session:
         with towers.strategy.scope():
             self.optimizer = make_optimizer()
         self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)
-        self.restored = run.restore(checkpoints.training_checkpoint(
+        self.restored = run.restore(run_checkpoint.training_checkpoint(
             model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model), **(state or {})), model.weights)
         self.start = int(self.trainer.step.numpy())
         self.reporters = None  # the loggers of config.report_to, opened with the loop
