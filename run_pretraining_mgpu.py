@@ -124,11 +124,11 @@ def run():
     import time
 
     from bert_mgpu import cli
-    from bert_mgpu.api.pretraining import Budget, Validation
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data.pretraining_input import expand_files
     from bert_mgpu.io import outputs
     from bert_mgpu.parallel import precision
+    from bert_mgpu.train.budget import Budget, Validation
 
     started = time.monotonic()
     cli.check_numbers(

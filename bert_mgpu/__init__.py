@@ -21,8 +21,8 @@ os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 # before the script has quieted its start-up lines.
 _HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "DevicePlan": "parallel.devices",
           "Towers": "parallel.devices", "plan_devices": "parallel.devices", "make_strategy": "parallel.distribute",
-          "UserError": "core.errors", "BertPretrainer": "api.pretraining", "Budget": "api.pretraining",
-          "Validation": "api.pretraining", "PretrainingData": "data.pretraining_input", "Example": "data.tasks",
+          "UserError": "core.errors", "BertPretrainer": "api.pretraining", "Budget": "train.budget",
+          "Validation": "train.budget", "PretrainingData": "data.pretraining_input", "Example": "data.tasks",
           "get_task": "data.tasks", "FullTokenizer": "data.tokenization", "export_model": "io.export",
           "TrainConfig": "train.train_config", "PretrainConfig": "train.train_config", "BertTagger": "api.tagger",
           "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",

@@ -12,11 +12,11 @@ from conftest import tiny_config
 from test_pretraining import new_pretrainer, text, text_data  # noqa: F401  (text: a fixture)
 from test_training import batch
 
-from bert_mgpu.api.pretraining import Budget
 from bert_mgpu.io import run_dir
 from bert_mgpu.model import modeling
 from bert_mgpu.parallel import devices, distribute
 from bert_mgpu.train import optimization, training
+from bert_mgpu.train.budget import Budget
 from bert_mgpu.train.loop import Evaluation, Hook, Loop
 
 

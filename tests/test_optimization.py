@@ -154,7 +154,7 @@ def test_a_schedule_and_a_learning_rate_together_are_refused():
 
 def test_warmup_steps_travel_as_steps():
     """--num_warmup_steps=13 --num_train_steps=23: a proportion 13/23 turned back into steps gives 12."""
-    from bert_mgpu.api.pretraining import Budget
+    from bert_mgpu.train.budget import Budget
 
     assert int(23 * (13 / 23)) == 12  # the round trip the script used to make
     budget = Budget(num_train_steps=23, warmup_proportion=13 / 23, num_warmup_steps=13)

@@ -9,12 +9,13 @@ import pytest
 from conftest import tiny_config, write_google_release, write_vocab
 
 import bert_mgpu
-from bert_mgpu.api.pretraining import BertPretrainer, Budget, Validation
+from bert_mgpu.api.pretraining import BertPretrainer
 from bert_mgpu.data.pretraining_input import PretrainingData
 from bert_mgpu.io import checkpoints
 from bert_mgpu.model import kernels, pretraining_model
 from bert_mgpu.model.modeling import build_backbone
 from bert_mgpu.train import schedules
+from bert_mgpu.train.budget import Budget, Validation
 
 TEMPLATES = ["the movie was good and fun .", "the film was bad and dull .", "it is a great story of love .",
              "this actor was awful but the plot was brilliant .", "that story is boring and not fun ."]

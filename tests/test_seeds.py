@@ -74,8 +74,8 @@ def test_fit_starts_a_new_run_from_its_seed_and_a_rerun_from_its_checkpoint(goog
 
 @pytest.mark.slow
 def test_pretraining_starts_its_dropout_from_the_datas_seed(text, tmp_path):  # noqa: F811
-    from bert_mgpu.api.pretraining import Budget
     from bert_mgpu.data.pretraining_input import PretrainingData
+    from bert_mgpu.train.budget import Budget
 
     pre = new_pretrainer(text)
     data = PretrainingData("text", [f"{text[0]}/train.txt"], pre.tokenizer, max_seq_length=32,

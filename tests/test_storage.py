@@ -9,10 +9,10 @@ from conftest import sentiment_rows
 from test_pretraining import new_pretrainer, text, text_data  # noqa: F401 (the `text` fixture)
 
 import bert_mgpu
-from bert_mgpu.api.pretraining import Budget
 from bert_mgpu.core import storage
 from bert_mgpu.io import checkpoints
 from bert_mgpu.io.run_dir import check_output_dir, check_same_run
+from bert_mgpu.train.budget import Budget
 
 gfile = tf.io.gfile
 
