@@ -57,11 +57,19 @@ def test_the_script_draws_a_progress_bar_over_the_steps_in_a_terminal(google_rel
 
 @pytest.mark.slow
 def test_a_log_file_gets_no_progress_bar(google_release, tmp_path):
+    """stdout to a file: the run's summary block is all it holds (no bar, no carriage return), and the steps
+    are logged as lines on stderr, every --log_every_steps."""
+    from conftest import run_script
+
     write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv",
-                           f"--data_dir={tmp_path}", f"--init_checkpoint={google_release}",
-                           f"--output_dir={tmp_path / 'out'}", "--do_train", "--n_gpus=0", "--train_batch_size=8",
-                           "--max_seq_length=16", "--precision=float32", "--num_train_epochs=1"],
-                          capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert proc.returncode == 0 and "8/8" not in proc.stdout and "\r" not in proc.stdout, proc.stdout
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={tmp_path}",
+                      f"--init_checkpoint={google_release}", f"--output_dir={tmp_path / 'out'}", "--do_train",
+                      "--n_gpus=0", "--train_batch_size=8", "--max_seq_length=16", "--precision=float32",
+                      "--num_train_epochs=1", "--log_every_steps=4")
+    shown = proc.stdout.splitlines()
+    assert "\r" not in proc.stdout and shown[0] == "== run_classifier_mgpu.py ==", proc.stdout
+    assert shown[4] == "  trained      8 steps (reached 8 steps)" and len(shown) == 9, proc.stdout
+    steps = [line.split("] ", 1)[1] for line in proc.stderr.splitlines() if "] step " in line]
+    assert [step.split(":")[0] for step in steps] == ["step 4", "step 8"], proc.stderr
+    assert all(" loss 0." in step for step in steps), steps
     assert "Sharding callback duration" not in proc.stderr  # TensorFlow's line at every checkpoint save

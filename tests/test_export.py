@@ -47,12 +47,22 @@ def texts(n):
 
 @pytest.mark.slow
 def test_the_run_trained_and_exported_every_format(trained):
+    """Every format exported by the run, each stamped with the run, the format and the step it holds; the
+    run's dev accuracy is what its model, loaded back, scores on dev."""
+    import json
+
     out, clf, proc = trained
+    results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
+    assert int(results["global_step"]) == 160  # 640 rows / (8 x 2 towers) x 4 epochs
     for fmt in FORMATS:
         assert f"export: {fmt} -> {out / 'export' / fmt}" in proc.stdout
-    accuracy = float(dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())[
-        "eval_accuracy"])
-    assert accuracy > 0.8  # a model that learned something: its outputs are not all alike
+        stamp = json.loads((out / "export" / fmt / ".bert_mgpu_stamp.json").read_text())
+        assert stamp == {"output_dir": os.path.realpath(out), "format": fmt, "precision": "float32", "step": 160}
+    dev = sentiment_rows(48, seed=2)
+    p = clf.predict([text for _, text in dev])
+    right = sum(("pos" if row[1] > row[0] else "neg") == label for row, (label, _) in zip(p, dev))
+    assert float(results["eval_accuracy"]) == pytest.approx(right / 48, abs=1e-6)
+    assert right / 48 > 0.8  # a model that learned something: its outputs are not all alike
     p = clf.predict(ASCII)
     assert np.ptp(p[:, 0]) > 0.2, p
 

@@ -152,13 +152,22 @@ def test_attention_softmax_dropout_backward_reuses_the_forward_mask(length):
 
 
 def test_training_mode_drops_and_changes_each_call():
+    """A training call draws one dropout seed for the embeddings and three a layer (7 for 2 layers), so each
+    call drops anew; the generator's state replayed replays the call bit for bit; inference draws none."""
     backbone = build_backbone(tiny_config(30, hidden_dropout_prob=0.1))
     fused = FusedBertEncoder(backbone)
     x = _inputs()
-    a, b = fused(x, training=True)["pooled_output"], fused(x, training=True)["pooled_output"]
-    c, d = fused(x)["pooled_output"], fused(x)["pooled_output"]
-    assert not np.allclose(a, b)
-    np.testing.assert_array_equal(c, d)
+    c = fused(x)["pooled_output"].numpy()
+    start = fused.seed_generator.state.numpy().copy()
+    np.testing.assert_array_equal(fused(x)["pooled_output"], c)
+    np.testing.assert_array_equal(fused.seed_generator.state.numpy(), start)  # inference drew no seed
+    a = fused(x, training=True)["pooled_output"].numpy()
+    np.testing.assert_array_equal(fused.seed_generator.state.numpy() - start, [0, 7])
+    b = fused(x, training=True)["pooled_output"].numpy()
+    np.testing.assert_array_equal(fused.seed_generator.state.numpy() - start, [0, 14])
+    assert (a != b).mean() == 1.0 and (a != c).mean() == 1.0  # every output moved, as dropout upstream does
+    fused.seed_generator.state.assign(start)
+    np.testing.assert_array_equal(fused(x, training=True)["pooled_output"], a)
 
 
 def test_each_model_uses_its_own_variables_in_graphs():

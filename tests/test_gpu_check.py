@@ -81,6 +81,10 @@ def test_a_checks_devices_keep_memory_statistics_where_onednn_is_off():
 
     code = ("from bert_mgpu.cli.gpu_check import Setup\nfrom bert_mgpu.parallel import devices\n"
             "from bert_mgpu.train import memory\nSetup()\n"
-            "memory.peak_meter(devices.plan_devices(0, 1, ())).reset()\nprint('statistics kept')")
+            "import tensorflow as tf\nmeter = memory.peak_meter(devices.plan_devices(0, 1, ()))\n"
+            "x = tf.ones([64, 2**20 // 4])\nkept = meter.read_mb()\ndel x\nmeter.reset()\n"
+            "print('peak MiB', kept, meter.read_mb())")
     proc = run_python(code, env={"TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPU_ALLOCATOR_USE_BFC": None}, check=False)
-    assert proc.returncode == 0 and "statistics kept" in proc.stdout, proc.stderr[-2000:]
+    assert proc.returncode == 0 and "peak MiB" in proc.stdout, proc.stderr[-2000:]
+    kept, after_reset = (float(v) for v in proc.stdout.split("peak MiB")[1].split())
+    assert 64 <= kept < 80 and after_reset < 16, proc.stdout  # the 64 MiB tensor seen, and gone after reset()

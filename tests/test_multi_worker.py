@@ -230,8 +230,8 @@ def test_with_a_file_per_worker_each_reads_its_own(job, tmp_path, scratch):
     args = [*scratch, f"--input_file={tmp_path}/corpus.txt,{tmp_path}/more.txt", "--num_train_steps=6"]
     results = job.wait(*workers(job, "files", "run_pretraining_mgpu.py", [*args, f"--output_dir={tmp_path}/out"]))
     assert_ok(*results)
-    for _, out, err in results:
-        assert "input sharded by file: this worker reads 1 of 2 files" in err
+    for (_, out, err), name in zip(results, ("corpus.txt", "more.txt")):  # every workers-th file from its index
+        assert f"input sharded by file: this worker reads 1 of 2 files: {tmp_path / name}\n" in err, err[-2000:]
         assert "pretraining stopped at step 6: reached 6 steps" in out
     assert tf.train.latest_checkpoint(str(tmp_path / "out")).endswith("ckpt-6")
 

@@ -142,12 +142,18 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
 def test_dry_run_prints_the_plan():
     proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=3", "--train_batch_size=16")
     assert "3 tower(s) on CPU" in proc.stdout and "global batch = 16 x 3 = 48" in proc.stdout
-    assert "precision: " in proc.stdout
+    flags = open("/proc/cpuinfo").read()  # --precision=auto: bfloat16 where the CPU multiplies it fast
+    bf16 = [f for f in ("amx_bf16", "avx512_bf16") if f" {f}" in flags]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"precision: mixed_bfloat16 (CPU has {'/'.join(bf16)} (fast bfloat16 matmul))" if bf16 else
+        "precision: float32 (CPU has neither AMX nor AVX512-BF16)")
     # The same flag under the name that says what it is; and two workers double the global batch.
     proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=3", "--per_tower_train_batch_size=8",
                "--worker_hosts=10.0.0.1:2222,10.0.0.2:2222", "--task_index=1", "--eval_strategy=steps",
                "--eval_steps=5")  # Hugging Face's names are taken too
     assert "global batch = 8 x 3 x 2 workers = 48" in proc.stdout
+    proc = run("--dry_run", "--n_gpus=0", "--precision=float32")
+    assert proc.stdout.strip().splitlines()[-1] == "precision: float32 (requested by --precision)"
 
 
 def bad_release(tmp_path, **overrides):

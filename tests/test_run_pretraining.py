@@ -95,11 +95,29 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
 
 
 @pytest.mark.slow
-def test_rerun_resumes_and_finds_the_budget_spent(pretrained):
+def test_rerun_resumes_and_finds_the_budget_spent(pretrained, tmp_path):
+    """The same command again (on a copy of the run): it resumes at step 20, trains no step, writes no
+    checkpoint, and evaluates the same weights to the same numbers."""
+    import hashlib
+    import shutil
+
     d, out, args, _ = pretrained
-    proc = run_script("run_pretraining_mgpu.py", *[a for a in args if not a.startswith(("--encoder_ln_mode",
-                                                                                         "--do_export"))])
+    copy = str(tmp_path / "out")
+    shutil.copytree(out, copy)
+    digest = lambda: {f: hashlib.sha256(open(os.path.join(copy, f), "rb").read()).hexdigest()  # noqa: E731
+                      for f in os.listdir(copy) if f.startswith("ckpt-")}
+    before = digest()
+    first = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
+    again = [f"--output_dir={copy}" if a.startswith("--output_dir=") else a for a in args
+             if not a.startswith(("--encoder_ln_mode", "--do_export"))]
+    proc = run_script("run_pretraining_mgpu.py", *again)
     assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
+    assert not re.findall(r"\] step \d+:", proc.stderr), proc.stderr[-2000:]  # no step trained, none logged
+    assert digest() == before and tf.train.latest_checkpoint(copy).endswith("ckpt-20")
+    results = dict(line.split(" = ") for line in open(os.path.join(copy, "eval_results.txt")).read().splitlines())
+    assert int(results["global_step"]) == 20
+    for key in ("masked_lm_accuracy", "masked_lm_loss", "next_sentence_accuracy"):
+        assert float(results[key]) == pytest.approx(float(first[key]), abs=1e-6), key
 
 
 @pytest.mark.slow

@@ -127,9 +127,15 @@ def test_tfds_task_reads_nothing_before_the_towers_are_set_up(tmp_path):
          "--n_gpus=0", "--towers_per_gpu=2", "--init_checkpoint=none"],
         capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 1, proc.stderr[-1500:]
-    assert "device plan: 2 tower(s) on CPU" in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith(
-        "run_classifier_mgpu.py: error: tfds dataset 'imdb_reviews' is not prepared in"), proc.stderr[-800:]
+    lines = proc.stderr.strip().splitlines()
+    plan = next(i for i, line in enumerate(lines) if "device plan: 2 tower(s) on CPU" in line)
+    assert lines[plan + 1:plan + 3] == ["  tower 0: /cpu:0 (host CPU)", "  tower 1: /cpu:1 (host CPU)"]
+    first_tfds = next(i for i, line in enumerate(lines) if "imdb_reviews" in line)
+    assert plan < first_tfds  # tfds (and the TensorFlow it starts) came after the two towers were set up
+    assert lines[-1].startswith(
+        f"run_classifier_mgpu.py: error: tfds dataset 'imdb_reviews' is not prepared in {tmp_path} "), lines[-1]
+    assert lines[-1].endswith("bert_mgpu never downloads: prepare it with `tfds build` first")
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # nothing downloaded or prepared beside the run's directory
 
 
 def test_notebook_inputs_become_examples():

@@ -185,8 +185,9 @@ class BertPretrainer:
         if data.by_files(workers):  # each reads its own files
             rows_each = global_batch // workers
             dataset = data.dataset(rows_each, True, step * rows_each, part=(index, workers))
-            log.info("input sharded by file: this worker reads %d of %d files",
-                     len(worker_files(data.input_files, (index, workers))), len(data.input_files))
+            mine = worker_files(data.input_files, (index, workers))
+            log.info("input sharded by file: this worker reads %d of %d files: %s", len(mine),
+                     len(data.input_files), ", ".join(mine))
         else:  # each reads the one stream, and parses and masks only its towers' rows
             mine = (lambda ds: distribute.worker_rows(ds, global_batch, strategy)) if workers > 1 else None
             dataset = data.dataset(global_batch // workers, True, step * global_batch, rows=mine)
