@@ -19,7 +19,7 @@ ROUNDS ?= 2
 # the parity tests' reference (PyTorch, transformers), whose CUDA 13 libraries would overwrite TensorFlow's.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu || echo ,reference)
 
-.PHONY: demo test test-quick lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo long-demo bench gpu-check glue
+.PHONY: demo test test-rest test-all lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo long-demo bench gpu-check glue
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -182,15 +182,21 @@ zh-demo: $(ZH)/train.tsv
 	  --train_batch_size=16 --num_train_epochs=3 --learning_rate=1e-4 --eval_batch_size=32 --predict_batch_size=32
 	$(PY) data/prepare_fortunes_zh.py --report $(ZH) $(ZH_OUT)/classifier/eval_results.txt
 
-# Two worker processes, a test file each at a time: most of the suite is start-up, tracing and compiling, which
-# one core does; the other keeps busy (benchmarks/NOTES.md has the suite's time per run and per file).
+# The suite in tiers by subject (tests/conftest.py's markers): `make test` is every unit test, every bad-input
+# case and one end-to-end run of every script and head; `make test-all` adds the `learning` tier (long learning
+# checks, parity over seeds) and the `process` tier (every signal and kill moment, every worker scenario,
+# gpu_check's checks in their own processes); `make test-rest` is those two alone (CI runs it after make test).
+# Two worker processes, a test file each at a time: most of a file's time is start-up, tracing and compiling,
+# which one core does; the other keeps busy. PYTEST_ARGS adds pytest options (CI: --junitxml).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 test: assets
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
+	$(PYTEST) -m "not learning and not process" $(PYTEST_ARGS) tests
 
-# The tests not marked `slow` (under 10 s each, and reading no run a module fixture trains): a quicker loop
-# while working, not a replacement for `make test`, which CI runs.
-test-quick: assets
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=10 -m "not slow" tests
+test-rest: assets
+	$(PYTEST) -m "learning or process" $(PYTEST_ARGS) tests
+
+test-all: assets
+	$(PYTEST) $(PYTEST_ARGS) tests
 
 # ruff.toml: pyflakes, pycodestyle (120 columns), bugbear, import order.
 lint: $(VENV)/.installed

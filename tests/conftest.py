@@ -221,21 +221,27 @@ def sentiment_rows(n, seed=0):
     return rows
 
 
-# The longest files first (minutes each, on 2 cores): `make test` hands whole files to 2 processes in
-# this order, and a long file handed out last runs alone at the end (gpu_check's did: its last ~5 of 47
-# minutes). The order of the sums of test times per file of a whole run (benchmarks/NOTES.md item 54);
-# files not named keep their order after these.
-LONGEST_FIRST = ("test_gpu_check.py", "test_multi_worker.py", "test_training.py", "test_allreduce.py",
-                 "test_pretraining.py", "test_run_classifier.py", "test_memory.py", "test_question_answering.py",
-                 "test_export.py", "test_run_ner.py", "test_tagger.py", "test_run_squad.py", "test_crash_resume.py",
-                 "test_run_pretraining.py", "test_soak.py", "test_input_pipeline.py", "test_multiple_choice.py",
-                 "test_sweep.py", "test_evaluation.py", "test_glue.py", "test_guards.py", "test_notebook.py")
+# The longest files first (on 2 cores a file takes up to minutes): `make test` hands whole files to 2 processes
+# in this order, and a long file handed out last runs alone at the end. The order of the sums of test times
+# per file in each tier, `make test`'s first, from a whole run's JUnit XML (benchmarks/NOTES.md item 71:
+# `python tests/durations.py` prints them); files not named keep their order after these.
+LONGEST_FIRST = ("test_export.py", "test_training.py", "test_run_classifier.py", "test_pretraining.py",
+                 "test_run_pretraining.py", "test_allreduce.py", "test_clue.py", "test_run_ner.py", "test_run_squad.py",
+                 "test_multi_worker.py", "test_question_answering.py", "test_loop.py", "test_glue.py", "test_golden.py",
+                 # the learning and process tiers' own longest
+                 "test_memory.py", "test_gpu_check.py", "test_sweep.py", "test_crash_resume.py",
+                 "test_multiple_choice.py", "test_soak.py", "test_notebook.py", "test_evaluation.py", "test_tagger.py",
+                 "test_supervise.py")
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a test that took 10 s or more on 2 cores, or one that reads a run "
-                            "its module's fixture trains (benchmarks/NOTES.md item 69); `make test-quick` leaves "
-                            "these out, `make test` and CI run them")
+    """The suite's tiers, by subject (the Makefile's targets): `make test` leaves out both, `make test-all` and CI
+    run everything. Hugging Face keeps its slow tests behind RUN_SLOW=1 and keras-hub its large ones behind
+    --run_large in the same way."""
+    config.addinivalue_line("markers", "learning: a long learning check (a model learns a task to a bar, parity "
+                            "over seeds); `make test` keeps one end-to-end run of each script and head instead")
+    config.addinivalue_line("markers", "process: a test whose subject is processes: a signal or kill -9 at each "
+                            "moment, worker scenarios, gpu_check's checks each in its own process")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -41,7 +41,6 @@ def test_a_gpu_plan_builds_tensorflows_nccl_collectives_and_ring_where_towers_sh
     assert plan.all_reduce == "ring" and _compat.collective_options(strategy).implementation.name == "RING"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16", "float32"])
 def test_the_gpu_step_runs_with_every_precision_in_packs_of_one_dtype_last_layers_first(policy):
     """A mixed_float16 step sends float16 (dense layers) and float32 (LayerNorms, embeddings, head)
@@ -72,7 +71,6 @@ def test_the_gpu_step_runs_with_every_precision_in_packs_of_one_dtype_last_layer
         assert np.array_equal(a.numpy(), b.numpy()), v.path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("head", ["tagger_crf", "span", "multiple_choice"])
 def test_the_token_heads_step_on_the_gpu_path_in_mixed_float16(head):
     """run_ner_mgpu.py --crf, run_squad_mgpu.py and run_multiple_choice_mgpu.py on GPUs: the token, span and
@@ -115,7 +113,6 @@ def test_the_token_heads_step_on_the_gpu_path_in_mixed_float16(head):
         assert np.array_equal(a.numpy(), b.numpy()), v.path
 
 
-@pytest.mark.slow
 def test_the_gpu_step_on_several_towers_per_gpu_runs_on_ring_collectives():
     _, strategy = gpu_strategy(towers_per_gpu=2)
     with strategy.scope():
@@ -210,7 +207,6 @@ def test_every_variable_a_run_makes_can_be_broadcast_between_workers(policy):
     assert np.isfinite(evaluated["loss"])  # the frozen copies read back right
 
 
-@pytest.mark.slow
 def test_recompute_steps_on_the_gpu_path_with_xla_in_mixed_float16():
     """--recompute --use_xla on GPUs: each tower's XLA-compiled step recomputes the layers (dropout on),
     its float16 and float32 gradients cross on NCCL as without it, and two steps give the same weights

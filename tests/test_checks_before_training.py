@@ -56,7 +56,6 @@ def test_nan_weights_in_the_init_checkpoint_are_refused_before_training(data, go
     assert f"{bad}: 1 tensor(s) hold NaN or infinity ({name}): a damaged checkpoint or a diverged run" in last
 
 
-@pytest.mark.slow
 def test_a_run_directorys_own_config_and_vocabulary_are_the_only_ones_it_takes(data, google_release, tmp_path):
     first = tmp_path / "first"
     run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={google_release}",

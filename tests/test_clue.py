@@ -72,7 +72,6 @@ def test_bad_rows_are_named_with_their_file_and_line(tmp_path, task, row, expect
         TASKS["cluener"].directory(str(tmp_path))
 
 
-@pytest.mark.slow
 def test_the_suite_trains_each_task_and_writes_clues_table_and_submission_files(tmp_path):
     release = learning_release(str(tmp_path / "release"))
     rng = random.Random(0)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_onednn_decision_is_readable_and_follows_the_environment():
     code = "from bert_mgpu import _compat; print(_compat.onednn_enabled())"
     seen = {}

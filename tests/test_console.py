@@ -19,7 +19,7 @@ clf.fit(examples, {out!r}, epochs=1, log_every=2)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_fit_in_a_plain_script_logs_its_steps_without_tensorflows_start_up_lines(google_release, tmp_path):
     code = FIT.format(release=str(google_release), rows=sentiment_rows(32, seed=1), out=str(tmp_path / "out"))
     proc = run_python(code, env={"TF_CPP_MIN_LOG_LEVEL": None}, fresh=True)
@@ -30,7 +30,7 @@ def test_fit_in_a_plain_script_logs_its_steps_without_tensorflows_start_up_lines
     assert not [line for line in lines if "cpu_feature_guard" in line or "absl::InitializeLog" in line], proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_script_draws_a_progress_bar_over_the_steps_in_a_terminal(google_release, tmp_path):
     write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
     main, child = pty.openpty()
@@ -55,7 +55,6 @@ def test_the_script_draws_a_progress_bar_over_the_steps_in_a_terminal(google_rel
     assert "\r" in text and "8/8" in text and "loss:" in text, text  # redrawn in place, to the last step
 
 
-@pytest.mark.slow
 def test_a_log_file_gets_no_progress_bar(google_release, tmp_path):
     """stdout to a file: the run's summary block is all it holds (no bar, no carriage return), and the steps
     are logged as lines on stderr, every --log_every_steps."""

@@ -64,7 +64,7 @@ def classifier_run(tmp_path, release, train_rows):
     return args
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_release):
     args = classifier_run(tmp_path, google_release, 320)
 
@@ -99,7 +99,7 @@ def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_r
     assert results[0] == results[1]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_pretraining_kill_9_resumes_bit_identical(tmp_path):
     from conftest import tiny_config, write_vocab
 

@@ -34,7 +34,6 @@ def minilm(minilm_dir):
     return Encoder.from_pretrained(minilm_dir, towers, precision="float32", max_seq_length=64)
 
 
-@pytest.mark.slow
 def test_mean_pooled_minilm_embeddings_equal_transformers(reference, minilm, minilm_dir):
     ours = {p: minilm.embed(TEXTS, pooling=p, batch_size=3 if p == "mean" else 16) for p in ("mean", "cls", "pooler")}
     mean, cls, pooler = transformers_reference(minilm_dir, TEXTS)
@@ -54,7 +53,6 @@ def test_a_classifier_embeds_with_its_encoder(reference, minilm_dir):
     assert np.abs(clf.embed(TEXTS[:5]) - mean).max() <= 1e-4
 
 
-@pytest.mark.slow
 def test_extract_features_writes_googles_json_lines_and_npy(reference, minilm_dir, google_release, tmp_path):
     import torch
     import transformers

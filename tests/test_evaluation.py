@@ -132,7 +132,6 @@ def examples():
     return make(96, 1), make(24, 2)
 
 
-@pytest.mark.slow
 def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_tower(google_release, examples,
                                                                                     tmp_path):
     train, dev = examples
@@ -197,7 +196,7 @@ def test_evaluations_while_training_equal_evaluating_their_checkpoints_on_one_to
     assert best_dir.evaluate(dev, 4)["eval_loss"] == pytest.approx(best["eval_loss"], rel=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_mid_run_then_rerun_ends_as_the_uninterrupted_run(google_release, tmp_path):
     """The script stops early and evaluates its best model; killed mid-run and rerun, it ends with the same
     history, best model, early stop and results as a run never killed (deterministic ops)."""

@@ -45,7 +45,6 @@ def texts(n):
     return [" ".join(rng.choice(WORDS, rng.integers(1, 40))) for _ in range(n)]
 
 
-@pytest.mark.slow
 def test_the_run_trained_and_exported_every_format(trained):
     """Every format exported by the run, each stamped with the run, the format and the step it holds; the
     run's dev accuracy is what its model, loaded back, scores on dev."""
@@ -84,7 +83,6 @@ np.savez(sys.argv[3], probabilities=full["probabilities"].numpy(), one=one["prob
 """
 
 
-@pytest.mark.slow
 def test_saved_model_serves_raw_text_in_a_process_without_bert_mgpu(trained, tmp_path):
     out, clf, _ = trained
     batch = ASCII + texts(996)  # 1,000 texts, up to 40 words: some cut at --max_seq_length=32
@@ -105,7 +103,6 @@ def test_saved_model_serves_raw_text_in_a_process_without_bert_mgpu(trained, tmp
     assert (served["label_ids"] == ours.argmax(1)).all()
 
 
-@pytest.mark.slow
 def test_saved_model_token_id_signature_and_saved_model_cli(trained):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401
@@ -123,7 +120,6 @@ def test_saved_model_token_id_signature_and_saved_model_cli(trained):
     assert np.abs(got["probabilities"].numpy() - clf.predict(ASCII)).max() <= 1e-5
 
 
-@pytest.mark.slow
 def test_hf_export_gives_transformers_the_same_outputs(reference, trained):
     import torch
     import transformers
@@ -163,7 +159,6 @@ def test_hf_export_of_real_minilm_weights_matches_transformers_logits(reference,
     assert np.ptp(logits) > 0.05  # the real encoder under a head gives distinct logits
 
 
-@pytest.mark.slow
 def test_google_export_has_googles_names_and_reads_back(trained):
     import tensorflow as tf
 
@@ -188,7 +183,6 @@ def test_google_export_has_googles_names_and_reads_back(trained):
     assert max(np.abs(pre.weights[k] - ours[k]).max() for k in ours) == 0.0
 
 
-@pytest.mark.slow
 def test_keras_hub_preset_loads_in_keras_hub_to_the_same_outputs(trained):
     import keras_hub
 
@@ -200,7 +194,6 @@ def test_keras_hub_preset_loads_in_keras_hub_to_the_same_outputs(trained):
     assert np.abs(theirs - clf.predict(ASCII)).max() <= 1e-5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_every_export_reads_back_to_the_same_predictions(trained, fmt):
     out, clf, _ = trained
@@ -212,7 +205,6 @@ def test_every_export_reads_back_to_the_same_predictions(trained, fmt):
     assert np.abs(back.predict(batch) - clf.predict(batch)).max() <= 1e-6
 
 
-@pytest.mark.slow
 def test_predict_from_a_saved_model_export_with_the_script(trained, tmp_path):
     out, _, _ = trained
     again = tmp_path / "again"
@@ -222,7 +214,6 @@ def test_predict_from_a_saved_model_export_with_the_script(trained, tmp_path):
     assert (again / "test_results.tsv").read_text() == (out / "test_results.tsv").read_text()
 
 
-@pytest.mark.slow
 def test_keras_hub_export_of_an_exact_gelu_model_is_refused_unless_allowed(minilm_dir, tmp_path, caplog):
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)
     clf = bert_mgpu.BertClassifier.from_pretrained(minilm_dir, labels=["a", "b"], towers=towers,
@@ -278,7 +269,6 @@ def test_pretrainer_exports_hf_pretraining_heads_and_google_names(reference, tmp
     assert np.abs(again["mlm_logits"].numpy() - ours["mlm_logits"].numpy()).max() <= 1e-5
 
 
-@pytest.mark.slow
 def test_export_alone_and_its_bad_input(trained, tmp_path):
     out, _, _ = trained
     again = tmp_path / "again"
@@ -316,7 +306,6 @@ def test_export_alone_and_its_bad_input(trained, tmp_path):
     assert not fresh.exists()
 
 
-@pytest.mark.slow
 def test_a_saved_model_in_bfloat16_serves_close_to_float32(trained, tmp_path):
     import tensorflow as tf
 
@@ -356,7 +345,6 @@ def test_a_pretrainer_without_nsp_exports_masked_lm_and_a_keras_hub_backbone(ref
     assert backbone.num_layers == 2 and keras_hub.models.BertTokenizer.from_preset(str(tmp_path / "kh"))
 
 
-@pytest.mark.slow
 def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(trained):
     """Issue 33: the same command again (after it finished, or after a kill between two formats) found its own
     exports and refused them as "exists and is not empty"; each stamped export of the same run and step is
@@ -374,7 +362,6 @@ def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(traine
         assert f"export: {fmt} -> {out / 'export' / fmt} (already there, from step {step})" in proc.stdout
 
 
-@pytest.mark.slow
 def test_truncation_is_kept_by_the_run_and_served_by_its_saved_model(trained, tmp_path):
     """--truncation=head+tail: the run directory records it, from_pretrained reads it back, the SavedModel
     cuts raw text the same way, and keras-hub's preprocessor (head only) is refused."""

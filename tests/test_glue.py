@@ -168,7 +168,6 @@ def suite(tmp_path_factory):
     return out, proc
 
 
-@pytest.mark.slow
 def test_the_suite_trains_every_task_and_prints_the_glue_table(suite):
     out, proc = suite
     values = {}

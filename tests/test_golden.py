@@ -41,7 +41,6 @@ def drop_newest(out):
             os.remove(out / name)
 
 
-@pytest.mark.slow
 def test_a_classifier_run_directory_evaluates_predicts_and_exports_as_it_was_written(tmp_path):
     d, expected = copy_of("classifier", tmp_path)
     written = np.loadtxt(d / "out" / "test_results.tsv")
@@ -60,7 +59,6 @@ def test_a_classifier_run_directory_evaluates_predicts_and_exports_as_it_was_wri
         np.testing.assert_array_equal(exported[name], value, err_msg=name)
 
 
-@pytest.mark.slow
 def test_a_classifier_run_directory_resumes_to_the_same_end(tmp_path):
     d, expected = copy_of("classifier", tmp_path)
     drop_newest(d / "out")
@@ -77,7 +75,6 @@ def test_a_classifier_run_directory_resumes_to_the_same_end(tmp_path):
         written["settings"]["per_tower_batch"], written["settings"]["seed"])
 
 
-@pytest.mark.slow
 def test_a_pretraining_run_directory_evaluates_and_resumes_as_it_was_written(tmp_path):
     d, expected = copy_of("pretraining", tmp_path)
     run(d, "run_pretraining_mgpu.py", *expected["flags"], "--do_eval", "--max_eval_steps=4")

@@ -29,7 +29,7 @@ class ForkedChildren:
         return run_python(code, env=env, timeout=timeout, check=False)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(tmp_path, monkeypatch, capsys):
     out = tmp_path / "output" / "gpu_check.json"
     children = ForkedChildren()

@@ -81,7 +81,6 @@ def poisoned_run(tmp_path, poisoned_steps, limit, steps=10, poison=np.nan, log_e
     return trainer, model, saved, lambda: loop.run(ds, until_step=steps)["loss"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("poison", [np.nan, np.inf])
 def test_poisoned_batches_are_skipped_and_training_goes_on(tmp_path, poison):
     trainer, model, saved, fit = poisoned_run(tmp_path, {4, 5}, limit=3, poison=poison)
@@ -155,7 +154,7 @@ print("named and went on")
 """
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_real_out_of_memory_names_the_tower_batch_and_length():
     """A real allocation failure, not an injected error: the process's address space is capped just above
     what it holds, so the first activation of 2 x 32768 sequences of 64 tokens (256 MiB a tower) cannot be

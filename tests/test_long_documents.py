@@ -99,7 +99,6 @@ def test_each_document_counts_once_in_the_training_loss(classifier):
     assert float(got) == pytest.approx(want, rel=1e-6)
 
 
-@pytest.mark.slow
 def test_the_run_keeps_its_windows_and_its_saved_model_pools_them(classifier, tmp_path):
     clf, towers, _ = classifier
     rows = [bert_mgpu.Example(str(i), t + " " + " ".join(["the"] * 20), None, label)

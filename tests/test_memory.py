@@ -63,7 +63,7 @@ def test_a_guess_from_measured_peaks_finds_the_same_edge_in_fewer_trials():
     assert memory.linear_edge([(1, 10.0), (2, 10.0)], 50.0) is None  # flat: no line
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_step_peak_grows_with_batch_and_the_search_stops_at_the_limit():
     plan = devices.plan_devices(0, 2, ())
     strategy = distribute.make_strategy(plan)
@@ -103,7 +103,7 @@ def _sort_peaks(meter):
     return peaks
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_cpu_peak_sees_the_memory_of_xla_compiled_kernels():
     """The allocator this process has keeps statistics whether TensorFlow runs oneDNN or not (.ci/run runs
     this file with TF_ENABLE_ONEDNN_OPTS=0 and =1); XLA's CPU kernels allocate from it, so the peak sees
@@ -112,6 +112,7 @@ def test_cpu_peak_sees_the_memory_of_xla_compiled_kernels():
     assert 2 * 32 <= peaks[32] <= 8 * 32 and 2 * 8 <= peaks[8] <= 8 * 8, peaks
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("onednn", ["0", "1"])
 def test_towers_give_a_fresh_process_an_allocator_with_statistics(onednn):
     """What a user's process gets: Towers chooses TensorFlow's BFC CPU allocator where oneDNN is off (its
@@ -268,7 +269,7 @@ def fresh_process():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_run_holds_between_steps_what_its_batch_search_held(fresh_process):
     """A trial stands for a run when the run holds no more between steps than the search did: weights,
     the evaluation's copies of them and the optimizer's moments, plus a few batches of token ids in the
@@ -281,7 +282,7 @@ def test_a_run_holds_between_steps_what_its_batch_search_held(fresh_process):
     assert len(got["run"]) == 5 and max(got["run"]) <= got["searched"] + 0.1, got  # a batch: 6 KiB
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_bias_folded_in_inference_leaves_no_batch_sized_constant_behind(fresh_process):
     """The inference matmul with its bias folded in, traced once for 4,096 rows: 32 columns of ones made as
     a constant (0.5 MiB) stayed with the traced function for its life: after its evaluation a run held one
@@ -289,7 +290,7 @@ def test_a_bias_folded_in_inference_leaves_no_batch_sized_constant_behind(fresh_
     assert fresh_process["folded"] < 0.05, fresh_process
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_model_and_its_optimizer_leave_no_memory_behind(fresh_process):
     """Weights and moments are freed with their model and optimizer, the process's first ones too: a
     program shared by every optimizer once kept the variables it was first traced with, so a run after an
@@ -338,7 +339,7 @@ def test_cpu_trials_refuse_an_optimizer_that_would_train():
         memory.find_batch_size(training.Trainer(strategy, model, opt), None, plan, limit_mb=1.0)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_recompute_lowers_a_step_peak_at_length_512_and_fits_a_larger_batch(monkeypatch):
     """--recompute: a classifier's training step at length 512 (6 layers) peaks far lower on the allocator,
     so the batch search finds a larger batch under the same limit (the ratio: benchmarks/NOTES.md)."""

@@ -46,7 +46,6 @@ def reference_log_probs(model, tok, text):
     return out
 
 
-@pytest.mark.slow
 def test_scores_equal_transformers_masked_lm_and_fill_mask_its_top_tokens(reference, pretrainer):
     import torch
     import transformers

@@ -49,7 +49,6 @@ def run(tmp_path_factory):
     return data, out, args, proc
 
 
-@pytest.mark.slow
 def test_sets_of_labels_are_learned_and_predicted(run):
     data, out, _, proc = run
     r = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
@@ -68,7 +67,6 @@ def test_sets_of_labels_are_learned_and_predicted(run):
     assert sum(p == t for p, t in zip(predicted, truth)) >= 7
 
 
-@pytest.mark.slow
 def test_a_label_outside_the_set_is_one_line(run, tmp_path):
     data, _, args, _ = run
     (tmp_path / "train.tsv").write_text((data / "train.tsv").read_text())
@@ -97,7 +95,6 @@ def test_multi_label_f1_equals_scikit_learns():
         np.testing.assert_allclose(a, b, atol=1e-12)
 
 
-@pytest.mark.slow
 def test_predicting_from_the_run_directory_keeps_its_separator_and_threshold(run, tmp_path):
     data, out, _, _ = run
     again = tmp_path / "again"

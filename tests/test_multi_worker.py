@@ -134,7 +134,6 @@ def files(directory):
 
 
 # ---------------------------------------------------------------------------------------------- classifier
-@pytest.mark.slow
 def test_two_workers_fine_tune_evaluate_and_predict_as_one_process_with_all_their_towers(job, tmp_path):
     release, _ = write_google_release(str(tmp_path / "release"))
     data = tmp_path / "data"
@@ -193,7 +192,7 @@ def scratch(tmp_path):
             "--save_checkpoints_steps=10"]
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_time_budget_follows_the_chiefs_clock_whatever_the_others_read(job, tmp_path, scratch):
     """Worker 1's clock starts 10 minutes on and runs 7x fast: the chief's clock alone decides the
     learning rate, validation, the fine-tune markers and the stop, so the run equals one process's. The
@@ -223,7 +222,7 @@ def test_a_time_budget_follows_the_chiefs_clock_whatever_the_others_read(job, tm
     assert evals(err0) == evals(err1) == evals(err) and len(evals(err)) >= 3
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_with_a_file_per_worker_each_reads_its_own(job, tmp_path, scratch):
     """Two corpus files for two workers: each reads, tokenizes and masks one (--input_sharding=auto)."""
     write_corpus(str(tmp_path / "more.txt"), seed=5)
@@ -247,7 +246,7 @@ def wait_for_checkpoint(directory, after, proc):
     pytest.fail(f"no checkpoint after step {after} in {directory} ({proc.name} exit {proc.poll()})")
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(job, tmp_path, scratch):
     args = [*scratch, "--num_train_steps=60", "--deterministic"]
     single, multi = tmp_path / "single", tmp_path / "multi"

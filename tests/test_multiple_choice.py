@@ -190,7 +190,7 @@ def release(tmp_path_factory):
     return learning_release(str(tmp_path_factory.mktemp("release")))
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_a_multiple_choice_model_learns_on_two_towers_and_its_exports_read_back(tmp_path, release, reference):
     """Trained with evaluation while training and the best model kept, questions of two to four choices; one
     tower gives the two towers' scores; transformers' BertForMultipleChoice on the hf export scores as the
@@ -252,7 +252,6 @@ def _c3(questions):
                                        "id": str(n)}], f"d{n}"] for n, q in enumerate(questions)])
 
 
-@pytest.mark.slow
 def test_run_multiple_choice_mgpu_on_c3s_layout(tmp_path, release):
     """--do_train --do_eval --do_predict --do_export on C3's files (d- and m- files together): the eval results,
     CLUE's c311_predict.json for every test question in order, and the hf export; a wrong answer in a file is

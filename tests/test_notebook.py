@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_the_fine_tuning_notebook_runs_and_learns(minilm_dir, monkeypatch):
     import nbclient
     import nbformat

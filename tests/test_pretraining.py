@@ -56,7 +56,7 @@ class FakeClock:
         return self.t
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_masked_lm_accuracy_rises_on_two_towers(text, tmp_path):
     pre = new_pretrainer(text, micro=16)
     data = text_data(pre, text)
@@ -69,7 +69,6 @@ def test_masked_lm_accuracy_rises_on_two_towers(text, tmp_path):
     assert after["masked_lm_loss"] < before["masked_lm_loss"] - 2.0
 
 
-@pytest.mark.slow
 def test_accumulation_equals_one_larger_micro_batch(text, tmp_path):
     weights = []
     for micro in (8, 4):  # global batch 16 on 2 towers: 8 x 1 step, or 4 x 2 accumulated
@@ -82,7 +81,6 @@ def test_accumulation_equals_one_larger_micro_batch(text, tmp_path):
         np.testing.assert_allclose(weights[1][name], value, atol=2e-6, err_msg=name)
 
 
-@pytest.mark.slow
 def test_resume_continues_from_saved_step_on_same_data(text, tmp_path):
     budget = Budget(num_train_steps=8, warmup_proportion=0.25)
     full = new_pretrainer(text)
@@ -147,7 +145,6 @@ def test_validation_is_denser_at_both_ends():
     assert [v.interval(p, spe) for p in (0.05, 0.5, 0.85)] == [25, 100, 50]
 
 
-@pytest.mark.slow
 def test_finetune_checkpoint_loads_in_classifier_and_pretrainer(text, tmp_path):
     pre = new_pretrainer(text, encoder_ln_mode="pre-ln")
     pre.fit(text_data(pre, text), str(tmp_path), Budget(num_train_steps=4, finetune_time_markers=(0.5, 1.0)),
@@ -239,7 +236,7 @@ def test_hugging_face_pretraining_heads_give_its_logits(reference, tmp_path):
     np.testing.assert_allclose(ours["nsp_logits"].numpy(), out.seq_relationship_logits.numpy(), atol=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_sigterm_saves_where_it_stopped_and_the_rerun_finishes(text, tmp_path):
     import signal
 
@@ -264,7 +261,7 @@ def test_sigterm_saves_where_it_stopped_and_the_rerun_finishes(text, tmp_path):
 
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_auto_batch_size_picks_a_micro_batch_that_fits_and_divides(text, caplog, monkeypatch):
     from bert_mgpu.train import memory
 
@@ -331,7 +328,6 @@ def test_sparse_xent_matches_keras_cross_entropy_and_its_gradient(dtype):
                                rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_recompute_trains_the_same_weights_with_accumulation(text, tmp_path):
     """--recompute in pretraining (the masked LM's last layer on its predicted positions only), inside the
     accumulation loop on two towers: the same weights as without it."""

@@ -286,7 +286,6 @@ def unmasked_sequences(dataset):
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["records", "text"])
 def test_by_files_each_worker_reads_its_own_files_every_sequence_once_a_pass(corpus, tmp_path, kind):
     """Sharding by file: 2 workers of 5 files read 3 and 2 of them. Each worker's first pass of its

@@ -99,7 +99,7 @@ def release(tmp_path_factory):
     return learning_release(str(tmp_path_factory.mktemp("release")))
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_a_question_answerer_learns_on_two_towers_answers_long_contexts_in_windows_and_exports(tmp_path, release,
                                                                                                 reference):
     """Trained with evaluation while training and the best model kept; contexts far longer than a window
@@ -184,7 +184,6 @@ def test_a_question_answerer_learns_on_two_towers_answers_long_contexts_in_windo
     assert again.get("loss") is None and qa.trained_steps == steps  # resumed at its end: nothing to train
 
 
-@pytest.mark.slow
 def test_version_2_learns_when_there_is_no_answer(tmp_path, release):
     """SQuAD 2.0's null answer: questions the context cannot answer are predicted "", with null odds."""
     import bert_mgpu
@@ -216,7 +215,7 @@ def test_version_2_learns_when_there_is_no_answer(tmp_path, release):
     assert got["null_odds"].numpy() == pytest.approx([qa.answers.null_odds[q.qid] for q in test], abs=1e-4)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_auto_batch_size_sizes_the_batch_for_windows_of_384_pieces(tmp_path, caplog):
     """--auto_batch_size at run_squad's length: the largest per-tower batch of 384-piece windows whose step
     fits the limit, the next one measured over it (both CPU allocators: .ci/run runs this again with oneDNN

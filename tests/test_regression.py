@@ -51,7 +51,6 @@ def results(path):
     return {k: float(v) for k, v in (line.split(" = ") for line in open(path).read().splitlines())}
 
 
-@pytest.mark.slow
 def test_sts_b_learns_scores_and_predicts_numbers(stsb):
     data, out, _, proc = stsb
     r = results(out / "eval_results.txt")
@@ -69,7 +68,6 @@ def test_sts_b_learns_scores_and_predicts_numbers(stsb):
     assert not (out / "confusion_matrix.tsv").exists()
 
 
-@pytest.mark.slow
 def test_a_regression_run_predicts_from_its_directory_as_a_regression(stsb, tmp_path):
     data, out, _, _ = stsb
     again = tmp_path / "again"
@@ -80,7 +78,6 @@ def test_a_regression_run_predicts_from_its_directory_as_a_regression(stsb, tmp_
                                atol=1e-5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case, expected", [
     ("score_as_class", r"train.tsv:3: label '3.75' is a score, not a class; pass --task_type=regression"),
     ("word_as_score", r"train.tsv:3: label 'high' is not a number \(--task_type=regression\)"),
@@ -107,7 +104,6 @@ def test_labels_that_do_not_fit_the_task_type_are_one_line(stsb, tmp_path, case,
     assert not os.path.exists(tmp_path / "o" / "bert_mgpu.json")
 
 
-@pytest.mark.slow
 def test_a_regression_exports_scores_of_sentence_pairs(reference, stsb, tmp_path):
     """The SavedModel takes text_a and text_b and returns scores; Hugging Face's config says regression."""
     import tensorflow as tf

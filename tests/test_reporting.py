@@ -65,7 +65,6 @@ def test_report_to_names_are_checked_in_one_line(monkeypatch):
         bert_mgpu.TrainConfig(report_to=("mlflow",)).check()
 
 
-@pytest.mark.slow
 def test_a_run_reports_its_records_settings_and_final_results_to_wandb_mlflow_and_hparams(
         google_release, tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the test extra has wandb")

@@ -39,7 +39,6 @@ def trained(data, google_release, tmp_path_factory):
     return out, args, run(*args)
 
 
-@pytest.mark.slow
 def test_train_eval_predict_writes_every_output(trained):
     out, _, proc = trained
     results = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
@@ -84,7 +83,6 @@ def test_train_eval_predict_writes_every_output(trained):
     assert float(results["eval_auc"]) > 0.9 and float(results["eval_mcc"]) > 0.7
 
 
-@pytest.mark.slow
 def test_rerun_resumes_and_predicts_the_same(trained):
     out, args, _ = trained
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
@@ -94,7 +92,6 @@ def test_rerun_resumes_and_predicts_the_same(trained):
     np.testing.assert_allclose(after, before, atol=1e-6)
 
 
-@pytest.mark.slow
 def test_predict_only_from_the_output_directory_on_one_tower(trained, data):
     out, _, _ = trained
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
@@ -106,7 +103,6 @@ def test_predict_only_from_the_output_directory_on_one_tower(trained, data):
                                atol=1e-5)
 
 
-@pytest.mark.slow
 def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(trained, data):
     """--fused_encoder=false runs keras-hub's BertBackbone on the same checkpoint: the same probabilities."""
     out, args, _ = trained
@@ -123,7 +119,6 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
     assert sorted(os.listdir(out)) == files
 
 
-@pytest.mark.slow
 def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
     """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run."""
     out = str(tmp_path / "acc")
@@ -311,7 +306,7 @@ def test_tiny_config_sanity():
     assert tiny_config(38).hidden_size == 32  # the fixtures above assume it
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_auto_batch_size_trains_with_the_largest_batch_that_fits(data, google_release, tmp_path):
     import re
 
@@ -348,7 +343,6 @@ def one_error_line(proc):
     return proc.stderr.strip().splitlines()[-1]
 
 
-@pytest.mark.slow
 def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, data, tmp_path):
     out, _ = copy_run(trained, tmp_path)
     newest = os.path.join(out, "ckpt-160.data-00000-of-00001")
@@ -366,7 +360,6 @@ def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, da
     assert "global_step = 150\n" in (reference / "eval_results.txt").read_text()  # the step it read, not 160
 
 
-@pytest.mark.slow
 def test_a_checkpoint_file_naming_another_directory_is_refused(trained, data, tmp_path):
     """A `checkpoint` file that names ../elsewhere/ckpt-160, through --init_checkpoint or eval's default
     --output_dir: refused in one line, nothing written."""
@@ -385,7 +378,6 @@ def test_a_checkpoint_file_naming_another_directory_is_refused(trained, data, tm
     assert snapshot(here) == before and not os.path.exists(tmp_path / "o" / "eval_results.txt")
 
 
-@pytest.mark.slow
 def test_a_rerun_with_another_vocabulary_is_another_run(trained, tmp_path):
     out, args = copy_run(trained, tmp_path)
     tokens = open(os.path.join(out, "vocab.txt")).read().split("\n")
@@ -398,7 +390,6 @@ def test_a_rerun_with_another_vocabulary_is_another_run(trained, tmp_path):
     assert snapshot(out) == before
 
 
-@pytest.mark.slow
 def test_a_save_killed_half_way_is_cleaned_up_on_resume_and_on_overwrite(trained, tmp_path):
     """kill -9 during a save leaves ckpt-N_temp/ (a directory matching ckpt-*): resuming removes it, and
     --overwrite_output_dir starts over without tripping on it."""
@@ -416,7 +407,6 @@ def test_a_save_killed_half_way_is_cleaned_up_on_resume_and_on_overwrite(trained
     assert json.load(open(os.path.join(out, "bert_mgpu.json")))["global_step"] == 10
 
 
-@pytest.mark.slow
 def test_result_files_follow_the_umask_as_checkpoints_do(trained):
     out = trained[0]
     mask = os.umask(0o022)
@@ -426,7 +416,6 @@ def test_result_files_follow_the_umask_as_checkpoints_do(trained):
     assert set(modes.values()) == {0o666 & ~mask}, modes
 
 
-@pytest.mark.slow
 def test_a_linked_vocab_is_replaced_not_written_through_and_a_short_one_is_named(data, tmp_path):
     """vocab.txt in --output_dir as a link to someone's file: the run replaces the link, the file stays.
     A vocabulary shorter than the config's vocab_size trains, with a warning naming both numbers."""

@@ -52,7 +52,6 @@ def trained(data, release, tmp_path_factory):
     return out, args, run(*args)
 
 
-@pytest.mark.slow
 def test_train_evaluate_predict_and_export_write_what_people_read(trained, data):
     out, _, proc = trained
     results = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
@@ -93,7 +92,6 @@ def test_train_evaluate_predict_and_export_write_what_people_read(trained, data)
         assert back.evaluate(dev)["eval_f1"] == pytest.approx(float(results["eval_f1"]), abs=1e-9), fmt
 
 
-@pytest.mark.slow
 def test_the_hf_export_gives_transformers_the_same_logits(trained, reference):
     """The exported directory read by transformers' own BertForTokenClassification: logits to 1e-4."""
     import torch
@@ -115,7 +113,6 @@ def test_the_hf_export_gives_transformers_the_same_logits(trained, reference):
     assert np.abs(a[mask] - b[mask]).max() < 1e-4
 
 
-@pytest.mark.slow
 def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trained):
     out, args, _ = trained
     before = open(os.path.join(out, "eval_results.txt")).read()
@@ -124,7 +121,6 @@ def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trai
     assert open(os.path.join(out, "eval_results.txt")).read() == before
 
 
-@pytest.mark.slow
 def test_a_tagged_test_set_is_scored_as_conlleval_scores_predict_txt(trained, data, tmp_path):
     """--do_predict on a test file with its tags: test_results.txt and the printed F1 are predict.txt's
     gold and predicted columns scored by entity. A byte that is not UTF-8 is read with --invalid_utf8=replace."""
@@ -185,7 +181,7 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     assert not os.path.exists(out / "checkpoint")  # nothing trained
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(tmp_path, google_release):
     """The tagger's windows come back in the same order after a resume: its batches skip what was seen."""
     from test_crash_resume import killed_then_resumed

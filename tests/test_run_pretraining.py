@@ -43,7 +43,6 @@ def pretrained(release):
     return d, out, args, proc
 
 
-@pytest.mark.slow
 def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     d, out, args, proc = pretrained
     assert "pretraining stopped at step 20: reached 20 steps" in proc.stdout
@@ -94,7 +93,6 @@ def test_text_to_pretraining_to_fine_tuning(pretrained, tmp_path):
     assert accuracy >= 0.8, proc.stdout
 
 
-@pytest.mark.slow
 def test_rerun_resumes_and_finds_the_budget_spent(pretrained, tmp_path):
     """The same command again (on a copy of the run): it resumes at step 20, trains no step, writes no
     checkpoint, and evaluates the same weights to the same numbers."""
@@ -120,7 +118,6 @@ def test_rerun_resumes_and_finds_the_budget_spent(pretrained, tmp_path):
         assert float(results[key]) == pytest.approx(float(first[key]), abs=1e-6), key
 
 
-@pytest.mark.slow
 def test_the_pretrained_encoder_is_served_from_raw_text(pretrained):
     """--do_export after pretraining: a SavedModel giving the encoder's outputs (pre-LN, which only a
     SavedModel can carry); Hugging Face's BERT has no pre-LN, so that export is refused in one line."""
@@ -147,7 +144,6 @@ def test_the_pretrained_encoder_is_served_from_raw_text(pretrained):
     assert not os.path.exists(os.path.join(out, "export", "hf"))
 
 
-@pytest.mark.slow
 def test_reference_encoder_evaluates_the_same(pretrained, tmp_path):
     """--fused_encoder=false (keras-hub's BertBackbone as it is) on the same weights: the same eval numbers."""
     d, out, args, _ = pretrained
@@ -164,7 +160,6 @@ def test_reference_encoder_evaluates_the_same(pretrained, tmp_path):
         assert abs(float(results[0][key]) - float(results[1][key])) < 1e-5, (key, results)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("extra, message", [
     (["--input_file=/nonexistent/*.tfrecord"], "/nonexistent/*.tfrecord: no such input file"),
     (["--max_seq_length=64"], "records have input_ids of length 32 but --max_seq_length=64"),
@@ -186,7 +181,6 @@ def test_bad_input_is_one_line(pretrained, tmp_path, extra, message):
 
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("inside", ["data", "header"])
 def test_a_record_file_cut_short_is_named_with_the_record(pretrained, tmp_path, inside):
     """A TFRecord cut mid-record (a copy that stopped): one line naming the file and the record, not

@@ -56,7 +56,6 @@ def trained(data, release, tmp_path_factory):
     return out, args, run(*args)
 
 
-@pytest.mark.slow
 def test_train_predict_and_score_write_run_squads_files(trained, data):
     out, _, proc = trained
     predictions = json.load(open(os.path.join(out, "predictions.json")))
@@ -79,7 +78,6 @@ def test_train_predict_and_score_write_run_squads_files(trained, data):
         assert os.path.isdir(os.path.join(out, "export", fmt)), os.listdir(os.path.join(out, "export"))
 
 
-@pytest.mark.slow
 def test_the_exports_and_the_run_directory_answer_again_the_same(trained, data, tmp_path):
     out, _, _ = trained
     expected = json.load(open(os.path.join(out, "predictions.json")))
@@ -91,7 +89,6 @@ def test_the_exports_and_the_run_directory_answer_again_the_same(trained, data, 
         assert json.load(open(again / "predictions.json")) == expected, source
 
 
-@pytest.mark.slow
 def test_chinese_data_is_scored_by_cmrc_2018s_rules(trained, tmp_path):
     """--do_predict on a file with answers scores it; Chinese contexts (CMRC 2018, DRCD) by CMRC's rules."""
     out, _, _ = trained
@@ -110,7 +107,6 @@ def test_chinese_data_is_scored_by_cmrc_2018s_rules(trained, tmp_path):
     assert "eval_average" in results and 0 <= float(results["eval_f1"]) <= 100
 
 
-@pytest.mark.slow
 def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trained):
     out, args, _ = trained
     before = open(os.path.join(out, "predictions.json")).read()
@@ -163,7 +159,6 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     assert not os.path.exists(out / "checkpoint")  # nothing trained
 
 
-@pytest.mark.slow
 def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(tmp_path, release):
     """The windows come back in the same order after a resume: its batches skip what was seen."""
     from test_crash_resume import killed_then_resumed

@@ -47,7 +47,6 @@ def test_the_seed_sets_the_dropout_masks_and_the_default_keeps_them(fused):
         assert int(built["s0"][0]) == 1234
 
 
-@pytest.mark.slow
 def test_fit_starts_a_new_run_from_its_seed_and_a_rerun_from_its_checkpoint(google_release, tmp_path):
     import bert_mgpu
 
@@ -72,7 +71,6 @@ def test_fit_starts_a_new_run_from_its_seed_and_a_rerun_from_its_checkpoint(goog
     assert fitted(7, tmp_path / "seven") == seven
 
 
-@pytest.mark.slow
 def test_pretraining_starts_its_dropout_from_the_datas_seed(text, tmp_path):  # noqa: F811
     from bert_mgpu.data.pretraining_input import PretrainingData
     from bert_mgpu.train.budget import Budget

@@ -29,7 +29,7 @@ def os_threads():
     return len(os.listdir("/proc/self/task"))
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_twenty_fits_and_predictions_in_one_process(tmp_path, google_release):
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
     train = [bert_mgpu.Example(f"t{i}", text, label=label) for i, (label, text) in enumerate(sentiment_rows(48))]

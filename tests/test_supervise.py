@@ -53,7 +53,7 @@ def test_a_native_crash_under_a_limit_ends_in_one_line_and_other_endings_pass_th
             assert "Fatal Python error" not in err and "Traceback" not in err
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_run_out_of_memory_at_the_limit_ends_in_one_line(minilm_dir, tmp_path):
     """At 8 GiB of address space this step does not fit; oneDNN CPUs die of a signal, others raise: one line
     either way."""
@@ -73,7 +73,7 @@ def test_a_run_out_of_memory_at_the_limit_ends_in_one_line(minilm_dir, tmp_path)
     assert not [f for f in os.listdir(tmp_path / "out") if f.startswith("ckpt-")]  # no step was taken
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_signal_to_the_parent_stops_the_supervised_run_as_it_would_stop_one_process(google_release, tmp_path):
     """SIGTERM to the parent, once the child has logged its third step: the child saves where it stopped and
     exits 0 as one process would, and the checkpoint it names holds that step."""

@@ -85,7 +85,7 @@ def test_the_table_has_mean_sd_median_and_maximum_per_configuration_and_names_th
     assert "| learning_rate=5e-5 | eval_accuracy | 2 | 0.8200 |" in md
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_a_sweep_killed_in_its_second_run_and_rerun_ends_with_the_same_table(tmp_path, google_release):
     import psutil
 

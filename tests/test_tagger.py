@@ -64,7 +64,7 @@ def test_the_objective_scores_entities_and_names_its_export():
     assert kind.hf_facts(["O", "B-PER"])["id2label"] == {"0": "O", "1": "B-PER"}
 
 
-@pytest.mark.slow
+@pytest.mark.learning
 def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_long_sentences_in_windows(tmp_path):
     """BertTagger on two towers: trained with evaluation while training and the best model kept; sentences
     longer than a window are predicted in windows, each word once; entities map back to the text's
@@ -182,7 +182,6 @@ def test_stray_inside_tags_are_counted_in_one_warning(tmp_path, caplog):
     assert caplog.records == []
 
 
-@pytest.mark.slow
 def test_a_crf_tagger_learns_on_two_towers_and_its_google_export_loads_back_with_the_transitions(tmp_path):
     """--crf: the transitions learn that I-PER follows B-PER, not O; predictions are Viterbi paths; the
     google export carries crf/transitions and loads back as a CRF tagger giving the same entities."""

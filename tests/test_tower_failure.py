@@ -23,7 +23,7 @@ run_classifier_mgpu._console()
 """
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_out_of_memory_on_one_tower_ends_every_tower_in_one_line_and_keeps_the_last_checkpoint(tmp_path,
                                                                                              google_release):
     data, out = tmp_path / "data", tmp_path / "out"

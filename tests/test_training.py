@@ -40,7 +40,6 @@ def one_step(towers, steps=1, policy="float32", initial_scale=None, data=None, u
     return trainer, before, [v.numpy() for v in model.trainable_variables], results
 
 
-@pytest.mark.slow
 def test_two_towers_equal_one_tower_on_the_same_global_batch():
     _, before, one, [(loss1, seen1)] = one_step(1)
     _, _, two, [(loss2, seen2)] = one_step(2)
@@ -57,7 +56,6 @@ def test_three_steps_two_towers_still_equal_one():
     assert max(np.abs(a - b).max() for a, b in zip(one, two)) < 1e-5
 
 
-@pytest.mark.slow
 def test_classifier_steps_accumulated_over_two_halves_equal_one_step():
     """The classifier's --gradient_accumulation_steps: each tower's 4 rows as 2 x 2, the same 2 steps."""
     _, _, whole, results1 = one_step(2, steps=2)
@@ -67,7 +65,6 @@ def test_classifier_steps_accumulated_over_two_halves_equal_one_step():
     assert max(np.abs(a - b).max() for a, b in zip(whole, halves)) < 1e-5
 
 
-@pytest.mark.slow
 def test_xla_compiled_towers_give_the_same_step():
     _, _, plain, [(loss1, _)] = one_step(2)
     _, _, xla, [(loss2, seen)] = one_step(2, use_xla=True)
@@ -75,7 +72,6 @@ def test_xla_compiled_towers_give_the_same_step():
     assert max(np.abs(a - b).max() for a, b in zip(plain, xla)) < 1e-5
 
 
-@pytest.mark.slow
 def test_non_finite_gradients_skip_the_step_and_are_counted():
     trainer, before, after, _ = one_step(2, steps=1, policy="mixed_float16", initial_scale=2.0**40)
     assert trainer.skipped_steps == 1  # fp16 gradients overflow at scale 2**40: step skipped
@@ -91,7 +87,6 @@ def test_mixed_float16_trains_with_finite_scale():
     assert max(np.abs(a - b).max() for a, b in zip(before, after)) > 1e-5
 
 
-@pytest.mark.slow
 def test_a_finished_trainer_leaves_no_traced_step_behind():
     """Notebook use: the traced step (thousands of ops) dies with its trainer. TensorFlow's own
     ReplicaContext.all_reduce would keep it for the life of the process (see distribute.all_reduce)."""
@@ -146,7 +141,6 @@ def test_float16_models_all_reduce_in_float16_and_still_match():
     assert moved > 1e-4 and diff < 0.05 * moved
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("towers", [1, 2])
 def test_prediction_reads_the_weights_cast_once_a_pass_and_never_stale(towers, monkeypatch):
     """Under mixed precision a pass reads copies of the weights cast at its start (NOTES.md item 22): equal

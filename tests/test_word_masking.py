@@ -118,7 +118,6 @@ def test_records_mask_jieba_words_whole_and_pretokenized_and_ref_files_give_the_
             _check_words(tok, ids, masked)
 
 
-@pytest.mark.slow
 def test_dynamic_masking_masks_jieba_words_whole_and_the_same_on_resume(zh, caplog):
     d, tok = zh
     plan = MaskPlan(whole_word=True)
@@ -233,7 +232,7 @@ def test_a_missing_segmenter_and_contradictory_flags_say_so(monkeypatch):
         MaskPlan(span=True, max_ngram_size=2)
 
 
-@pytest.mark.slow
+@pytest.mark.process
 def test_the_scripts_take_the_flags_and_write_the_same_bytes_in_every_process(zh, tmp_path):
     d, _ = zh
     args = [f"--input_file={d / 'corpus.txt'}", f"--vocab_file={d / 'vocab.txt'}", "--max_seq_length=48",
@@ -252,7 +251,6 @@ def test_the_scripts_take_the_flags_and_write_the_same_bytes_in_every_process(zh
     assert os.path.exists(tmp_path / "a.tfrecord")
 
 
-@pytest.mark.slow
 def test_run_pretraining_takes_reference_files_with_text_input_the_last_shards_held_out(zh, tmp_path):
     """Dynamic masking from reference files end to end: two corpus shards with a reference file each, the second
     held out for evaluation with its own; a reference file of another corpus is one line naming it."""
