@@ -62,17 +62,47 @@ def test_multi_worker_without_a_cluster_says_how_to_give_one():
 
 
 def test_slurm_tasks_make_the_cluster(monkeypatch):
-    """An srun step of 2 tasks on 2 nodes, as SLURM's variables describe it to TensorFlow's resolver."""
+    """An srun step of 2 tasks on 2 nodes, as SLURM's variables describe it."""
     env = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": "node[1-2]",
            "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    monkeypatch.delenv("SLURM_STEP_RESV_PORTS", raising=False)
     c = find_cluster(multi_worker=True)
     assert (c.workers, c.index, c.source, c.hosts) == (2, 1, "SLURM", ["node1:8888", "node2:8888"])
     monkeypatch.setenv("SLURM_STEP_NODELIST", "node[1-x]")
-    with pytest.raises(UserError, match=r"^SLURM: cannot resolve the cluster \(Invalid hostlist format"):
+    with pytest.raises(UserError, match=r"^SLURM: cannot resolve the cluster \(ValueError: Invalid hostlist format"):
         find_cluster(multi_worker=True)
+
+
+def slurm(procid, node, nodelist="gpu[9-10]", tasks="1(x2)", **more):
+    return {"SLURM_PROCID": str(procid), "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NODELIST": nodelist,
+            "SLURM_STEP_TASKS_PER_NODE": tasks, "SLURMD_NODENAME": node, **more}
+
+
+def test_slurm_keeps_its_own_order_of_nodes_where_strings_sort_otherwise():
+    """gpu9 before gpu10, as SLURM numbers the tasks (TensorFlow's resolver sorts them as strings and made task
+    0, on gpu9, worker 0 at gpu10:8888): each task is the worker at its own address."""
+    for rank, node in enumerate(["gpu9", "gpu10"]):
+        c = find_cluster(multi_worker=True, environ=slurm(rank, node))
+        assert c.hosts == ["gpu9:8888", "gpu10:8888"] and c.hosts[c.index] == f"{node}:8888"
+        assert c.is_chief == (rank == 0)
+    # Two tasks a node on three nodes: a node's tasks take consecutive ports, nodes in the list's order.
+    env = slurm(3, "n9", nodelist="n[8-10]", tasks="2(x3)", SLURM_STEP_NUM_TASKS="6")
+    c = find_cluster(multi_worker=True, environ=env)
+    assert c.hosts == ["n8:8888", "n8:8889", "n9:8888", "n9:8889", "n10:8888", "n10:8889"]
+    assert c.hosts[c.index] == "n9:8889"  # block distribution: tasks 2 and 3 on the second node
+    with pytest.raises(UserError, match=r"^SLURM: task 3 runs on n10, but in SLURM's block order it belongs on n9"):
+        find_cluster(multi_worker=True, environ={**env, "SLURMD_NODENAME": "n10"})
+
+
+def test_the_slurm_port_comes_from_the_flag_else_the_steps_reserved_ports_else_8888():
+    env = slurm(1, "gpu10", SLURM_STEP_RESV_PORTS="12000-12003")
+    assert find_cluster(multi_worker=True, environ=env).hosts == ["gpu9:12000", "gpu10:12000"]
+    assert find_cluster(multi_worker=True, environ=env, slurm_port=2222).hosts == ["gpu9:2222", "gpu10:2222"]
+    assert find_cluster(multi_worker=True, environ=slurm(1, "gpu10")).hosts == ["gpu9:8888", "gpu10:8888"]
 
 
 def test_the_plan_counts_every_workers_towers_in_the_global_batch():

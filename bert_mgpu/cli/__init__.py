@@ -163,6 +163,8 @@ def define_tower_flags():
                         "same list on each (TensorFlow's MultiWorkerMirroredStrategy).")
     flags.DEFINE_integer("task_index", None, "With --worker_hosts: this machine's place in it (0 = the chief).")
     flags.DEFINE_bool("multi_worker", False, "Several machines, the cluster from TF_CONFIG or SLURM's srun.")
+    flags.DEFINE_integer("slurm_port", None, "Under SLURM: the first port of each node's workers (default: the "
+                         "step's reserved ports, srun --resv-ports, else 8888).")
     flags.DEFINE_enum("precision", "auto", ["auto", "mixed_float16", "mixed_bfloat16", "float32"],
                       "auto: mixed_float16 on tensor-core GPUs, mixed_bfloat16 on AMX/AVX512-BF16 CPUs, else "
                       "float32.")
@@ -240,7 +242,7 @@ def plan_from_flags():
     from bert_mgpu.parallel.cluster import find_cluster
 
     f = FLAGS
-    job = find_cluster(f.worker_hosts, f.task_index, f.multi_worker)
+    job = find_cluster(f.worker_hosts, f.task_index, f.multi_worker, slurm_port=f.slurm_port)
     visible = devices.discover_visible_gpus() if f.n_gpus else ()
     return devices.plan_devices(f.n_gpus, f.towers_per_gpu, visible, job.workers if job else 1), job
 

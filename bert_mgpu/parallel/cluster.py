@@ -61,11 +61,12 @@ class Cluster:
                 f"{self.index} ({self.hosts[self.index]}), {role}")
 
 
-def find_cluster(worker_hosts=None, task_index=None, multi_worker=False, environ=None):
+def find_cluster(worker_hosts=None, task_index=None, multi_worker=False, environ=None, slurm_port=None):
     """The job's Cluster, or None for one machine.
 
     worker_hosts/task_index (google-bert's TPU scripts and tf-models name them so) win; else, with
-    multi_worker, TF_CONFIG; else SLURM's variables inside an `srun` step of several tasks.
+    multi_worker, TF_CONFIG; else SLURM's variables inside an `srun` step of several tasks, the workers'
+    ports from `slurm_port` up (`_from_slurm`).
     """
     env = os.environ if environ is None else environ
     if worker_hosts:
@@ -84,7 +85,7 @@ def find_cluster(worker_hosts=None, task_index=None, multi_worker=False, environ
     if env.get("TF_CONFIG"):
         return _from_tf_config(env["TF_CONFIG"])
     if int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")) or 1) > 1:
-        return _from_slurm()
+        return _from_slurm(env, slurm_port)
     raise UserError("--multi_worker needs the cluster: --worker_hosts=host:port,... with --task_index, or "
                     "TF_CONFIG, or an srun step of several SLURM tasks")
 
@@ -109,15 +110,46 @@ def _from_tf_config(text):
     return Cluster(spec, task_type, task_id, "TF_CONFIG")
 
 
-def _from_slurm():
-    import tensorflow as tf
+def _from_slurm(env, port=None):
+    """The cluster of an srun step, in SLURM's own order of tasks.
 
-    # GPUs are SLURM's to give (--gpus-per-task sets CUDA_VISIBLE_DEVICES), not the resolver's: with
-    # auto_set_gpu off its GPU counts only cap how many tasks it places on a node, so they cap nothing here.
+    TensorFlow's SlurmClusterResolver sorts the step's hosts as strings (gpu10 before gpu9) while SLURM
+    numbers tasks in the order of its node list (block distribution: node 0's tasks first), so on gpu9 and
+    gpu10 task 0 would be told it is gpu10. Here the node list keeps SLURM's order, each node's tasks take
+    ports from the base up, and the task's own node is checked against SLURMD_NODENAME. GPUs are SLURM's to
+    give (--gpus-per-task sets CUDA_VISIBLE_DEVICES). The port base: `port` (--slurm_port), else the first
+    of the step's reserved ports (srun --resv-ports: SLURM_STEP_RESV_PORTS), else 8888 as TensorFlow's.
+    """
+    from tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver import (
+        expand_hostlist,
+        expand_tasks_per_node,
+    )
+
     try:
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(gpus_per_node=1024, gpus_per_task=1,
-                                                                       auto_set_gpu=False)
-        spec = resolver.cluster_spec().as_dict()
-    except (RuntimeError, OSError, ValueError, KeyError) as e:
-        raise UserError(f"SLURM: cannot resolve the cluster ({e})") from None
-    return Cluster({"worker": list(spec["worker"])}, "worker", int(resolver.task_id), "SLURM")
+        nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])
+        per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"])
+        rank = int(env["SLURM_PROCID"])
+    except (ValueError, KeyError) as e:
+        raise UserError(f"SLURM: cannot resolve the cluster ({type(e).__name__}: {e})") from None
+    if len(per_node) != len(nodes):
+        raise UserError(f"SLURM: {len(nodes)} nodes ({', '.join(nodes)}) but tasks per node for "
+                        f"{len(per_node)}")
+    base = port or _reserved_port(env.get("SLURM_STEP_RESV_PORTS", "")) or 8888
+    hosts, node_of = [], []
+    for node, count in zip(nodes, per_node):
+        hosts += [f"{node}:{base + k}" for k in range(count)]
+        node_of += [node] * count
+    if not 0 <= rank < len(hosts):
+        raise UserError(f"SLURM: task {rank} of a step of {len(hosts)} tasks")
+    here = env.get("SLURMD_NODENAME")
+    if here and here != node_of[rank]:
+        raise UserError(f"SLURM: task {rank} runs on {here}, but in SLURM's block order it belongs on "
+                        f"{node_of[rank]}: run srun with --distribution=block (the default), or name the "
+                        "workers with --worker_hosts and --task_index")
+    return Cluster({"worker": hosts}, "worker", rank, "SLURM")
+
+
+def _reserved_port(ports):
+    """The first port of SLURM_STEP_RESV_PORTS ("12000-12003" or "12000,12001"), or None."""
+    first = ports.split(",")[0].split("-")[0].strip()
+    return int(first) if first.isdigit() else None
