@@ -88,3 +88,26 @@ def test_a_checks_devices_keep_memory_statistics_where_onednn_is_off():
     assert proc.returncode == 0 and "peak MiB" in proc.stdout, proc.stderr[-2000:]
     kept, after_reset = (float(v) for v in proc.stdout.split("peak MiB")[1].split())
     assert 64 <= kept < 80 and after_reset < 16, proc.stdout  # the 64 MiB tensor seen, and gone after reset()
+
+
+def test_two_workers_split_the_gpus_from_nvidia_smi_when_cuda_visible_devices_is_unset():
+    """A fresh 8-GPU machine sets no CUDA_VISIBLE_DEVICES: each worker gets half of nvidia-smi's GPUs, never
+    one GPU for both (NCCL with two ranks on one device); one GPU skips the check with the reason."""
+    smi = [(i, f"GPU-{i}", "A100", "8.0") for i in range(8)]
+    assert gpu_check.worker_gpus({}, smi) == (["0,1,2,3", "4,5,6,7"], None)
+    assert gpu_check.worker_gpus({"CUDA_VISIBLE_DEVICES": "1,2,3,4,5,6"}, smi) == (["1,2,3", "4,5,6"], None)
+    assert gpu_check.worker_gpus({"CUDA_VISIBLE_DEVICES": "3,5,7"}, smi) == (["3", "5"], None)  # odd: one left out
+    assert gpu_check.worker_gpus({"CUDA_VISIBLE_DEVICES": ""}, smi) == (None, None)  # GPUs hidden: CPU towers
+    assert gpu_check.worker_gpus({}, []) == (None, None)
+    for env, gpus in (({"CUDA_VISIBLE_DEVICES": "2"}, smi), ({}, smi[:1])):
+        halves, why = gpu_check.worker_gpus(env, gpus)
+        assert halves is None and why.startswith("two workers need a GPU each, and this process may use one")
+
+
+def test_two_workers_is_skipped_with_its_reason_on_one_gpu(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert gpu_check.main(["--only", "two_workers", "--out", str(tmp_path / "c.json")]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == ("[skip] two_workers: skipped: two workers need a GPU each, and this process may use one "
+                        "(0)")
+    assert shown[-1].startswith("0 of 1 checks passed on ") and "(1 skipped: two_workers)" in shown[-1]

@@ -158,7 +158,8 @@ def define_tower_flags():
     flags.DEFINE_integer("towers_per_gpu", 1, "Towers (model replicas) per GPU, or logical CPU towers with "
                          "--n_gpus=0.")
     flags.DEFINE_integer("gpu_memory_per_tower_mb", None, "Memory of each tower when --towers_per_gpu > 1 "
-                         "(default: 92% of the GPU divided by the towers).")
+                         "(default: what TensorFlow's allocator may take of the GPU with the least free "
+                         "memory, its free memory less TensorFlow's reserve, divided by the towers).")
     flags.DEFINE_string("worker_hosts", None, "Several machines: every worker's host:port, comma-separated, the "
                         "same list on each (TensorFlow's MultiWorkerMirroredStrategy).")
     flags.DEFINE_integer("task_index", None, "With --worker_hosts: this machine's place in it (0 = the chief).")

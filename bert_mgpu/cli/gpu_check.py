@@ -58,8 +58,8 @@ def main(argv=None):
         result["seconds"] = round(time.monotonic() - start, 1)
         report["checks"][name] = result
         report.setdefault("device_type", result.get("device_type"))
-        print(f"[{'ok' if result['ok'] else 'FAIL'}] {name}: {result.get('summary') or result.get('error')}",
-              flush=True)
+        mark = "skip" if result.get("skipped") else "ok" if result["ok"] else "FAIL"
+        print(f"[{mark}] {name}: {result.get('summary') or result.get('error')}", flush=True)
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1, default=str)
     if "scaling" in report["checks"] and report["checks"]["scaling"].get("rows"):
@@ -67,7 +67,9 @@ def main(argv=None):
     failed = [n for n, c in report["checks"].items() if not c["ok"]]
     where = "GPUs" if report.get("device_type") == "GPU" else \
         "logical CPU devices, with the GPU run's own strategy and NCCL collectives (run there as RING)"
-    print(f"\n{len(names) - len(failed)} of {len(names)} checks passed on {where}"
+    skipped = [n for n, c in report["checks"].items() if c.get("skipped")]
+    print(f"\n{len(names) - len(failed) - len(skipped)} of {len(names)} checks passed on {where}"
+          f"{f' ({len(skipped)} skipped: ' + ', '.join(skipped) + ')' if skipped else ''}"
           f"{': FAILED ' + ', '.join(failed) if failed else ''}; JSON: {args.out}")
     return 1 if failed else 0
 
@@ -139,22 +141,41 @@ def child(args):
     return 0
 
 
+def worker_gpus(environ, smi_gpus):
+    """(each worker's CUDA_VISIBLE_DEVICES, None), the GPUs this process may use in two disjoint halves: those
+    CUDA_VISIBLE_DEVICES lists, else (a fresh machine sets none) every GPU nvidia-smi lists. (None, None)
+    without GPUs: one CPU tower each. (None, why) with one GPU, where two workers would give NCCL two ranks on
+    one device (a false failure, or a hang to the time limit)."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [g.strip() for g in listed.split(",") if g.strip()] if listed is not None else \
+        [str(gpu[0]) for gpu in smi_gpus]
+    if not visible:
+        return None, None
+    if len(visible) < 2:
+        return None, f"two workers need a GPU each, and this process may use one ({', '.join(visible)})"
+    half = len(visible) // 2
+    return [",".join(visible[:half]), ",".join(visible[half:2 * half])], None
+
+
 def two_workers():
-    """Two worker processes on this machine (loopback ports), each with half the GPUs (one CPU tower each
-    without GPUs): they must train, evaluate and end with the same weights."""
+    """Two worker processes on this machine (loopback ports), each on its own half of the GPUs
+    (`worker_gpus`; one CPU tower each without GPUs): they must train, evaluate and end with the same weights."""
     ports = []
     for _ in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])
     hosts = ",".join(f"localhost:{p}" for p in ports)
-    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    from bert_mgpu.parallel import devices
+
+    halves, why = worker_gpus(os.environ, devices.nvidia_smi_gpus())
+    if why:
+        return {"ok": True, "skipped": True, "summary": f"skipped: {why}"}
     procs = []
     for i in range(2):
         env = dict(os.environ)
-        if len(visible) >= 2:
-            half = len(visible) // 2
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i * half:(i + 1) * half])
+        if halves:
+            env["CUDA_VISIBLE_DEVICES"] = halves[i]
         cmd = [sys.executable, "-m", "bert_mgpu.cli.gpu_check", "--check", "worker", f"--task_index={i}",
                f"--worker_hosts={hosts}"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))

@@ -310,7 +310,8 @@ class Towers:
             (google-bert's and bert-ad's name). A model's `fit` and `auto_batch_size` change the model's
             batch, never the towers'.
         per_tower_batch: the same, named for what it is (wins when given).
-        gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default 92% split).
+        gpu_memory_per_tower_mb: each tower's memory when a GPU carries several (default: what TensorFlow's
+            allocator may take of the GPU with the least free memory, split among its towers).
         multi_worker: several machines, the cluster from TF_CONFIG or SLURM (`cluster.find_cluster`).
         worker_hosts, task_index: several machines, named here ("h1:2222,h2:2222") and this one's place.
         collective_timeout_seconds: for debugging a hang: a collective (gradients, a step's scalars) that
