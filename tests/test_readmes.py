@@ -32,7 +32,7 @@ def defined_flags():
 
 
 # Flags of other programs the English README shows: srun, saved_model_cli, mlflow, a benchmark's.
-OTHERS = {"backend", "dir", "gpus", "model", "ntasks", "signature_def", "tag_set"}
+OTHERS = {"backend", "dir", "gpus", "model", "ntasks", "resv", "signature_def", "tag_set"}  # srun, saved_model_cli, ...
 
 
 def mentioned(readme):
