@@ -202,3 +202,13 @@ def test_examples_per_second_leave_out_the_time_of_evaluations_and_saves():
     loop.run(data, until_step=6)
     rates = [r["examples_per_second"] for r in loop.history if "examples_per_second" in r]
     assert rates == pytest.approx([8.0, 8.0, 8.0])
+
+
+def test_a_resumed_run_evaluates_at_the_multiples_of_the_global_step():
+    """Resumed at step 5 with evaluations every 4 steps: at 8 and 12, as the run that never stopped, not 9 and
+    13 counted from the resume (a best model picked at other steps; issue 66, item 4)."""
+    trainer, data = tiny_trainer()
+    trainer.step.assign(5)
+    loop = Loop(trainer, 8, hooks=[Evaluation(lambda: {"loss": 0.5}, every=4)], log_every=2, verbose=False)
+    loop.run(data, until_step=14)
+    assert [r["step"] for r in loop.history if "eval_loss" in r] == [8, 12]

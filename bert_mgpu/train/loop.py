@@ -59,7 +59,8 @@ class Hook:
 
 
 class Evaluation(Hook):
-    """Evaluate every `every` steps (an int, or `every(loop)` for a varying interval); the results are
+    """Evaluate every `every` steps (an int: at its multiples of the global step, or `every(loop)` for a
+    varying interval, counted from the last evaluation); the results are
     logged with an `eval_` prefix, and Keras callbacks see them as `val_...` at an epoch's end.
 
     Args:
@@ -78,7 +79,11 @@ class Evaluation(Hook):
         if self.last is None:
             self.last = loop.first_step
         every = self.every(loop) if callable(self.every) else self.every
-        if not every or loop.step - self.last < every:
+        if not every:
+            return
+        # A fixed interval evaluates at its multiples of the global step, so a resumed run evaluates (and picks
+        # its best model) at the steps the uninterrupted run does; a varying one counts from the last.
+        if (loop.step % every if not callable(self.every) else loop.step - self.last < every):
             return
         self.last = loop.step
         results = self.evaluate()
