@@ -16,12 +16,14 @@ flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 
 
 
 def run():
+    from bert_mgpu import cli
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data.vocab import build_vocab
 
     for name in ("input_file", "output_file"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
+    cli.check_not_an_input(FLAGS.output_file, "--output_file", [("--input_file", FLAGS.input_file)])
     vocab = build_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
                         FLAGS.invalid_utf8)
     print(f"{len(vocab)} tokens -> {FLAGS.output_file}")

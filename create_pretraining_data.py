@@ -35,6 +35,7 @@ masking.define_masking_flags()
 
 
 def run():
+    from bert_mgpu import cli
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data import pretraining_records
     from bert_mgpu.data.pretraining_input import expand_files
@@ -51,6 +52,9 @@ def run():
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise UserError(f"{path}: directory {parent} does not exist")
+        cli.check_not_an_input(path, "--output_file", [("--input_file", FLAGS.input_file),
+                                                       ("--vocab_file", FLAGS.vocab_file),
+                                                       ("--ref_file", FLAGS.ref_file or [])])
     plan = masking.mask_plan()
     cfg = pretraining_records.MaskingConfig(
         FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob, FLAGS.short_seq_prob,

@@ -67,7 +67,7 @@ def run():
         raise UserError("give --output_file (per-token features) or --output_npy (sentence embeddings), or both")
     for name in ("output_file", "output_npy"):
         if getattr(FLAGS, name):
-            cli.check_output_file(getattr(FLAGS, name), f"--{name}")
+            cli.check_output_file(getattr(FLAGS, name), f"--{name}", [("--input_file", FLAGS.input_file)])
     try:
         layers = [int(n) for n in FLAGS.layers]
     except ValueError:

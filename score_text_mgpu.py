@@ -46,7 +46,7 @@ def run():
     for name in ("input_file", "output_file", "init_checkpoint"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
-    cli.check_output_file(FLAGS.output_file, "--output_file")
+    cli.check_output_file(FLAGS.output_file, "--output_file", [("--input_file", FLAGS.input_file)])
     lines = [(n, text) for n, text in read_lines(FLAGS.input_file) if text.strip()]
     if not lines:
         raise UserError(f"{FLAGS.input_file}: no text")

@@ -194,14 +194,16 @@ def report_final(results, step):
     reporting.report_results(FLAGS.report_to, FLAGS.output_dir, results, step)
 
 
-def check_output_file(path, flag):
+def check_output_file(path, flag, inputs=()):
     """A file a script will write, checked before any work: not a directory, in a directory that exists
-    and can be written (one line naming `flag` otherwise)."""
+    and can be written, and none of the files the script reads (`inputs`: (flag, value) pairs) or a link to
+    one, which writing would replace. One line naming `flag` otherwise."""
     from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
 
     if storage.is_remote(path):
         return path
+    check_not_an_input(path, flag, inputs)
     if os.path.isdir(path):
         raise UserError(f"{flag}={path} is a directory; give a file name in it")
     parent = os.path.dirname(os.path.abspath(path))
@@ -234,6 +236,24 @@ def check_numbers(at_least=None, positive=(), fraction=()):
         value = getattr(f, name)
         if value is not None and not 0 <= value <= 1:
             raise UserError(f"--{name}={value}: must be between 0 and 1")
+
+
+def check_not_an_input(path, flag, inputs):
+    """UserError when `path` is (or links to) a file one of `inputs` ((flag, comma list, glob or list of
+    them) pairs) names: a script writing there would replace the text it reads."""
+    import glob
+
+    from bert_mgpu.core.errors import UserError
+
+    if not os.path.exists(path):
+        return
+    for name, value in inputs:
+        values = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
+        for given in (v.strip() for v in values if v and v.strip()):
+            for found in glob.glob(given) or [given]:
+                if os.path.exists(found) and os.path.samefile(path, found):
+                    raise UserError(f"{flag}={path} is the file {name}={found} names: writing it would replace "
+                                    "the input; give another output name")
 
 
 def plan_from_flags():
