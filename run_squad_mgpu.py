@@ -11,6 +11,7 @@ Writes predictions.json, nbest_predictions.json and (v2) null_odds.json as run_s
 wrapper over `bert_mgpu.BertQuestionAnswerer`; a user mistake ends in one line and exit status 1.
 """
 
+import math
 import os
 import time
 
@@ -76,6 +77,8 @@ def run():
                                 "max_answer_length": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
     check_lengths(FLAGS.max_seq_length, FLAGS.max_query_length, FLAGS.doc_stride)
+    if not math.isfinite(FLAGS.null_score_diff_threshold):  # nan compares false: every question answered
+        raise UserError(f"--null_score_diff_threshold={FLAGS.null_score_diff_threshold}: must be a finite number")
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
         if fmt not in SPAN_FORMATS:  # before any training
             raise UserError(f"--export_format={fmt}: run_squad_mgpu.py exports {', '.join(SPAN_FORMATS)} "

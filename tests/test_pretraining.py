@@ -344,3 +344,25 @@ def test_recompute_trains_the_same_weights_with_accumulation(text, tmp_path):
         weights.append(checkpoints.encoder_weights(pre.model.backbone))
     for name, value in weights[0].items():
         np.testing.assert_allclose(weights[1][name], value, atol=2e-6, err_msg=name)
+
+
+def test_evaluation_with_a_tower_left_empty_by_the_last_batch(text):
+    """9 sequences in batches of 8 on 2 towers: the last batch gives tower 1 no row, which crashed the masked-LM
+    gather (issue 65, item 1). The 9th row counts once: the result is (8 x the first batch's + the 9th's) / 9."""
+    import tensorflow as tf
+
+    from bert_mgpu.train.training import Trainer
+
+    pre = new_pretrainer(text)
+    data = text_data(pre, text)
+    trainer = Trainer(pre.towers.strategy, pre.model, loss_fn=pre.objective.loss)
+    with data.reading():
+        rows = list(data.dataset(8, training=False).unbatch().take(9))
+    batches = lambda picked, size: tf.data.Dataset.from_tensor_slices(  # noqa: E731
+        tf.nest.map_structure(lambda *t: tf.stack(t), *picked)).batch(size)
+    every = trainer.evaluate(batches(rows, 8))
+    first = trainer.evaluate(batches(rows[:8], 8))
+    ninth = trainer.evaluate(batches([rows[8], rows[8]], 2))  # one on each tower: that row's numbers
+    assert set(every) == set(first) and "mlm_loss" in every
+    for key in every:
+        assert every[key] == pytest.approx((8 * first[key] + ninth[key]) / 9, rel=1e-5, abs=1e-6), key

@@ -144,7 +144,7 @@ def test_a_tagged_test_set_is_scored_as_conlleval_scores_predict_txt(trained, da
 
 
 @pytest.mark.parametrize("case", ["unknown_dev_tag", "bad_tag_map", "crf_saved_model", "no_train_file",
-                                  "stride_too_long", "ragged_columns"])
+                                  "stride_too_long", "ragged_columns", "labels_twice"])
 def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
     d = tmp_path / "data"
     d.mkdir()
@@ -168,6 +168,9 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     elif case == "stride_too_long":
         extra.append("--doc_stride=14")
         expected = "--doc_stride=14: must be above 0 and below the 14 pieces a window holds"
+    elif case == "labels_twice":  # was a 5-way head for 4 tags
+        extra.append("--labels=O,B-LOC,B-PER,I-PER,B-PER")
+        expected = "--labels names B-PER more than once: O,B-LOC,B-PER,I-PER,B-PER"
     elif case == "ragged_columns":
         lines = (d / "train.txt").read_text().splitlines()
         lines[5] += " extra"

@@ -116,7 +116,8 @@ def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trai
 
 
 @pytest.mark.parametrize("case", ["not_json", "past_the_end", "empty_question", "empty_context", "stride_too_long",
-                                  "query_too_long", "v2_data_as_v1", "v1_data_as_v2"])
+                                  "query_too_long", "v2_data_as_v1", "v1_data_as_v2", "impossible_as_a_string",
+                                  "answer_start_a_bool", "nan_threshold"])
 def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
     train = marker_questions(8, 3, 10)
     extra, expected, version_2 = ["--do_train", "--do_eval"], None, False
@@ -141,7 +142,23 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     elif case == "v1_data_as_v2":
         extra.append("--version_2_with_negative")
         expected = "is SQuAD v1 data (no is_impossible marks)"
+    elif case in ("impossible_as_a_string", "nan_threshold"):
+        version_2 = True
+        extra.append("--version_2_with_negative")
     path = write_squad(tmp_path / "train.json", train, version_2)
+    if case in ("impossible_as_a_string", "answer_start_a_bool"):  # types JSON allows but SQuAD does not
+        squad = json.load(open(path))
+        qa = squad["data"][1]["paragraphs"][0]["qas"][0]
+        if case == "impossible_as_a_string":  # read as True before: the question's answers dropped
+            qa["is_impossible"] = "false"
+            expected = f"question {qa['id']}'s is_impossible is 'false'; expected true or false"
+        else:  # read as character 1 before
+            qa["answers"][0]["answer_start"] = True
+            expected = f"question {qa['id']} has an answer without its text and answer_start"
+        json.dump(squad, open(path, "w"), indent=1)
+    elif case == "nan_threshold":  # nan compares false: every question was answered
+        extra.append("--null_score_diff_threshold=nan")
+        expected = "--null_score_diff_threshold=nan: must be a finite number"
     if case == "not_json":
         text = open(path).read().splitlines()
         text[4] = "  oops"

@@ -166,3 +166,24 @@ def test_prediction_reads_the_weights_cast_once_a_pass_and_never_stale(towers, m
     second = trainer.predict_logits(ds)[0]
     assert np.abs(second - first).max() > 1e-4  # the step moved the weights, and the pass saw it
     np.testing.assert_array_equal(second, cast_every_batch())
+
+
+@pytest.mark.parametrize("n, per_batch", [(1, 4), (5, 4)])
+def test_a_token_heads_prediction_with_an_empty_tower_returns_every_row(n, per_batch):
+    """A last batch of one row on 2 towers leaves tower 1 none: the token head's all-gather refused its [0, 1, C]
+    logits and aborted every later collective of the process (issue 65, item 2). Now the same logits as the
+    model's own, twice in a row."""
+    strategy = distribute.make_strategy(devices.plan_devices(0, 2, ()))
+    keras.utils.set_random_seed(1)
+    with strategy.scope():
+        model = modeling.build_tagger(tiny_config(38, hidden_dropout_prob=0.0), 3)
+    trainer = training.Trainer(strategy, model)
+    features, _, index = batch(8, seed=4)
+    labels = np.where(features["padding_mask"], 1, -1).astype(np.int32)
+    ds = tf.data.Dataset.from_tensor_slices((features, labels, index)).take(n).batch(per_batch)
+    direct = model({k: v[:n] for k, v in features.items()}, training=False).numpy()
+    for _ in range(2):
+        logits, got = trainer.predict_logits(ds)
+        assert logits.shape == (n, 12, 3)
+        np.testing.assert_allclose(logits, direct, atol=1e-5)
+        np.testing.assert_array_equal(got, labels[:n])

@@ -92,6 +92,8 @@ class BertQuestionAnswerer(FineTuned):
         self.doc_stride, self.max_query_length = doc_stride, max_query_length
         self.n_best_size, self.max_answer_length = n_best_size, max_answer_length
         self.version_2_with_negative = version_2_with_negative
+        if not np.isfinite(null_score_diff_threshold):  # nan compares false: every question would be answered
+            raise UserError(f"--null_score_diff_threshold={null_score_diff_threshold}: must be a finite number")
         self.null_score_diff_threshold = null_score_diff_threshold
         self.metric = None  # "squad" or "cmrc"; None: told from the evaluation data
         self.answers = None  # the last evaluation's `Answers` (predictions, n-best, null odds)

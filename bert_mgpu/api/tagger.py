@@ -111,6 +111,9 @@ class BertTagger(FineTuned):
         labels = list(labels or (run.get("labels") if own else pre.labels) or [])
         if not labels:
             raise UserError("no labels: give the tags (from the training data, or --labels)")
+        twice = sorted({tag for tag in labels if labels.count(tag) > 1})
+        if twice:  # a head of one output more than the tags it can name
+            raise UserError(f"--labels names {', '.join(twice)} more than once: {','.join(labels)}")
         if crf is None:
             crf = bool(run.get("crf")) if own else CRF_WEIGHT in pre.weights
         model, unused = opened.build(lambda config, policy: build_tagger(config, len(labels), policy,

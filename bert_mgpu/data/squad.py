@@ -82,7 +82,10 @@ def read_squad(path, version_2_with_negative=None, invalid_utf8="error", trainin
                 if not isinstance(text, str) or not text.strip():
                     raise UserError(f"{where()}: question {qid} is empty")
                 marked |= "is_impossible" in qa
-                impossible = bool(qa.get("is_impossible", False))
+                impossible = qa.get("is_impossible", False)
+                if not isinstance(impossible, bool):  # "false" as a string would read as True
+                    raise UserError(f"{where()}: question {qid}'s is_impossible is {impossible!r}; expected true "
+                                    "or false")
                 answers = []
                 for a in [] if impossible else qa.get("answers") or []:
                     answer = _place(a, context, qid, where)
@@ -110,7 +113,7 @@ def read_squad(path, version_2_with_negative=None, invalid_utf8="error", trainin
 def _place(answer, context, qid, where):
     """(text, start) of one gold answer in the context, or None when its text is not near answer_start."""
     text, start = answer.get("text"), answer.get("answer_start")
-    if not isinstance(text, str) or not text or not isinstance(start, int) or start < 0:
+    if isinstance(start, bool) or not isinstance(text, str) or not text or not isinstance(start, int) or start < 0:
         raise UserError(f"{where()}: question {qid} has an answer without its text and answer_start")
     if start + len(text) > len(context):
         raise UserError(f"{where()}: question {qid}'s answer ends at character {start + len(text)}, past the "

@@ -274,8 +274,9 @@ class Trainer:
         `max_steps` batches. A tower left without examples by the last, partial batch counts for nothing."""
         if self._eval_fn is None:
             def replica(features, labels):
-                loss, stats = self.loss_fn(self.model, features, labels, training=False)
                 n = tf.cast(tf.shape(tf.nest.flatten(labels)[0])[0], tf.float32)
+                features, labels = _at_least_one_row((features, labels))  # an empty tower: a filler row, weighed 0
+                loss, stats = self.loss_fn(self.model, features, labels, training=False)
                 weigh = lambda v: tf.where(n > 0, tf.cast(v, tf.float32) * n, 0.0)  # noqa: E731
                 return tf.nest.map_structure(weigh, {"loss": loss, **stats}), n
 
@@ -307,6 +308,9 @@ class Trainer:
         if self._predict_fn is None:
             def step(batch):
                 features, labels, index = batch
+                # An empty tower (a last batch of fewer rows than towers) predicts a filler row of index -1.
+                features, labels = self.strategy.run(_at_least_one_row, args=((features, labels),))
+                index = self.strategy.run(lambda i: _at_least_one_row(i, fill=-1), args=(index,))
                 logits = self.strategy.run(lambda f: self.model(f, training=False), args=(features,))
                 gather = lambda v: self.strategy.gather(v, axis=0)  # noqa: E731
                 return gather(logits), gather(labels), gather(index)
@@ -325,6 +329,18 @@ class Trainer:
         if not np.array_equal(index[order], np.arange(len(index))):
             raise RuntimeError(f"prediction lost or duplicated examples ({len(index)} rows)")
         return logits[order], labels[order]
+
+
+def _at_least_one_row(structure, fill=0):
+    """Each tensor with one row of `fill` where it has none, else as it is. A tower's share of a last, partial
+    batch can be empty, and the encoder's reshapes then make a width-1 tensor that a head's gather or the
+    all-gather refuses; the caller weighs the filler 0 (evaluation) or drops it (prediction: index -1)."""
+    def pad(t):
+        extra = tf.maximum(1 - tf.shape(t)[0], 0)
+        paddings = tf.concat([[[0, extra]], tf.zeros([len(t.shape) - 1, 2], tf.int32)], axis=0)
+        return tf.pad(t, paddings, constant_values=tf.cast(fill, t.dtype))
+
+    return tf.nest.map_structure(pad, structure)
 
 
 def _finite_mean(rows):
