@@ -132,3 +132,44 @@ def test_a_glue_sweep_ranks_each_task_and_the_average_by_the_numbers_of_the_glue
     scores = glue.task_scores(results)
     assert scores == pytest.approx({"CoLA": 50.0, "MRPC": 88.0, "MNLI-m": 83.0, "Average": (50 + 88 + 83) / 3})
     assert glue.table(results).splitlines()[-1].endswith(f"| {scores['Average']:.1f} |")
+
+
+@pytest.mark.process
+def test_sigterm_to_a_sweep_stops_its_run_as_one_run_stops_and_kill_9_takes_the_run_with_it(tmp_path,
+                                                                                           google_release):
+    """SIGTERM to the sweep reaches its running seed, which saves and exits 0: the sweep then ends with one line
+    and exit 0, as a single run does (it exited 143 and left the run going under PID 1). kill -9 of the sweep
+    takes its run with it (a parent-death signal), so nothing holds the directory a rerun needs."""
+    import psutil
+
+    one_run = classifier_run(tmp_path, google_release, 4000)
+    argv = [os.path.join(os.path.dirname(__file__), "..", "run_classifier_mgpu.py"),
+            *one_run(tmp_path / "sweep"), "--seeds=3,4"]
+    seed_3 = str(tmp_path / "sweep" / "seed_3")
+
+    def start_and_wait_past(step, name):
+        driver = start_python(argv, tmp_path / f"{name}.out", tmp_path / f"{name}.err")
+        deadline = time.time() + 300
+        while latest_step(seed_3) <= step and driver.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        assert driver.poll() is None, (tmp_path / f"{name}.err").read_text()[-2000:]
+        return driver, psutil.Process(driver.pid).children(recursive=True)
+
+    driver, runs = start_and_wait_past(5, "first")
+    assert runs  # the seed's run, a process of its own
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=120) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    gone, alive = psutil.wait_procs(runs, timeout=30)
+    assert not alive
+    shown = (tmp_path / "first.out").read_text()
+    step = latest_step(seed_3)
+    assert f"interrupted by SIGTERM at step {step}" in shown, shown  # the run's own line: it saved there
+    assert (f"sweep: run 1 of 2: default, seed 3 interrupted by SIGTERM; its checkpoint is in {seed_3}: rerun the "
+            "same command to resume the sweep") in shown
+    assert not (tmp_path / "sweep" / "seed_3" / "sweep_run.json").exists()
+
+    driver, runs = start_and_wait_past(step, "second")  # resumed from that checkpoint
+    driver.kill()
+    driver.wait(timeout=60)
+    gone, alive = psutil.wait_procs(runs, timeout=30)
+    assert not alive, [p.pid for p in alive]

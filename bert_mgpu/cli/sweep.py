@@ -18,12 +18,11 @@ import logging
 import os
 import re
 import statistics
-import subprocess
 import sys
 
 from absl import flags
 
-from bert_mgpu.core import storage
+from bert_mgpu.core import storage, supervise
 from bert_mgpu.core.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -147,7 +146,13 @@ def run_sweep(script):
             log.info("%s: done before (%s)", what, directory)
             continue
         log.info("%s -> %s", what, directory)
-        code = subprocess.call([sys.executable, script, *child_argv(config, seed, directory)])
+        # The run hears the sweep's signals and dies with it: SIGTERM to the sweep stops the run as it stops
+        # one (a checkpoint, exit 0), and no run goes on without its sweep to hold its directory.
+        code, stopped_by = supervise.call_forwarding([sys.executable, script, *child_argv(config, seed, directory)])
+        if stopped_by is not None and code == 0 and read_member(directory) is None:
+            print(f"sweep: {what} interrupted by {stopped_by}; its checkpoint is in {directory}: rerun the same "
+                  "command to resume the sweep")
+            return
         if read_member(directory) is None:
             raise UserError(f"{what} {'stopped' if code == 0 else f'failed (exit status {code})'} in "
                             f"{directory}; rerun the same command to resume the sweep")

@@ -62,6 +62,26 @@ def _die_with_parent():
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def call_forwarding(argv, env=None):
+    """Run `argv` in a child that dies with this process (kill -9 included) and hears each signal this one
+    gets, as one process would -> (its exit status, the name of the first signal passed on, or None). Its own
+    process group, so a terminal's Ctrl-C reaches it once, through this process."""
+    got = []
+    child = subprocess.Popen(argv, env=env, process_group=0, preexec_fn=_die_with_parent)
+
+    def forward(signum, frame):
+        got.append(signal.Signals(signum).name)
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code, (got[0] if got else None)
+
+
 def run_in_child(script, limit):
     """Run this same command line in a child; return the exit status the parent should end with, after one
     line on stderr when the child died of a signal."""
