@@ -111,3 +111,21 @@ def test_two_workers_is_skipped_with_its_reason_on_one_gpu(monkeypatch, capsys, 
     assert shown[0] == ("[skip] two_workers: skipped: two workers need a GPU each, and this process may use one "
                         "(0)")
     assert shown[-1].startswith("0 of 1 checks passed on ") and "(1 skipped: two_workers)" in shown[-1]
+
+
+@pytest.mark.parametrize("code, version", [(21903, "2.19.3"), (2804, "2.8.4")])
+def test_the_nccl_version_is_what_the_loaded_library_says(code, version, tmp_path):
+    """Read through the library's own ncclGetVersion (a stand-in library here: no NCCL on a CPU machine), in
+    both of NCCL's version codes (major*10000 since 2.9, major*1000 before)."""
+    import shutil
+
+    from bert_mgpu.cli import checks_gpu
+
+    if not shutil.which("cc"):
+        pytest.skip("no C compiler (cc) to build the stand-in library")
+    source = tmp_path / "nccl.c"
+    source.write_text(f"int ncclGetVersion(int *version) {{ *version = {code}; return 0; }}\n")
+    library = tmp_path / "libnccl.so.2"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    assert checks_gpu.nccl_version(str(library)) == version
+    assert checks_gpu.nccl_version(str(tmp_path / "missing.so")) is None

@@ -97,12 +97,31 @@ def libraries(setup):
               if (d.metadata["Name"] or "").startswith("nvidia-")}
     cu13 = sorted(n for n in wheels if n.endswith("-cu13"))
     found = {lib: next((os.path.basename(p) for p in loaded if f"lib{lib}" in p), None) for lib in ("nccl", "cudnn")}
+    nccl = next((nccl_version(p) for p in loaded if "libnccl" in os.path.basename(p)), None)
     ok = not cu13 and (not setup.gpu or all(found.values()))
     summary = (f"TensorFlow built for CUDA {build.get('cuda_version', '-')}, cuDNN {build.get('cudnn_version', '-')}; "
-               f"loaded {', '.join(loaded) or 'no CUDA library (no GPU)'}"
+               f"loaded {', '.join(loaded) or 'no CUDA library (no GPU)'}{f' (NCCL {nccl})' if nccl else ''}"
                f"{'; CUDA 13 wheels installed: ' + ', '.join(cu13) if cu13 else ''}")
-    return {"ok": ok, "build": build, "loaded": loaded, "nvidia_wheels": wheels, "cuda13_wheels": cu13,
-            "summary": summary}
+    return {"ok": ok, "build": build, "loaded": loaded, "nccl_version": nccl, "nvidia_wheels": wheels,
+            "cuda13_wheels": cu13, "summary": summary}
+
+
+def nccl_version(path):
+    """The version the NCCL library at `path` (one this process loaded) says it is, through its own
+    ncclGetVersion: "2.19.3". A file name or a wheel's version can differ from what was loaded. None where
+    the library gives none."""
+    import ctypes
+
+    try:
+        get = ctypes.CDLL(path).ncclGetVersion
+    except (OSError, AttributeError):
+        return None
+    code = ctypes.c_int(0)
+    if get(ctypes.byref(code)) != 0:  # ncclSuccess
+        return None
+    code = code.value  # NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9, major*1000 + ... before
+    major, rest = (code // 10000, code % 10000) if code >= 10000 else (code // 1000, code % 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
 
 
 def step(setup, policy, steps=4):
