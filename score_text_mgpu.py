@@ -69,11 +69,18 @@ def run():
             number, _, rest = message[5:].partition(":")
             message = f"{FLAGS.input_file}:{lines[int(number) - 1][0]}:{rest}"
         raise UserError(message) from None
-    out = [json.dumps({"line": n, "text": t, **r}, ensure_ascii=False) + "\n" for (n, t), r in zip(lines, results)]
+    out = [json.dumps({"line": n, "text": t, **r}, ensure_ascii=False, allow_nan=False) + "\n"
+           for (n, t), r in zip(lines, results)]
     storage.write_atomic(FLAGS.output_file, "".join(out))
     if FLAGS.mode == "score":
-        mean = sum(r["pseudo_perplexity"] for r in results) / len(results)
-        logging.getLogger("bert_mgpu").info("mean pseudo-perplexity %.3f", mean)
+        log = logging.getLogger("bert_mgpu")
+        scored = [r["pseudo_perplexity"] for r in results if r["pseudo_perplexity"] is not None]
+        empty = [str(n) for (n, _), r in zip(lines, results) if r["pseudo_perplexity"] is None]
+        if empty:
+            log.warning("%s: line(s) %s hold no token to score (their pseudo_perplexity is null)",
+                        FLAGS.input_file, ", ".join(empty[:10]) + (" ..." if len(empty) > 10 else ""))
+        if scored:
+            log.info("mean pseudo-perplexity %.3f over %d texts", sum(scored) / len(scored), len(scored))
     print(f"{FLAGS.mode}: {len(out)} texts -> {FLAGS.output_file}")
 
 

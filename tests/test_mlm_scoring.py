@@ -89,15 +89,21 @@ def test_scores_equal_transformers_masked_lm_and_fill_mask_its_top_tokens(refere
 def test_the_script_writes_a_line_a_text_and_names_bad_lines(pretrainer, tmp_path):
     pre, d = pretrainer
     texts = tmp_path / "texts.txt"
-    texts.write_text("the movie was very good\n\nbrilliant\n", encoding="utf-8")
+    texts.write_text("the movie was very good\n\nbrilliant\n\x01\x02\n", encoding="utf-8")
     out = tmp_path / "scores.jsonl"
-    run_script("score_text_mgpu.py", f"--input_file={texts}", f"--output_file={out}",
-               f"--init_checkpoint={d / 'model'}", "--n_gpus=0", "--towers_per_gpu=2", "--batch_size=2")
-    rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    proc = run_script("score_text_mgpu.py", f"--input_file={texts}", f"--output_file={out}",
+                      f"--init_checkpoint={d / 'model'}", "--n_gpus=0", "--towers_per_gpu=2", "--batch_size=2")
+    strict = lambda c: (_ for _ in ()).throw(ValueError(f"{c} is not JSON"))  # noqa: E731
+    rows = [json.loads(line, parse_constant=strict) for line in out.read_text(encoding="utf-8").splitlines()]
     expected = pre.score(["the movie was very good", "brilliant"])
-    assert [r["line"] for r in rows] == [1, 3]
+    assert [r["line"] for r in rows] == [1, 3, 4]
     for row, want in zip(rows, expected):
         np.testing.assert_allclose(row["log_probs"], want["log_probs"], atol=1e-5)
+    # Control characters alone: no token, so no mean; null, not NaN, and the mean over the other two.
+    assert rows[2]["tokens"] == [] and rows[2]["pseudo_perplexity"] is None
+    mean = (expected[0]["pseudo_perplexity"] + expected[1]["pseudo_perplexity"]) / 2
+    assert f"mean pseudo-perplexity {mean:.3f} over 2 texts" in proc.stderr, proc.stderr[-2000:]
+    assert f"{texts}: line(s) 4 hold no token to score" in proc.stderr
     masked = tmp_path / "masked.txt"
     masked.write_text("the [MASK] was good\nno mask here\n", encoding="utf-8")
     proc = run_script("score_text_mgpu.py", "--mode=fill_mask", f"--input_file={masked}",

@@ -71,7 +71,8 @@ def _sequence(parts, m, token):
 
 def score(pre, texts, batch_size=32, max_seq_length=512):
     """Each text's tokens, each token's log-probability with it masked (natural log) and probability, the
-    pseudo-log-likelihood (their sum) and the pseudo-perplexity exp(-mean log-probability)."""
+    pseudo-log-likelihood (their sum) and the pseudo-perplexity exp(-mean log-probability); None for a text
+    with no token (white space or control characters alone), which has no mean (JSON has no NaN)."""
     ids = _encode(pre, texts, max_seq_length)
     rows, owners = masked_rows.masked_copies(ids, pre.tokenizer)
     log_probs = _run(pre, rows, 1, batch_size)[0][:, 0] if rows else np.zeros([0])
@@ -81,5 +82,5 @@ def score(pre, texts, batch_size=32, max_seq_length=512):
     vocab = pre.tokenizer.vocab
     return [{"tokens": [vocab[t] for t in row], "log_probs": lps, "probabilities": [math.exp(v) for v in lps],
              "pseudo_log_likelihood": sum(lps),
-             "pseudo_perplexity": math.exp(-sum(lps) / len(lps)) if lps else float("nan")}
+             "pseudo_perplexity": math.exp(-sum(lps) / len(lps)) if lps else None}
             for row, lps in zip(ids, by_text)]
