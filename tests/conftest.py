@@ -241,7 +241,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "learning: a long learning check (a model learns a task to a bar, parity "
                             "over seeds); `make test` keeps one end-to-end run of each script and head instead")
     config.addinivalue_line("markers", "process: a test whose subject is processes: a signal or kill -9 at each "
-                            "moment, worker scenarios, gpu_check's checks each in its own process")
+                            "moment, worker scenarios, gpu_check's checks each in its own process, a process's "
+                            "memory over a run (allocator peaks, the batch search)")
 
 
 def pytest_collection_modifyitems(session, config, items):
