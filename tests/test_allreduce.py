@@ -260,3 +260,29 @@ def test_collectives_hold_no_thread_each_unless_a_timeout_is_asked_for():
     assert float(proc.stdout.split()[-1]) == 0  # towers_from_flags passes 0 as None: no timeout
     grown = {timeout: threads_grown(timeout, 40) for timeout in (None, 300)}
     assert grown[None] <= 8 and grown[300] >= 2 * 40, grown  # measured 1-2 and 160 (2 a tower a launch)
+
+
+def test_an_empty_tower_evaluates_and_predicts_on_the_gpu_path_in_mixed_float16():
+    """A last batch of one row on the GPU run's strategy (NCCL-hinted collectives, run as RING here) leaves
+    tower 1 none: the token head's all-gather and the evaluation's sums go through with the filler row, and the
+    logits are the model's own."""
+    from bert_mgpu.model.tagging_objectives import TokenClassification
+
+    _, strategy = gpu_strategy()
+    with strategy.scope():
+        model = modeling.build_tagger(tiny_config(500, hidden_size=64, intermediate_size=256), 5, "mixed_float16")
+    trainer = training.Trainer(strategy, model, loss_fn=TokenClassification().loss)
+    features, _ = memory.classifier_batch(3, 16)
+    labels = (np.arange(3 * 16).reshape(3, 16) % 5).astype(np.int32)
+    one = tf.data.Dataset.from_tensor_slices((features, labels, np.arange(3, dtype=np.int32))).take(1).batch(4)
+    for _ in range(2):  # a failed all-gather aborted every later collective: the second pass would fail
+        logits, got = trainer.predict_logits(one)
+        assert logits.shape == (1, 16, 5)
+        np.testing.assert_allclose(logits, model({k: v[:1] for k, v in features.items()}, training=False),
+                                   atol=1e-2)
+        np.testing.assert_array_equal(got, labels[:1])
+    pairs = tf.data.Dataset.from_tensor_slices((features, labels))
+    both = trainer.evaluate(pairs.take(2).batch(2))  # one row on each tower
+    second = trainer.evaluate(pairs.skip(1).take(1).batch(4))  # that row alone: tower 1 empty
+    first = trainer.evaluate(pairs.take(1).batch(4))
+    assert both["loss"] == pytest.approx((first["loss"] + second["loss"]) / 2, rel=1e-3)
