@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.parallel import distribute
+from bert_mgpu.parallel import agree, distribute
 from bert_mgpu.parallel.cluster import Cluster, find_cluster
 from bert_mgpu.parallel.devices import plan_devices
 
@@ -127,7 +127,7 @@ def test_on_one_machine_the_chief_decides_what_it_already_has():
     class OneMachine:  # any strategy multi_worker_strategy did not make
         pass
 
-    decide = distribute.ChiefDecides(OneMachine())
+    decide = agree.ChiefDecides(OneMachine())
     assert (decide.index, decide.workers) == (0, 1)
     assert decide([12.5, 1.0], any_of=(1,)) == [12.5, 1.0]
     assert distribute.is_chief(OneMachine())
@@ -148,4 +148,4 @@ def test_auto_batch_size_on_cpu_workers_is_refused_before_any_trial():
     with pytest.raises(UserError, match="^--auto_batch_size with several workers needs GPUs"):
         memory.find_batch_size(trainer, None, plan_devices(0, 2, [], workers=2), 1000)
     one_machine = types.SimpleNamespace(cluster_resolver=None)  # MirroredStrategy's
-    assert distribute.ChiefDecides(one_machine).every(7) == [7.0]  # one machine: its own value
+    assert agree.ChiefDecides(one_machine).every(7) == [7.0]  # one machine: its own value

@@ -111,7 +111,7 @@ def test_reading_every_fifth_step_trains_bit_identically_with_one_host_read_per_
 
 
 class CountingChief:
-    """Stands in for distribute.ChiefDecides on worker 1 of 2: counts agreements; the chief's clock runs
+    """Stands in for agree.ChiefDecides on worker 1 of 2: counts agreements; the chief's clock runs
     3 s behind this worker's."""
 
     workers = 2

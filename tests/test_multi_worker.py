@@ -177,6 +177,44 @@ def test_two_workers_fine_tune_evaluate_and_predict_as_one_process_with_all_thei
             "(steps worker 0: 16, worker 1: 0); --output_dir must be storage every worker reads, a shared "
             "file system or gs://")
 
+    # Workers whose plans differ (another --towers_per_gpu, as --n_gpus=-1 gives on a machine that shows 7 of
+    # 8 GPUs, and another batch) end with one line naming each difference, before any collective could hang.
+    hosts = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    w = [job.start(f"unlike{i}", [os.path.join(ROOT, "run_classifier_mgpu.py"), *common, f"--output_dir={multi}",
+                                  f"--towers_per_gpu={2 - i}", f"--worker_hosts={hosts}", f"--task_index={i}",
+                                  *(["--train_batch_size=8"] if i else [])])
+         for i in range(2)]
+    for rc, _, err in job.wait(*w):
+        assert rc == 1, err[-2000:]
+        assert err.strip().splitlines()[-1] == (
+            "run_classifier_mgpu.py: error: the workers' plans differ (per-tower batch: worker 0: 4, worker 1: 8; "
+            "towers per device: worker 0: 2, worker 1: 1; towers per worker: worker 0: 2, worker 1: 1); every "
+            "worker must run the same plan: the same count of GPUs and --towers_per_gpu, batch size, --precision "
+            "and model")
+
+
+@pytest.mark.process
+def test_workers_with_another_precision_end_in_one_line_once_their_models_are_built(job, tmp_path):
+    """What only the built model shows (its precision, its weights) is compared before the first step."""
+    release, _ = write_google_release(str(tmp_path / "release"))
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tsv(data / "train.tsv", sentiment_rows(32, seed=1))
+    hosts = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    w = [job.start(f"w{i}", [os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv", f"--data_dir={data}",
+                             f"--init_checkpoint={release}", f"--output_dir={tmp_path / 'out'}", "--n_gpus=0",
+                             "--towers_per_gpu=2", "--train_batch_size=4", "--max_seq_length=32", "--do_train",
+                             f"--precision={('float32', 'mixed_bfloat16')[i]}", f"--worker_hosts={hosts}",
+                             f"--task_index={i}"])
+         for i in range(2)]
+    for rc, _, err in job.wait(*w):
+        assert rc == 1, err[-2000:]
+        assert err.strip().splitlines()[-1] == (
+            "run_classifier_mgpu.py: error: the workers' plans differ (precision: worker 0: float32, worker 1: "
+            "float32+mixed_bfloat16); every worker must run the same plan: the same count of GPUs and "
+            "--towers_per_gpu, batch size, --precision and model")
+    assert not (tmp_path / "out" / "checkpoint").exists()  # no step ran
+
 
 # ---------------------------------------------------------------------------------------------- pretraining
 @pytest.fixture
@@ -290,13 +328,19 @@ def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(
 AGREE = """
 import sys
 sys.path.insert(0, {root!r})
-from bert_mgpu.parallel import cluster, devices, distribute
+from bert_mgpu.parallel import agree, cluster, devices, distribute
 job = cluster.find_cluster(sys.argv[1], int(sys.argv[2]))
 plan = devices.plan_devices(0, 2, (), workers=job.workers)
 devices.configure_devices(plan)
-decide = distribute.ChiefDecides(distribute.multi_worker_strategy(plan, job))
+decide = agree.ChiefDecides(distribute.multi_worker_strategy(plan, job))
 print("chief's", decide([100.0 + job.index, float(job.index == 1)], any_of=(1,)))
 print("every", decide.every(8 - 3 * job.index))
+strategy = decide.strategy
+agree.check_same_plan(strategy, {{"precision": "float32", "global batch": 16}})
+try:
+    agree.check_same_plan(strategy, {{"precision": ("float32", "mixed_float16")[job.index], "XLA": True}})
+except agree.RunError as e:
+    print("differ", e)
 """
 
 
@@ -307,4 +351,7 @@ def test_workers_take_the_chiefs_values_any_workers_flag_and_each_others_values(
     for rc, out, err in job.wait(*procs):
         assert rc == 0, err[-2000:]
         # The chief's clock (100), a flag only worker 1 raised, and the auto batch sizes 8 and 5.
-        assert out.splitlines() == ["chief's [100.0, 1.0]", "every [8.0, 5.0]"]
+        assert out.splitlines() == [
+            "chief's [100.0, 1.0]", "every [8.0, 5.0]",
+            "differ the workers' plans differ (precision: worker 0: float32, worker 1: mixed_float16); every worker "
+            "must run the same plan: the same count of GPUs and --towers_per_gpu, batch size, --precision and model"]

@@ -149,6 +149,20 @@ def wait_for_workers(barrier_id, timeout_seconds):
     return True
 
 
+def exchange_with_workers(key, value, workers, index, timeout_seconds):
+    """Every worker's `value` (a string), in worker order, through the key-value store of TensorFlow's
+    coordination service, which MultiWorkerMirroredStrategy starts: no collective, so it works whatever
+    each worker's towers are. Each worker writes `key/<index>` and reads the others'; None without a job."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    if ctx.coordination_service is None:
+        return None
+    ctx.set_config_key_value(f"{key}/{index}", value)
+    return [value if i == index else ctx.get_config_key_value(f"{key}/{i}", int(timeout_seconds * 1000))
+            for i in range(workers)]
+
+
 def preemption_handler(cluster_resolver, checkpoint_manager, termination_config):
     """TensorFlow's PreemptionCheckpointHandler, told its platform by this worker's devices. Left alone it
     asks GCE's metadata server over the network, and on a GCE machine without GPUs it then does nothing

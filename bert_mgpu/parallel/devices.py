@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from bert_mgpu.core import _compat
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.parallel import distribute
+from bert_mgpu.parallel import agree, distribute
 from bert_mgpu.parallel.cluster import Cluster, find_cluster
 
 
@@ -353,6 +353,10 @@ class Towers:
         configure_devices(plan, gpu_memory_per_tower_mb, self.gpus)
         self.strategy = (distribute.multi_worker_strategy(plan, cluster, timeout) if cluster
                          else distribute.make_strategy(plan, timeout_seconds=timeout))
+        if cluster:  # before any collective: a worker with other towers would hang the first one
+            agree.check_same_plan(self.strategy, {"towers per worker": plan.towers, "devices": plan.device_type,
+                                                       "towers per device": plan.towers_per_device,
+                                                       "per-tower batch": train_batch_size})
 
     @property
     def count(self):

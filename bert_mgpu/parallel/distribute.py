@@ -9,7 +9,6 @@ Example:
 """
 
 from bert_mgpu.core import _compat
-from bert_mgpu.core.errors import RunError
 from bert_mgpu.parallel.cluster import Cluster
 
 
@@ -364,57 +363,3 @@ def leave_together(timeout_seconds=10):
     peer's collective fail ("Socket closed"): the last step or the same-start check turned into a crash.
     Does nothing on one machine."""
     return _compat.wait_for_workers("bert_mgpu_leave", timeout_seconds)
-
-
-def check_same_start(strategy, step, output_dir):
-    """RunError unless every worker resumed from the same step: workers that see different checkpoints
-    (each its own local --output_dir) would run different steps and wait on each other forever."""
-    every = [int(s) for s in ChiefDecides(strategy).every(step)]
-    if len(set(every)) > 1:
-        raise RunError(f"the workers found different checkpoints in {output_dir} (steps "
-                       f"{', '.join(f'worker {i}: {s}' for i, s in enumerate(every))}); --output_dir must be "
-                       "storage every worker reads, a shared file system or gs://")
-
-
-class ChiefDecides:
-    """The chief's values, on every worker: what workers must agree on before they act (the clock, a
-    stop), so that no two ever run different collectives or apply different learning rates.
-
-    One collective between the workers' hosts per call; it waits for the other workers' hosts, never
-    for a GPU. On one machine it returns the values as they are.
-
-    Example:
-        decide = ChiefDecides(strategy)
-        elapsed, = decide([time.monotonic() - start])      # the chief's clock, on every worker
-    """
-
-    def __init__(self, strategy):
-        self.strategy = strategy
-        self.index, self.workers = worker_of(strategy)
-        self._sum = None
-
-    def __call__(self, values, any_of=()):
-        """`values` (floats) as the chief has them; positions in `any_of` are instead the sum over workers
-        (a flag any worker may raise; `every` builds on it)."""
-        if self.workers == 1:
-            return [float(v) for v in values]
-        import numpy as np
-        import tensorflow as tf
-
-        values = np.asarray(values, np.float64)
-        mine = np.where([i in any_of for i in range(len(values))], values, values * (self.index == 0))
-        if self._sum is None:  # traced: an eager reduce costs ~6x more (benchmarks/NOTES.md)
-            ops = _compat.host_cross_device_ops(self.strategy)
-            self._sum = tf.function(lambda x: ops.reduce(tf.distribute.ReduceOp.SUM, x, destinations="/cpu:0"),
-                                    autograph=False)
-        with tf.device("/cpu:0"):
-            total = self._sum(tf.constant(mine))
-        return [float(v) for v in np.asarray(total)]
-
-    def every(self, value):
-        """[each worker's `value`], in worker order, on every worker (e.g. to take the smallest)."""
-        if self.workers == 1:
-            return [float(value)]
-        mine = [0.0] * self.workers
-        mine[self.index] = float(value)
-        return self(mine, any_of=range(self.workers))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from bert_mgpu.parallel import distribute, guards
+from bert_mgpu.parallel import agree, guards
 
 log = logging.getLogger("bert_mgpu")
 
@@ -115,7 +115,7 @@ class Loop:
             that sees them.
         clock: seconds (default time.monotonic), read twice a step (before and after it); `elapsed()`
             adds what it counted to `elapsed_before` (a resumed run's time). With several workers, every
-            worker uses the chief's time (`distribute.ChiefDecides`), and so everything decided from it
+            worker uses the chief's time (`agree.ChiefDecides`), and so everything decided from it
             (the time-based learning rate, validation, stops) is decided alike: the workers agree on it
             at the start and on logging steps, where the host waits anyway; in between each counts on from
             the last agreed time at the agreed pace, so no step waits for a collective between hosts. A
@@ -145,7 +145,7 @@ class Loop:
         self.interrupted = None  # the signal's name when one stopped it
         self.step = self.first_step = int(trainer.step.numpy())
         self._epoch, self._train_record, self._start, self._seconds = 0, {}, None, elapsed_before
-        self._decide = distribute.ChiefDecides(trainer.strategy)
+        self._decide = agree.ChiefDecides(trainer.strategy)
         self._agreed = None  # (step, clock readings, chief's seconds, seconds a reading) at the last agreement
         self._readings = 0
 

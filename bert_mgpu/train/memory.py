@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import fused_encoder
-from bert_mgpu.parallel import devices, distribute
+from bert_mgpu.parallel import agree, devices, distribute
 from bert_mgpu.train import optimization, training
 
 log = logging.getLogger("bert_mgpu")
@@ -167,7 +167,7 @@ def find_for_model(towers, model, policy, make_batch, loss_fn=None, memory_limit
     probe = training.Trainer(towers.strategy, model, optimizer, use_xla=use_xla,
                              loss_fn=loss_fn or training.classification_loss)
     best, _ = find_batch_size(probe, make_batch, towers.plan, limit, cap)
-    every = distribute.ChiefDecides(towers.strategy).every(best)
+    every = agree.ChiefDecides(towers.strategy).every(best)
     if min(every) < best:
         log.info("auto batch size: %d per tower, the smallest any worker fits (workers: %s)", min(every),
                  ", ".join(str(int(b)) for b in every))

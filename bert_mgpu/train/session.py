@@ -17,7 +17,7 @@ import logging
 from bert_mgpu.core import _compat
 from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.model.fused_encoder import set_recompute
-from bert_mgpu.parallel import distribute
+from bert_mgpu.parallel import agree
 from bert_mgpu.train import reporting
 from bert_mgpu.train.loop import Loop
 from bert_mgpu.train.system_metrics import SystemMetrics
@@ -51,6 +51,7 @@ class Session:
         set_recompute(model, recompute)  # before the step is traced
         if seed is not None:
             seed_dropout(model, seed)  # before restore, which puts a resumed run's own state back
+        agree.check_same_plan(towers.strategy, model_plan(model, accum_steps, use_xla, recompute))
         with towers.strategy.scope():
             self.optimizer = make_optimizer()
         self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)
@@ -58,7 +59,7 @@ class Session:
             model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model), **(state or {})), model.weights)
         self.start = int(self.trainer.step.numpy())
         self.reporters = None  # the loggers of config.report_to, opened with the loop
-        distribute.check_same_start(towers.strategy, self.start, run.directory)
+        agree.check_same_start(towers.strategy, self.start, run.directory)
 
     def loop(self, global_batch, config, hooks=(), callbacks=None, clock=None, elapsed_before=0.0, before_save=None):
         """The loop over this session's steps as `config` (train_config.LoopConfig) says; it saves through the
@@ -69,6 +70,7 @@ class Session:
                 before_save(loop)
             self.run.save(int(self.trainer.step.numpy()))
 
+        agree.check_same_plan(self.towers.strategy, {"global batch": global_batch})
         plan = self.towers.plan
         watch = SystemMetrics(plan.visible_names if plan.device_type == "GPU" else ())
         if config.report_to and self.run.chief and self.reporters is None:
@@ -94,6 +96,26 @@ class Session:
         self.run.close()
         if self.reporters is not None:
             self.reporters.close()
+
+
+def model_plan(model, accum_steps, use_xla, recompute):
+    """What every worker's session must share, for `agree.check_same_plan`: the precision, the
+    model's weights (count, parameters, a checksum of their shapes) and how a step runs."""
+    import zlib
+
+    shapes = [tuple(w.shape) for w in model.weights]
+    policies = sorted({layer.dtype_policy.name for layer in _compat.sublayers(model)})
+    return {"precision": "+".join(policies),
+            "model": f"{len(shapes)} weights, {sum(int(_size(s)) for s in shapes)} parameters, shapes "
+                     f"{zlib.crc32(repr(shapes).encode()):08x}",
+            "accumulation steps": accum_steps, "XLA": bool(use_xla), "recompute": bool(recompute)}
+
+
+def _size(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 DEFAULT_SEED = TrainConfig.seed  # the scripts' --seed too
