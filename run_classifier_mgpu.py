@@ -98,8 +98,8 @@ def run():
     for name in ("label_separator", "threshold"):  # given ones win over what a run directory recorded
         if FLAGS[name].present:
             setattr(clf, name, getattr(FLAGS, name))
-    if FLAGS.do_train and not fine_tuning.train(clf, train, dev, ("task_name",)):
-        return
+    if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
+        fine_tuning.train(clf, train, dev, ("task_name",))
     results = {}
     if FLAGS.do_eval:
         results, path = fine_tuning.evaluate(clf, dev, towers.is_chief)

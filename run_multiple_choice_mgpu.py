@@ -70,8 +70,8 @@ def run():
         fused_encoder=FLAGS.fused_encoder)
     if train:
         mc.probe_choices = max(len(q.choices) for q in train)  # what --auto_batch_size measures with
-    if FLAGS.do_train and not fine_tuning.train(mc, train, dev if watch else None, ("data_format",)):
-        return
+    if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
+        fine_tuning.train(mc, train, dev if watch else None, ("data_format",))
     results = {}
     if FLAGS.do_eval:
         results, path = fine_tuning.evaluate(mc, dev, towers.is_chief)

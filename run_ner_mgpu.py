@@ -102,8 +102,8 @@ def run():
     for split in ("train", "dev"):  # a tag the model has no output for, named by file and line
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])
-    if FLAGS.do_train and not fine_tuning.train(tagger, train, dev, ("data_format",)):
-        return
+    if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
+        fine_tuning.train(tagger, train, dev, ("data_format",))
     results = {}
     if FLAGS.do_eval:
         results, path = fine_tuning.evaluate(tagger, dev, towers.is_chief)

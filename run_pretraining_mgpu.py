@@ -124,7 +124,7 @@ def run():
     import time
 
     from bert_mgpu import cli
-    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.core.errors import Interrupted, UserError
     from bert_mgpu.data.pretraining_input import expand_files
     from bert_mgpu.io import outputs
     from bert_mgpu.parallel import precision
@@ -198,9 +198,9 @@ def run():
         pre.fit(_data(files, pre.tokenizer, refs), FLAGS.output_dir, budget, cli.pretrain_config(),
                 validation=validation, settings=settings)
         step = int(pre.trainer.step.numpy())
+        if pre.interrupted:
+            raise Interrupted(f"pretraining stopped at step {step}: {pre.stop}", pre.interrupted)
         print(f"pretraining stopped at step {step}: {pre.stop}")
-        if pre.stop.startswith("interrupted"):
-            return
     results = {}
     if FLAGS.do_eval:
         results = pre.evaluate(_data(held_out, pre.tokenizer, held_out_refs),

@@ -109,8 +109,8 @@ def run():
     if questions is not None and qa.metric is None:
         qa.metric = metric_for(questions)
     dev = questions if watch else None
-    if FLAGS.do_train and not fine_tuning.train(qa, train, dev, ("train_file", "predict_file", "metric")):
-        return
+    if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
+        fine_tuning.train(qa, train, dev, ("train_file", "predict_file", "metric"))
     results, found = {}, None
     if FLAGS.do_eval or (FLAGS.do_predict and answered):
         results, path = fine_tuning.evaluate(qa, questions, towers.is_chief)

@@ -216,6 +216,58 @@ def test_workers_with_another_precision_end_in_one_line_once_their_models_are_bu
     assert not (tmp_path / "out" / "checkpoint").exists()  # no step ran
 
 
+# Slow shared storage on the chief (NFS, gs://): renaming a best model into place takes 3 s. argv: script args...
+SLOW_RENAME = """
+import runpy, sys, time
+sys.argv = sys.argv[1:]
+sys.path.insert(0, {root!r})
+from bert_mgpu.core import storage
+from bert_mgpu.train import evaluation
+rename = storage.replace_dir
+def slow(source, target):
+    if target.endswith("best"):
+        time.sleep(3)
+    return rename(source, target)
+evaluation.storage = type(storage)("slow_storage")
+evaluation.storage.__dict__.update({{**storage.__dict__, "replace_dir": slow}})
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.process
+def test_every_worker_loads_the_best_model_the_chief_kept_on_slow_storage(job, tmp_path):
+    """--load_best_model_at_end: each worker reads best/ only once the chief's (slow) rename has landed, and
+    every worker holds the same model: their evaluations after loading it agree."""
+    (tmp_path / "slow.py").write_text(SLOW_RENAME.format(root=ROOT))
+    release, _ = write_google_release(str(tmp_path / "release"))
+    data = tmp_path / "data"
+    data.mkdir()
+    write_tsv(data / "train.tsv", sentiment_rows(64, seed=1))
+    write_tsv(data / "dev.tsv", sentiment_rows(16, seed=2))
+    hosts = ",".join(f"127.0.0.1:{p}" for p in free_ports(2))
+    w = [job.start(f"w{i}", [*([str(tmp_path / "slow.py")] if i == 0 else []),
+                             os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv", f"--data_dir={data}",
+                             f"--init_checkpoint={release}", f"--output_dir={tmp_path / 'out'}", "--n_gpus=0",
+                             "--towers_per_gpu=2", "--train_batch_size=4", "--eval_batch_size=4", "--max_seq_length=32",
+                             "--precision=float32", "--do_train", "--do_eval", "--num_train_epochs=2",
+                             "--learning_rate=2e-3", "--eval_every_steps=8", "--load_best_model_at_end",
+                             f"--worker_hosts={hosts}", f"--task_index={i}"])
+         for i in range(2)]
+    (rc0, _, err0), (rc1, _, err1) = job.wait(*w)
+    assert rc0 == 0 and rc1 == 0, (err0 + err1)[-3000:]
+    def logged_at(err, text):  # the time of absl's log line holding `text`, seconds in the day
+        (line,) = [line for line in err.splitlines() if text in line]
+        hours, minutes, seconds = line.split()[1].split(":")
+        return 3600 * int(hours) + 60 * int(minutes) + float(seconds)
+
+    renamed = logged_at(err0, "new best eval_accuracy")  # the chief's, once best/ is in place
+    for err in (err0, err1):  # 64 rows / 16 a step x 2 epochs = 8 steps, one evaluation, at step 8
+        assert re.search(r"loaded the best model \(eval_accuracy [0-9.]+ at step 8\)", err), err[-2000:]
+        assert logged_at(err, "loaded the best model") > renamed  # worker 1 read best/ after it was there
+    results = dict(line.split(" = ") for line in (tmp_path / "out" / "eval_results.txt").read_text().splitlines())
+    assert int(results["global_step"]) == 8
+
+
 # ---------------------------------------------------------------------------------------------- pretraining
 @pytest.fixture
 def scratch(tmp_path):
@@ -291,12 +343,12 @@ def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(
     assert_ok(*job.wait(one_process(job, "single", "run_pretraining_mgpu.py", [*args, f"--output_dir={single}"])))
 
     # SIGTERM to worker 1 alone: TensorFlow's PreemptionCheckpointHandler has both save after the same
-    # step, and both exit 0.
+    # step, and both exit 143, the code a scheduler retries (TFJob's restartPolicy ExitCode: 128-255).
     w0, w1 = workers(job, "first", "run_pretraining_mgpu.py", [*args, f"--output_dir={multi}"])
     wait_for_checkpoint(multi, 0, w0)
     w1.send_signal(signal.SIGTERM)
     (rc0, out0, err0), (rc1, out1, err1) = job.wait(w0, w1)
-    assert rc0 == rc1 == 0
+    assert rc0 == rc1 == 143, (err0 + err1)[-3000:]
     handler = "every worker saves after this step and stops (TensorFlow's PreemptionCheckpointHandler)"
     assert f"a signal to another worker: {handler}" in err0 and f"SIGTERM: {handler}" in err1
     assert "deprecated" not in err0 + err1

@@ -76,7 +76,7 @@ def test_a_run_out_of_memory_at_the_limit_ends_in_one_line(minilm_dir, tmp_path)
 @pytest.mark.process
 def test_a_signal_to_the_parent_stops_the_supervised_run_as_it_would_stop_one_process(google_release, tmp_path):
     """SIGTERM to the parent, once the child has logged its third step: the child saves where it stopped and
-    exits 0 as one process would, and the checkpoint it names holds that step."""
+    exits 143 (128 + SIGTERM) as one process would, and the checkpoint it names holds that step."""
     write_tsv(tmp_path / "train.tsv", sentiment_rows(64, seed=1))
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     argv = [os.path.join(ROOT, "run_classifier_mgpu.py"), "--task_name=tsv", f"--data_dir={tmp_path}",
@@ -91,7 +91,7 @@ def test_a_signal_to_the_parent_stops_the_supervised_run_as_it_would_stop_one_pr
     while "] step 3: loss " not in err.read_text() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=300) == 0, err.read_text()[-3000:]
+    assert proc.wait(timeout=300) == 143, err.read_text()[-3000:]
     shown = out.read_text()
     assert "interrupted by SIGTERM at step " in shown, shown
     step = int(shown.split("interrupted by SIGTERM at step ")[1].split(";")[0])

@@ -137,8 +137,8 @@ def test_a_glue_sweep_ranks_each_task_and_the_average_by_the_numbers_of_the_glue
 @pytest.mark.process
 def test_sigterm_to_a_sweep_stops_its_run_as_one_run_stops_and_kill_9_takes_the_run_with_it(tmp_path,
                                                                                            google_release):
-    """SIGTERM to the sweep reaches its running seed, which saves and exits 0: the sweep then ends with one line
-    and exit 0, as a single run does (it exited 143 and left the run going under PID 1). kill -9 of the sweep
+    """SIGTERM to the sweep reaches its running seed, which saves and exits 143: the sweep then ends with one line
+    and exit 143, as a single run does (it once left the run going under PID 1). kill -9 of the sweep
     takes its run with it (a parent-death signal), so nothing holds the directory a rerun needs."""
     import psutil
 
@@ -158,7 +158,7 @@ def test_sigterm_to_a_sweep_stops_its_run_as_one_run_stops_and_kill_9_takes_the_
     driver, runs = start_and_wait_past(5, "first")
     assert runs  # the seed's run, a process of its own
     driver.send_signal(signal.SIGTERM)
-    assert driver.wait(timeout=120) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    assert driver.wait(timeout=120) == 143, (tmp_path / "first.err").read_text()[-3000:]
     gone, alive = psutil.wait_procs(runs, timeout=30)
     assert not alive
     shown = (tmp_path / "first.out").read_text()

@@ -15,7 +15,7 @@ from bert_mgpu.api.multiple_choice import BertMultipleChoice
 from bert_mgpu.api.question_answering import BertQuestionAnswerer
 from bert_mgpu.api.tagger import BertTagger
 from bert_mgpu.core import storage
-from bert_mgpu.core.errors import UserError
+from bert_mgpu.core.errors import Interrupted, UserError
 from bert_mgpu.data import choices
 from bert_mgpu.data.clue_tasks import ALIASES, TASKS, submission_lines
 from bert_mgpu.data.squad import read_squad
@@ -80,7 +80,8 @@ def run(clue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
         train = {"classification": _classifier, "tagging": _tagger, "span": _answerer, "choice": _chooser}[task.kind]
         model, dev, predict = train(task, folder, init_checkpoint, opened, recipe, os.path.join(output_dir, name))
         if model.interrupted:
-            raise UserError(f"CLUE {task.title}: interrupted by {model.interrupted}; rerun to resume")
+            raise Interrupted(f"CLUE {task.title}: interrupted by {model.interrupted}; rerun to resume",
+                              model.interrupted)
         results[name] = model.evaluate(dev, batch_size=eval_batch_size)
         if towers.is_chief:
             reporting.report_results(fit_args.get("report_to"), os.path.join(output_dir, name), results[name],

@@ -17,6 +17,7 @@ from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
+from bert_mgpu.parallel import agree
 from bert_mgpu.train import memory, optimization
 from bert_mgpu.train.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.train.session import Session
@@ -244,8 +245,15 @@ class FineTuned:
         watch = hooks[0] if hooks else None
         self.best_step = watch.best["step"] if watch and watch.best else None
         if load_best and self.best_step is not None:
+            def read(directory):  # -> the step read; -1 for none (TensorFlow's read(None) reads nothing)
+                path = tf.train.latest_checkpoint(directory)
+                if path is None:
+                    return -1
+                run_checkpoint.training_checkpoint(self.model).read(path).expect_partial()
+                return int(path.rsplit("-", 1)[1])
+
             best = os.path.join(watch.output_dir, BEST_DIR)
-            run_checkpoint.training_checkpoint(self.model).read(tf.train.latest_checkpoint(best)).expect_partial()
+            agree.same_model_loaded(self.towers.strategy, read, self.best_step, best)
             self.global_step = self.best_step
             log.info("loaded the best model (%s %.4g at step %d) from %s", watch.choice.metric,
                      watch.best[watch.choice.metric], self.best_step, best)

@@ -11,7 +11,7 @@ import os
 
 from bert_mgpu.api.classifier import BertClassifier
 from bert_mgpu.core import storage
-from bert_mgpu.core.errors import UserError
+from bert_mgpu.core.errors import Interrupted, UserError
 from bert_mgpu.data.glue_tasks import ALIASES, ENTAILMENT, NLI, TASKS, GlueTask  # noqa: F401 (glue.NLI, ... as before)
 from bert_mgpu.data.tasks import get_task
 from bert_mgpu.parallel.devices import Towers
@@ -107,7 +107,7 @@ def run(glue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
                 learning_rate=learning_rate or spec.learning_rate, seed=seed,
                 train_batch_size=batch_size or spec.batch_size, **fit_args)
         if clf.interrupted:
-            raise UserError(f"GLUE {spec.title}: interrupted by {clf.interrupted}; rerun to resume")
+            raise Interrupted(f"GLUE {spec.title}: interrupted by {clf.interrupted}; rerun to resume", clf.interrupted)
         evaluated = [name] + (["mnli-mm"] if name == "mnli" else [])
         for each in evaluated:
             other = get_task(each)

@@ -71,6 +71,7 @@ class BertPretrainer:
         self.fused_encoder, self.objective = fused_encoder, MaskedLanguageModel()
         self.history = []  # one dict per logged step and per validation, for notebooks and tests
         self.stop = None  # why the last fit stopped
+        self.interrupted = None  # the signal that stopped the last fit, if one did
         self.settings = None  # what the last fit was run with (compared when an output_dir is reused)
         self.global_step = 0  # the step of the model: of the bert_mgpu checkpoint read, then of the last fit
         self.micro_batch = towers.train_batch_size  # per tower; fit accumulates micro-batches to its global batch
@@ -199,7 +200,7 @@ class BertPretrainer:
         if validation:
             reading.enter_context(validation.data.reading())
         session.train(loop, dataset, worker_part=workers > 1, reading=reading)
-        self.stop, self.trainer, self.global_step = loop.stop, trainer, loop.step
+        self.stop, self.interrupted, self.trainer, self.global_step = loop.stop, loop.interrupted, trainer, loop.step
         self.history.extend(loop.history)
         log.info("stopped at step %d: %s", loop.step, self.stop)
         return loop.history[-1] if loop.history else {}

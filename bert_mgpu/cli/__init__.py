@@ -1,5 +1,6 @@
 """What the entry scripts share: tower, precision and reliability flags, defined once; the towers made
-from them; and `main_wrapper`, which ends a user mistake or a stopped run in one line on stderr and exit 1."""
+from them; and `main_wrapper`, which ends a user mistake or a failed run in one line on stderr and exit 1,
+and a run a signal stopped with the exit code a scheduler retries (`errors.Interrupted`)."""
 
 import logging
 import os
@@ -13,13 +14,14 @@ FLAGS = flags.FLAGS
 
 
 def main_wrapper(run):
-    """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`."""
+    """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`
+    and exit 1, an Interrupted into its line on stdout and its retryable exit code."""
 
     def main(argv):
         if len(argv) > 1:
             sys.exit(f"{argv[0]}: error: unexpected arguments {' '.join(argv[1:])}")
         from bert_mgpu.core import supervise
-        from bert_mgpu.core.errors import RunError, UserError, disk_full
+        from bert_mgpu.core.errors import Interrupted, RunError, UserError, disk_full
 
         if os.environ.pop(supervise.CHILD, None) is None:
             limit = supervise.memory_limit()
@@ -35,6 +37,9 @@ def main_wrapper(run):
         try:
             quiet.start_tensorflow_quietly()
             run()
+        except Interrupted as e:
+            print(e, flush=True)
+            sys.exit(e.exit_code)
         except (UserError, RunError) as e:
             print(f"{os.path.basename(argv[0])}: error: {e}", file=sys.stderr)
             sys.exit(1)

@@ -7,6 +7,7 @@ import logging
 from absl import flags
 
 from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags, train_config
+from bert_mgpu.core.errors import Interrupted
 
 FLAGS = flags.FLAGS
 
@@ -73,7 +74,7 @@ POSITIVE = ("num_train_epochs", "learning_rate")
 
 def train(model, train_rows, dev, settings=()):
     """--do_train for a `FineTuned` head: the automatic batch size if asked, then `fit` with the flags' config
-    (`settings`: more flags a resumed run must share). False when a signal stopped it (said on stdout)."""
+    (`settings`: more flags a resumed run must share). Interrupted when a signal stopped it."""
     if FLAGS.auto_batch_size:
         model.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
                               memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla,
@@ -82,10 +83,8 @@ def train(model, train_rows, dev, settings=()):
     model.fit(train_rows, FLAGS.output_dir, train_config(), dev=dev,
               settings={name: getattr(FLAGS, name) for name in names})
     if model.interrupted:
-        print(f"interrupted by {model.interrupted} at step {model.global_step}; checkpoint saved in "
-              f"{FLAGS.output_dir}. Rerun the same command to resume")
-        return False
-    return True
+        raise Interrupted(f"interrupted by {model.interrupted} at step {model.global_step}; checkpoint saved in "
+                          f"{FLAGS.output_dir}. Rerun the same command to resume", model.interrupted)
 
 
 def evaluate(model, dev, chief):

@@ -23,7 +23,7 @@ import sys
 from absl import flags
 
 from bert_mgpu.core import storage, supervise
-from bert_mgpu.core.errors import UserError
+from bert_mgpu.core.errors import Interrupted, UserError
 
 FLAGS = flags.FLAGS
 RESULT_FILE = "sweep_run.json"
@@ -147,12 +147,12 @@ def run_sweep(script):
             continue
         log.info("%s -> %s", what, directory)
         # The run hears the sweep's signals and dies with it: SIGTERM to the sweep stops the run as it stops
-        # one (a checkpoint, exit 0), and no run goes on without its sweep to hold its directory.
+        # one (a checkpoint, Interrupted's exit code), and no run goes on without its sweep to hold its directory.
         code, stopped_by = supervise.call_forwarding([sys.executable, script, *child_argv(config, seed, directory)])
-        if stopped_by is not None and code == 0 and read_member(directory) is None:
-            print(f"sweep: {what} interrupted by {stopped_by}; its checkpoint is in {directory}: rerun the same "
-                  "command to resume the sweep")
-            return
+        stopped = Interrupted(f"sweep: {what} interrupted by {stopped_by}; its checkpoint is in {directory}: rerun "
+                              "the same command to resume the sweep", stopped_by)
+        if stopped_by is not None and code == stopped.exit_code and read_member(directory) is None:
+            raise stopped
         if read_member(directory) is None:
             raise UserError(f"{what} {'stopped' if code == 0 else f'failed (exit status {code})'} in "
                             f"{directory}; rerun the same command to resume the sweep")

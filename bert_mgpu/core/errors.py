@@ -1,4 +1,5 @@
-"""The two exceptions a run ends with: the scripts print the message as one line and exit 1, no traceback."""
+"""The exceptions a run ends with: the scripts print the message as one line, no traceback, and exit 1
+(UserError, RunError) or with a code that asks a scheduler to start them again (Interrupted)."""
 
 
 class UserError(Exception):
@@ -8,6 +9,23 @@ class UserError(Exception):
 class RunError(Exception):
     """The run cannot go on (repeated non-finite steps, out of memory): the message names the step, the
     tower or the last good checkpoint, and what to change."""
+
+
+class Interrupted(Exception):
+    """A signal stopped the run after it saved a checkpoint; the same command resumes it. The scripts exit
+    with `exit_code`, 128 + the signal's number as a shell reports a process the signal ended (SIGTERM 143,
+    Ctrl-C 130): not 0, which Kubeflow's TFJob, a Kubernetes Job and SLURM read as a job done, and in the
+    128-255 range TFJob's restartPolicy ExitCode retries. A stop another worker's signal caused exits 143."""
+
+    def __init__(self, message, signal_name=None):
+        super().__init__(message)
+        self.signal_name = signal_name
+
+    @property
+    def exit_code(self):
+        import signal
+
+        return 128 + int(signal.Signals.__members__.get(self.signal_name or "", signal.SIGTERM))
 
 
 def disk_full(error):

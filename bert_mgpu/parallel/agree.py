@@ -47,6 +47,23 @@ def check_same_plan(strategy, facts, timeout_seconds=3600):
 _PLANS = []  # one key of the coordination service per check in this process, the same on every worker
 
 
+def same_model_loaded(strategy, read_dir, step, directory):
+    """Read the model in `directory` (`read_dir(directory) -> the step it holds`, -1 none) once the chief has put
+    it there, and check every worker read `step`'s: on slow shared storage (NFS, gs://) a worker that
+    reads before the chief's rename lands would hold an older model, and the towers would mix two.
+    RunError naming who read what otherwise."""
+    _BARRIERS.append(None)
+    _compat.wait_for_workers(f"bert_mgpu_model/{len(_BARRIERS)}", 3600)  # the chief writes it before this
+    every = [int(s) for s in ChiefDecides(strategy).every(read_dir(directory))]
+    if any(s != step for s in every):
+        read = ", ".join(f"worker {i}: {'none' if s < 0 else f'step {s}'}" for i, s in enumerate(every))
+        raise RunError(f"the workers read different models from {directory} ({read}; the best is step {step}); "
+                       "--output_dir must be storage every worker reads, a shared file system or gs://")
+
+
+_BARRIERS = []
+
+
 class ChiefDecides:
     """The chief's values, on every worker: what workers must agree on before they act (the clock, a
     stop), so that no two ever run different collectives or apply different learning rates.
