@@ -377,6 +377,37 @@ def test_sigterm_and_kill_of_one_worker_then_reruns_end_as_an_uninterrupted_run(
     assert_same_weights(single / "ckpt-60", multi / "ckpt-60")
 
 
+@pytest.mark.process
+@pytest.mark.parametrize("gone", [1, 0], ids=["a_worker", "the_chief"])
+def test_a_worker_whose_machine_vanishes_ends_the_others_through_the_heartbeat(job, tmp_path, scratch, gone):
+    """SIGSTOP: a worker alive to the kernel, its sockets open, silent, as a machine that lost power or a
+    peer hung in NCCL. No socket closes, so no collective fails by itself: TensorFlow's coordination
+    service misses its heartbeats (10 s; the chief runs the service, the others heartbeat to it) and calls
+    BaseCollectiveExecutor::StartAbort on the survivors, the call that on GPUs also aborts NCCL's
+    communicators (NcclCommunicator::StartAbort -> ncclCommAbort). The survivor ends in one line, the
+    checkpoint it names whole."""
+    output = tmp_path / "out"
+    w = workers(job, "run", "run_pretraining_mgpu.py", [*scratch, "--num_train_steps=400", f"--output_dir={output}"])
+    wait_for_checkpoint(output, 0, w[0])
+    os.kill(w[gone].pid, signal.SIGSTOP)
+    stopped, survivor = time.monotonic(), w[1 - gone]
+    try:
+        while survivor.poll() is None and time.monotonic() - stopped < 90:
+            time.sleep(0.2)
+        waited = time.monotonic() - stopped
+    finally:
+        w[gone].kill()
+    (rc, _, err), _ = job.wait(survivor, w[gone])
+    assert rc == 1 and waited < 90, (waited, err[-3000:])  # the heartbeat's 10 s and leave_together's 10 s
+    assert "BaseCollectiveExecutor::StartAbort" in err
+    last = err.strip().splitlines()[-1]
+    assert re.match(r"run_pretraining_mgpu.py: error: (worker \d|another worker) stopped or cannot be reached", last)
+    named = last.rsplit("the job resumes from ", 1)[1]
+    assert named == tf.train.latest_checkpoint(str(output))
+    reader = tf.train.load_checkpoint(named)  # whole: every tensor reads
+    assert all(reader.get_tensor(name) is not None for name in reader.get_variable_to_shape_map())
+
+
 AGREE = """
 import sys
 sys.path.insert(0, {root!r})
