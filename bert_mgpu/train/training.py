@@ -274,6 +274,7 @@ class Trainer:
         `max_steps` batches. A tower left without examples by the last, partial batch counts for nothing."""
         if self._eval_fn is None:
             def replica(features, labels):
+                features, labels = tf.nest.map_structure(_rows_unknown, (features, labels))
                 n = tf.cast(tf.shape(tf.nest.flatten(labels)[0])[0], tf.float32)
                 features, labels = _at_least_one_row((features, labels))  # an empty tower: a filler row, weighed 0
                 loss, stats = self.loss_fn(self.model, features, labels, training=False)
@@ -329,6 +330,13 @@ class Trainer:
         if not np.array_equal(index[order], np.arange(len(index))):
             raise RuntimeError(f"prediction lost or duplicated examples ({len(index)} rows)")
         return logits[order], labels[order]
+
+
+def _rows_unknown(t):
+    """`t`, its row count hidden from the graph. The first trace of an evaluation set smaller than the towers
+    knows a tower's share is 0 rows; Grappler then prunes that tower's loss (weighed 0) and the step fails
+    with "Function NoOp is not defined" (the fused pretrainer's, seen on CPU towers)."""
+    return tf.compat.v1.placeholder_with_default(t, [None, *t.shape[1:]])
 
 
 def _at_least_one_row(structure, fill=0):
