@@ -14,7 +14,7 @@ import os
 import re
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.text_files import read_json_lines, read_rows, read_text
+from bert_mgpu.data.text_files import json_kind, read_json_lines, read_rows, read_text
 
 FORMATS = ("auto", "jsonl", "swag", "c3", "chid")
 BLANK = re.compile(r"#idiom\d+#")  # CHID's blanks
@@ -138,6 +138,9 @@ def read_c3(path, invalid_utf8="error"):
         where = f"{path}: item {n}"
         if not (isinstance(item, list) and len(item) >= 2 and isinstance(item[0], list) and isinstance(item[1], list)):
             raise UserError(f"{where}: not [paragraphs, questions, id]")
+        if not all(isinstance(p, str) for p in item[0]):
+            bad = next(p for p in item[0] if not isinstance(p, str))
+            raise UserError(f"{where}: its paragraphs must be strings, and one is a JSON {json_kind(bad)}")
         context = "\n".join(item[0])
         for k, qa in enumerate(item[1]):
             if not isinstance(qa, dict) or "choice" not in qa:
@@ -167,7 +170,9 @@ def read_chid(path, answers=None, context_chars=60, invalid_utf8="error"):
         candidates, content = row.get("candidates"), row.get("content")
         if not isinstance(candidates, list) or not isinstance(content, list):
             raise UserError(f"{where}: expected {{\"candidates\": [...], \"content\": [...]}} (CHID)")
-        for paragraph in content:
+        for k, paragraph in enumerate(content):
+            if not isinstance(paragraph, str):
+                raise UserError(f"{where}: \"content\" paragraph {k} is a JSON {json_kind(paragraph)}, not a string")
             for blank in BLANK.finditer(paragraph):
                 tag = blank.group()
                 if answers and tag not in key:

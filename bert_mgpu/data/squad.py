@@ -64,10 +64,20 @@ def read_squad(path, version_2_with_negative=None, invalid_utf8="error", trainin
         raise UserError(f"{path}:1: not SQuAD JSON (no \"data\" list of articles with paragraphs)")
     questions, marked, unfound = [], False, []
     seen = set()
-    for article in top["data"]:
-        for paragraph in (article or {}).get("paragraphs") or []:
+    for a, article in enumerate(top["data"]):
+        record = f"article {a}"
+        _check(path, record, article, dict, "an object with \"paragraphs\"")
+        paragraphs = article.get("paragraphs") or []
+        _check(path, f"{record}'s \"paragraphs\"", paragraphs, list, "a list")
+        for p, paragraph in enumerate(paragraphs):
+            record = f"article {a}, paragraph {p}"
+            _check(path, record, paragraph, dict, "an object with \"context\" and \"qas\"")
             context = paragraph.get("context")
             qas = paragraph.get("qas") or []
+            _check(path, f"{record}'s \"qas\"", qas, list, "a list")
+            for k, qa in enumerate(qas):
+                _check(path, f"{record}, question {k}", qa, dict, "an object with \"id\", \"question\" and "
+                       "\"answers\"")
             if not isinstance(context, str) or not context.strip():
                 where = _line_of(raw, json.dumps(qas[0].get("id"))) if qas else 1
                 raise UserError(f"{path}:{where}: a paragraph with an empty context")
@@ -86,9 +96,12 @@ def read_squad(path, version_2_with_negative=None, invalid_utf8="error", trainin
                 if not isinstance(impossible, bool):  # "false" as a string would read as True
                     raise UserError(f"{where()}: question {qid}'s is_impossible is {impossible!r}; expected true "
                                     "or false")
-                answers = []
-                for a in [] if impossible else qa.get("answers") or []:
-                    answer = _place(a, context, qid, where)
+                answers, given = [], [] if impossible else qa.get("answers") or []
+                if not isinstance(given, list) or not all(isinstance(g, dict) for g in given):
+                    raise UserError(f"{where()}: question {qid}'s \"answers\" must be a list of objects "
+                                    "{\"text\", \"answer_start\"}")
+                for gold in given:
+                    answer = _place(gold, context, qid, where)
                     if answer is None:
                         unfound.append(qid)
                     else:
@@ -108,6 +121,12 @@ def read_squad(path, version_2_with_negative=None, invalid_utf8="error", trainin
                         "--version_2_with_negative" if marked else
                         f"{path}: is SQuAD v1 data (no is_impossible marks); --version_2_with_negative is for v2")
     return questions, marked
+
+
+def _check(path, record, value, kind, expected):
+    """UserError naming the file, the record and what it is, unless `value` is a `kind` (JSON's shape)."""
+    if not isinstance(value, kind):
+        raise UserError(f"{path}: {record} is a JSON {text_files.json_kind(value)}, not {expected}")
 
 
 def _place(answer, context, qid, where):

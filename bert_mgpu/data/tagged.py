@@ -240,8 +240,18 @@ def _cluener(path, invalid_utf8):
             sentences.append(Sentence("", list(text), None, number))
             continue
         tags = ["O"] * len(text)
-        for kind, found in (obj["label"] or {}).items():
+        label = obj["label"] or {}
+        if not isinstance(label, dict):
+            raise UserError(f"{path}:{number}: \"label\" is a JSON {text_files.json_kind(label)}, not an object "
+                            "{type: {entity: [[start, end], ...]}}")
+        for kind, found in label.items():
+            if not isinstance(found, dict):
+                raise UserError(f"{path}:{number}: label {kind!r} holds a JSON {text_files.json_kind(found)}, not an "
+                                "object {entity: [[start, end], ...]}")
             for entity, spans in found.items():
+                if not isinstance(spans, list) or not all(_is_span(s) for s in spans):
+                    raise UserError(f"{path}:{number}: {kind} {entity!r}: expected a list of [start, end] "
+                                    f"integer pairs, got {json.dumps(spans, ensure_ascii=False)[:80]}")
                 for start, end in spans:
                     if not 0 <= start <= end < len(text) or text[start:end + 1] != entity:
                         raise UserError(f"{path}:{number}: {kind} {entity!r} at [{start}, {end}] is "
@@ -254,6 +264,11 @@ def _cluener(path, invalid_utf8):
     return sentences
 
 
+def _is_span(span):
+    return (isinstance(span, list) and len(span) == 2
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in span))
+
+
 def _jsonl(path, invalid_utf8):
     sentences = []
     for number, obj in text_files.read_json_lines(path, invalid_utf8):
@@ -263,6 +278,9 @@ def _jsonl(path, invalid_utf8):
         if tags is not None and (not isinstance(tags, list) or len(tags) != len(tokens)):
             raise UserError(f"{path}:{number}: {len(tags) if isinstance(tags, list) else 'no list of'} tags for "
                             f"{len(tokens)} tokens")
+        if tags is not None and not all(isinstance(t, str) for t in tags):
+            bad = next(t for t in tags if not isinstance(t, str))
+            raise UserError(f"{path}:{number}: \"tags\" must be strings, and {json.dumps(bad)} is not")
         sentences.append(Sentence("", tokens, tags, number))
     return sentences
 

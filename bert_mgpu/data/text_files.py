@@ -93,6 +93,12 @@ def read_lines(path, invalid_utf8="error"):
     return [(i, line.rstrip("\r")) for i, line in enumerate(text.split("\n"), 1) if line.strip()]
 
 
+def json_kind(value):
+    """JSON's name for the kind of a parsed value: "object", "list", "string", "number", "boolean", "null"."""
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def read_json_lines(path, invalid_utf8="error"):
     """(line number, object) for each non-blank line of a JSON-lines file."""
     out = []
@@ -104,6 +110,6 @@ def read_json_lines(path, invalid_utf8="error"):
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{line}: not a JSON object ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict):
-            raise UserError(f"{path}:{line}: a JSON {type(obj).__name__}, not an object")
+            raise UserError(f"{path}:{line}: a JSON {json_kind(obj)}, not an object")
         out.append((line, obj))
     return out
