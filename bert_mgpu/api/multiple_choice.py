@@ -20,6 +20,7 @@ from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choice_input import choice_dataset, encode_questions
 from bert_mgpu.data.choices import ChoiceQuestion
+from bert_mgpu.data.inputs import check_text, rows_of
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.modeling import build_choice_model
@@ -34,7 +35,7 @@ def as_questions(rows):
     """`ChoiceQuestion`s from ChoiceQuestions, (context, question, choices[, label]) tuples or dicts
     ({"context", "question", "choices", "label"}; Hugging Face's swag rows: sent1, sent2, ending0..3, label)."""
     out = []
-    for n, row in enumerate(rows):
+    for n, row in enumerate(rows_of(rows)):  # a DataFrame: its rows, as dicts
         if isinstance(row, ChoiceQuestion):
             out.append(row)
             continue
@@ -53,6 +54,10 @@ def as_questions(rows):
             raise UserError(f"question {n}: label {label!r} is not one of its {len(choices)} choices")
         out.append(ChoiceQuestion(str(rest[1] if len(rest) > 1 else n), context or "", question or "",
                                   [str(c) for c in choices], None if label is None else int(label)))
+    for q in out:
+        for what, text in (("context", q.context), ("question", q.question), *(
+                (f"choice {k}", c) for k, c in enumerate(q.choices))):
+            check_text(text, f"question {q.guid}'s {what}")
     return out
 
 

@@ -22,6 +22,7 @@ from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core import storage
 from bert_mgpu.core.entities import entities
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.inputs import check_text, rows_of
 from bert_mgpu.data.tagged import as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
 from bert_mgpu.io import export, run_checkpoint, run_dir
@@ -205,7 +206,13 @@ class BertTagger(FineTuned):
         """Each input's entities, in input order: [{"type", "text", "start", "end"}] a text. For a raw string,
         start and end are character offsets into it (end exclusive); for a list of tokens, token indices and
         the text is the tokens joined by a space."""
-        rows = [texts] if isinstance(texts, str) else list(texts)
+        rows = [r["tokens"] if isinstance(r, dict) and "tokens" in r else r.get("text") if isinstance(r, dict)
+                else r for r in rows_of(texts)]  # a DataFrame's rows: its "tokens" or "text" column
+        for i, row in enumerate(rows):
+            if isinstance(row, str):
+                check_text(row, f"input {i}")
+            elif not isinstance(row, list | tuple):
+                raise UserError(f"input {i}: expected a text or a list of tokens, not {type(row).__name__}")
         words = [split_words(r) if isinstance(r, str) else None for r in rows]
         tags = self.predict_tags([[w for w, _, _ in found] if found is not None else r
                                   for found, r in zip(words, rows)], batch_size, verbose)

@@ -26,6 +26,7 @@ import re
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import text_files
+from bert_mgpu.data.inputs import check_text, rows_of
 
 log = logging.getLogger("bert_mgpu")
 FORMATS = ("conll", "segmented", "cluener", "jsonl")
@@ -148,22 +149,25 @@ def check_known(sentences, labels, path):
 def as_sentences(rows, split_words=None):
     """What a notebook has -> [Sentence]: Sentences, (tokens, tags) pairs, {"tokens", "tags"} dicts, lists of
     tokens, or raw strings (cut into words by `split_words(text)` -> [(word, start, end)])."""
-    if isinstance(rows, str | Sentence):
-        rows = [rows]
+    rows = [rows] if isinstance(rows, Sentence) else rows_of(rows)  # a DataFrame: its rows, as dicts
     out = []
     for i, row in enumerate(rows):
         if isinstance(row, Sentence):
             out.append(row)
             continue
         tokens, tags = row, None
+        if isinstance(row, dict) and "tokens" not in row and "text" in row:
+            row = row["text"]
         if isinstance(row, str):
-            tokens = [w for w, _, _ in split_words(row)]
+            tokens = [w for w, _, _ in split_words(check_text(row, f"input {i}"))]
         elif isinstance(row, dict):
             tokens, tags = row.get("tokens"), row.get("tags")
         elif isinstance(row, tuple) and len(row) == 2 and isinstance(row[0], list | tuple):
             tokens, tags = row
         if not isinstance(tokens, list | tuple) or not all(isinstance(t, str) and t for t in tokens):
             raise UserError(f"input {i}: expected a Sentence, a text, a list of tokens or (tokens, tags)")
+        for token in tokens:
+            check_text(token, f"input {i}")
         if tags is not None and len(tags) != len(tokens):
             raise UserError(f"input {i}: {len(tags)} tags for {len(tokens)} tokens")
         for tag in tags or ():

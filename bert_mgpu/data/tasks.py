@@ -14,6 +14,7 @@ import os
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import glue_tasks
+from bert_mgpu.data.inputs import check_text
 from bert_mgpu.data.text_files import read_json_lines, read_rows
 from bert_mgpu.model.objectives import KINDS, objective
 
@@ -54,7 +55,7 @@ def as_examples(inputs, text_column=None, text_b_column=None, label_column="labe
     if isinstance(inputs, str | Example):
         inputs = [inputs]
     if hasattr(inputs, "columns") and hasattr(inputs, "to_dict"):  # a DataFrame, read without importing pandas
-        return _from_frame(inputs, text_column, text_b_column, label_column)
+        return _checked(_from_frame(inputs, text_column, text_b_column, label_column))
     out = []
     for i, item in enumerate(inputs):
         if isinstance(item, Example):
@@ -66,7 +67,15 @@ def as_examples(inputs, text_column=None, text_b_column=None, label_column="labe
         else:
             raise UserError(f"input {i}: expected an Example, a string or a (text_a, text_b) pair of strings, "
                             f"not {type(item).__name__}")
-    return out
+    return _checked(out)
+
+
+def _checked(examples):
+    for e in examples:
+        check_text(e.text_a, f"input {e.guid}")
+        if e.text_b is not None:
+            check_text(e.text_b, f"input {e.guid}'s second text")
+    return examples
 
 
 def _from_frame(frame, text_column, text_b_column, label_column):
