@@ -137,6 +137,28 @@ def test_a_tagger_learns_entities_that_need_context_on_two_towers_and_predicts_l
     assert clf.task_type == "classification" and clf.labels == ["neg", "pos"] and clf.global_step == 0
 
 
+def test_a_space_token_keeps_predict_txt_three_columns_and_reads_back(tmp_path):
+    """CLUENER's texts hold spaces, a character a token: the line of a space token had two columns, which
+    conlleval and the CoNLL reader refuse (issue 66, item 6). It is written as [SPACE]; predictions.jsonl
+    keeps the text."""
+    import json
+
+    from bert_mgpu.data.tagged import Sentence, read_tagged
+
+    text = "Bob 在 北京"
+    sentences = [Sentence("test-0", list(text), ["B-PER", "I-PER", "I-PER", "O", "O", "O", "B-LOC", "I-LOC"], 1),
+                 Sentence("test-1", ["New York", "is"], ["B-LOC", "O"], 1)]
+    predicted = [["B-PER", "I-PER", "I-PER", "I-PER", "O", "O", "B-LOC", "I-LOC"], ["B-LOC", "O"]]
+    files = TokenClassification().prediction_files(sentences, predicted, "cluener")
+    lines = [line for line in files["predict.txt"].splitlines() if line]
+    assert all(len(line.split(" ")) == 3 for line in lines), lines
+    assert lines[3] == "[SPACE] O I-PER" and lines[5] == "[SPACE] O O" and lines[8] == "New[SPACE]York B-LOC B-LOC"
+    assert json.loads(files["predictions.jsonl"].splitlines()[0])["text"] == text
+    (tmp_path / "predict.txt").write_text(files["predict.txt"])
+    back = read_tagged(str(tmp_path / "predict.txt"), "conll", tag_column=1)
+    assert [s.tokens for s in back][0][3] == "[SPACE]" and [s.tags for s in back] == [s.tags for s in sentences]
+
+
 def test_prediction_files_give_conll_columns_entities_with_character_offsets_and_cluener_submissions():
     import json
 

@@ -8,6 +8,8 @@ Example:
 """
 
 import json
+import logging
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -17,6 +19,10 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.objectives import Objective, label_maps
+
+log = logging.getLogger("bert_mgpu")
+SPACE = "[SPACE]"  # a white-space character of a token, in predict.txt's columns
+_WHITE = re.compile(r"\s")
 
 
 class TokenClassification(Objective):
@@ -88,12 +94,17 @@ class TokenClassification(Objective):
         the text, end exclusive, and the token span), test_results.txt when every sentence has its true tags
         (eval_results.txt's scores, named test_) and, for CLUENER's data, cluener_predict.json (its
         submission format, character offsets, end inclusive). The text is the tokens joined by a space, or
-        run together when every token is one character (Chinese)."""
-        columns, found, cluener = [], [], []
+        run together when every token is one character (Chinese). In predict.txt each white-space
+        character of a token (CLUENER's texts hold spaces, a character a token) is written as [SPACE]:
+        a space token would leave its line two columns, which conlleval and the CoNLL reader refuse;
+        predictions.jsonl keeps the text as it is."""
+        columns, found, cluener, spaced = [], [], [], 0
         for n, (s, tags) in enumerate(zip(sentences, predicted, strict=True)):
             gold = s.tags or [None] * len(tags)
-            columns.append("".join(" ".join(c for c in (token, true, tag) if c is not None) + "\n"
-                                   for token, true, tag in zip(s.tokens, gold, tags)) + "\n")
+            cells = [SPACE.join(_WHITE.split(token)) if _WHITE.search(token) else token for token in s.tokens]
+            spaced += sum(cell != token for cell, token in zip(cells, s.tokens))
+            columns.append("".join(" ".join(c for c in (cell, true, tag) if c is not None) + "\n"
+                                   for cell, true, tag in zip(cells, gold, tags)) + "\n")
             joiner = "" if all(len(t) == 1 for t in s.tokens) else " "
             starts = np.cumsum([0] + [len(t) + len(joiner) for t in s.tokens])
             text = joiner.join(s.tokens)
@@ -107,6 +118,9 @@ class TokenClassification(Objective):
             for e in spans:
                 label.setdefault(e["type"], {}).setdefault(e["text"], []).append([e["start"], e["end"] - 1])
             cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
+        if spaced:
+            log.info("predict.txt: %d token(s) holding white space written with %s (predictions.jsonl keeps "
+                     "the text)", spaced, SPACE)
         files = {"predict.txt": "".join(columns), "predictions.jsonl": "".join(found)}
         if sentences and all(s.tags is not None for s in sentences):  # a tagged test set: conlleval's scores
             results, report = self.evaluate([s.tags for s in sentences], predicted)
