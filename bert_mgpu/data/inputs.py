@@ -4,13 +4,18 @@ list, a pandas DataFrame's rows) and the check every text passes before TensorFl
 from bert_mgpu.core.errors import UserError
 
 
+def is_frame(inputs):
+    """Whether `inputs` is a pandas DataFrame, told without importing pandas."""
+    return hasattr(inputs, "columns") and hasattr(inputs, "to_dict")
+
+
 def rows_of(inputs):
     """A list of inputs from one string, a list or iterable of inputs, or a DataFrame (its rows as dicts,
     column name -> value; read without importing pandas). A DataFrame iterated directly gives its column
     names, which would read as texts."""
     if isinstance(inputs, str | bytes):
         return [inputs]
-    if hasattr(inputs, "columns") and hasattr(inputs, "to_dict"):
+    if is_frame(inputs):
         return inputs.to_dict("records")
     if isinstance(inputs, dict):
         return [inputs]

@@ -14,7 +14,7 @@ import os
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import glue_tasks
-from bert_mgpu.data.inputs import check_text
+from bert_mgpu.data.inputs import check_text, is_frame
 from bert_mgpu.data.text_files import read_json_lines, read_rows
 from bert_mgpu.model.objectives import KINDS, objective
 
@@ -54,7 +54,7 @@ def as_examples(inputs, text_column=None, text_b_column=None, label_column="labe
     """
     if isinstance(inputs, str | Example):
         inputs = [inputs]
-    if hasattr(inputs, "columns") and hasattr(inputs, "to_dict"):  # a DataFrame, read without importing pandas
+    if is_frame(inputs):
         return _checked(_from_frame(inputs, text_column, text_b_column, label_column))
     out = []
     for i, item in enumerate(inputs):
