@@ -390,3 +390,38 @@ def test_truncation_is_kept_by_the_run_and_served_by_its_saved_model(trained, tm
         both.export(str(tmp_path / "keras_hub"), "keras_hub")
     with pytest.raises(UserError, match="--truncation=middle: one of"):
         bert_mgpu.BertClassifier.from_pretrained(str(out), towers=towers, max_seq_length=32, truncation="middle")
+
+
+def test_a_run_started_over_replaces_its_old_export_and_a_foreign_one_is_refused(trained, tmp_path):
+    """Issue 66 item 3: --overwrite_output_dir retrained to the same step and kept the old run's export
+    ("already there, from step 80"): the stamp named directory, format, precision and step, not the weights.
+    It now holds the weights' digest: the new run's export replaces the old one; without the flag, an
+    export of other weights is refused, left as it was."""
+    out, _, _ = trained
+    run = tmp_path / "out"
+    args = ["--task_name=tsv", f"--data_dir={out.parent / 'data'}", f"--init_checkpoint={out.parent / 'release'}",
+            f"--output_dir={run}", "--do_train", "--do_export", "--export_format=hf", "--n_gpus=0",
+            "--towers_per_gpu=2", "--train_batch_size=8", "--max_seq_length=32", "--precision=float32",
+            "--num_train_epochs=1"]
+    run_script("run_classifier_mgpu.py", *args, "--learning_rate=2e-3")
+    first = json.load(open(run / "bert_mgpu.json"))["global_step"]
+    old = (run / "export" / "hf" / "model.safetensors").read_bytes()
+    proc = run_script("run_classifier_mgpu.py", *args, "--learning_rate=1e-3", "--overwrite_output_dir")
+    step = json.load(open(run / "bert_mgpu.json"))["global_step"]
+    assert step == first > 0  # the same step, other weights
+    assert f"export: hf -> {run / 'export' / 'hf'} (replacing the export of step {step}" in proc.stdout
+    new = (run / "export" / "hf" / "model.safetensors").read_bytes()
+    assert new != old
+    digest = export.as_trained(str(run)).digest()
+    stamp = json.load(open(run / "export" / "hf" / ".bert_mgpu_stamp.json"))
+    assert stamp["weights_sha256"] == digest and stamp["step"] == step
+    assert export.as_trained(str(run / "export" / "hf")).digest() == digest  # the export holds those weights
+    # The same command again: done. A stamp of other weights (an older export), without the flag: refused.
+    proc = run_script("run_classifier_mgpu.py", *args, "--learning_rate=1e-3")
+    assert f"export: hf -> {run / 'export' / 'hf'} (already there, from step {step})" in proc.stdout
+    stamp["weights_sha256"] = "0" * 64
+    (run / "export" / "hf" / ".bert_mgpu_stamp.json").write_text(json.dumps(stamp))
+    proc = run_script("run_classifier_mgpu.py", *args, "--learning_rate=1e-3", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "holds an earlier export of this run directory" in proc.stderr.strip().splitlines()[-1]
+    assert (run / "export" / "hf" / "model.safetensors").read_bytes() == new

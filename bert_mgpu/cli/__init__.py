@@ -83,14 +83,14 @@ def define_export_flags():
                       "computes other outputs (tanh-GELU, NFKC lower-casing); the difference is logged.")
 
 
-EXPORT_STAMP = ".bert_mgpu_stamp.json"  # in each export: which run, format, precision and step made it
+EXPORT_STAMP = ".bert_mgpu_stamp.json"  # in each export: which run, format, precision, step and weights made it
 
 
-def _stamp(fmt, step):
+def _stamp(fmt, step, weights=None):
     import os
 
     return {"output_dir": os.path.realpath(FLAGS.output_dir) if FLAGS.output_dir else None, "format": fmt,
-            "precision": FLAGS.export_precision, "step": step}
+            "precision": FLAGS.export_precision, "step": step, "weights_sha256": weights}
 
 
 def _stamp_of(directory):
@@ -99,7 +99,11 @@ def _stamp_of(directory):
     from bert_mgpu.core import storage
 
     path = os.path.join(directory, EXPORT_STAMP)
-    return storage.read_json(path) if storage.exists(path) else None
+    stamp = storage.read_json(path) if storage.exists(path) else None
+    return stamp if isinstance(stamp, dict) else None
+
+
+_WHERE = ("output_dir", "format", "precision")  # what makes an export this run's, whatever its weights
 
 
 def export_targets(output_dir):
@@ -124,35 +128,46 @@ def export_targets(output_dir):
         if fmt not in FORMATS:
             raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
         target = os.path.join(base, fmt)
-        mine = {k: v for k, v in (_stamp_of(target) or {}).items() if k != "step"} == \
-            {k: v for k, v in _stamp(fmt, None).items() if k != "step"}
-        targets.append((fmt, target if mine else check_new_dir(target)))
+        stamp, mine = _stamp_of(target) or {}, _stamp(fmt, None)
+        targets.append((fmt, target if all(stamp.get(k) == mine[k] for k in _WHERE) else check_new_dir(target)))
     return targets
 
 
 def run_exports(source, targets, texts=None):
-    """Export `source` (a model in memory or a directory) to each target; prints where each went. A target
-    already holding this run's export of the same step is done (a rerun of a finished command)."""
+    """Export `source` (a model in memory or a directory) to each target; prints where each went.
+
+    A target already holding this run's export of the same weights is done (a rerun of a finished command).
+    One of this run's directory but other weights (the run went on, or started over) is replaced with
+    --overwrite_output_dir and refused without it: the stamp's weights digest, not the step, decides, so a
+    run started over that reaches the same step never keeps the old run's export."""
     import json
 
     from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.io import run_dir
-    from bert_mgpu.io.export import export_model
+    from bert_mgpu.io.export import as_trained, export_model
 
+    if not targets:
+        return
     step = getattr(source, "global_step", None)
     if step is None and isinstance(source, str):
         step = (run_dir.read_run(source) or {}).get("global_step") if storage.isdir(source) else None
+    trained = as_trained(source)
+    digest = trained.digest()
     for fmt, target in targets:
-        stamp = _stamp_of(target)
-        if stamp is not None and stamp == _stamp(fmt, step):
+        stamp, mine = _stamp_of(target), _stamp(fmt, step, digest)
+        if stamp is not None and stamp == mine:
             print(f"export: {fmt} -> {target} (already there, from step {step})")
             continue
         if stamp is not None:
-            raise UserError(f"{target}: holds this run's export of step {stamp.get('step')}, the model is at step "
-                            f"{step}; remove it to export again")
-        export_model(source, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts,
-                     extra_files={EXPORT_STAMP: json.dumps(_stamp(fmt, step)) + "\n"})
+            if not getattr(FLAGS, "overwrite_output_dir", False):
+                raise UserError(f"{target}: holds an earlier export of this run directory (step {stamp.get('step')}, "
+                                f"other weights than the model's now, at step {step}); remove it, or pass "
+                                "--overwrite_output_dir to replace it")
+            print(f"export: {fmt} -> {target} (replacing the export of step {stamp.get('step')}: "
+                  "--overwrite_output_dir)")
+        export_model(trained, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts,
+                     extra_files={EXPORT_STAMP: json.dumps(mine) + "\n"}, replace=stamp is not None)
         print(f"export: {fmt} -> {target}")
 
 

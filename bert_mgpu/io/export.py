@@ -56,17 +56,20 @@ def check_new_dir(path):
 
 
 def export_model(source, output_dir, format="saved_model", precision="float32", allow_approximate=False,
-                 texts=None, extra_files=None):
+                 texts=None, extra_files=None, replace=False):
     """Write `source` (a `Trained`, a classifier, a pretrainer or a directory any reader takes) to the new
     directory `output_dir` in `format`; returns output_dir.
 
     precision: the SavedModel's compute dtype policy (float32, mixed_bfloat16, mixed_float16).
     allow_approximate / texts: see `write_keras_hub`.
     extra_files: {name: text} written into the export before it moves into place (the scripts' stamp).
+    replace: an existing `output_dir` is replaced once the new export is whole (the scripts, for their own
+        earlier export); by default it must be new or empty.
     """
     if format not in FORMATS:
         raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
-    check_new_dir(output_dir)
+    if not replace:
+        check_new_dir(output_dir)
     trained = as_trained(source)
     if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
         raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "

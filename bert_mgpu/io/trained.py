@@ -62,6 +62,18 @@ class Trained:
     facts: dict = dataclasses.field(default_factory=dict)  # a head's own settings (a question answerer's windows)
     truncation: str = "head"
 
+    def digest(self):
+        """sha256 of what the model computes: kind, labels and every weight (names, shapes, values). An
+        export stamped with it is this model's, not an earlier run's of the same step."""
+        import hashlib
+
+        h = hashlib.sha256(repr((self.kind, self.task_type, list(self.labels))).encode())
+        for name in sorted(self.weights):
+            value = np.ascontiguousarray(self.weights[name], np.float32)
+            h.update(f"{name}{value.shape}".encode())
+            h.update(value.tobytes())
+        return h.hexdigest()
+
     @property
     def head(self):
         """The head's objective (None for a pretrainer): what its labels mean in an export."""
