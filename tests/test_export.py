@@ -46,17 +46,19 @@ def texts(n):
 
 
 def test_the_run_trained_and_exported_every_format(trained):
-    """Every format exported by the run, each stamped with the run, the format and the step it holds; the
-    run's dev accuracy is what its model, loaded back, scores on dev."""
+    """Every format exported by the run, each stamped with the run, the format, the step and the weights it
+    holds; the run's dev accuracy is what its model, loaded back, scores on dev."""
     import json
 
     out, clf, proc = trained
     results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert int(results["global_step"]) == 160  # 640 rows / (8 x 2 towers) x 4 epochs
+    digest = export.as_trained(str(out)).digest()  # the run's final weights
     for fmt in FORMATS:
         assert f"export: {fmt} -> {out / 'export' / fmt}" in proc.stdout
         stamp = json.loads((out / "export" / fmt / ".bert_mgpu_stamp.json").read_text())
-        assert stamp == {"output_dir": os.path.realpath(out), "format": fmt, "precision": "float32", "step": 160}
+        assert stamp == {"output_dir": os.path.realpath(out), "format": fmt, "precision": "float32", "step": 160,
+                         "weights_sha256": digest}
     dev = sentiment_rows(48, seed=2)
     p = clf.predict([text for _, text in dev])
     right = sum(("pos" if row[1] > row[0] else "neg") == label for row, (label, _) in zip(p, dev))
