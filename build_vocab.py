@@ -10,6 +10,8 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list("input_file", None, "Input text files, comma-separated (globs allowed).")
 flags.DEFINE_string("output_file", None, "vocab.txt to write.")
 flags.DEFINE_integer("vocab_size", 30522, "Most tokens in the vocabulary, specials included.")
+flags.DEFINE_integer("min_count", 2, "A character seen this many times is always a token (every Chinese character "
+                     "of the text, not only the 1,000 most frequent); a word or piece needs as many to enter.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case and strip accents (uncased models).")
 flags.DEFINE_enum("invalid_utf8", "error", ["error", "replace"], "Invalid UTF-8 in the text: stop naming the "
                   "line, or replace it by U+FFFD and count the lines.")
@@ -25,7 +27,7 @@ def run():
             raise UserError(f"--{name} is required")
     cli.check_not_an_input(FLAGS.output_file, "--output_file", [("--input_file", FLAGS.input_file)])
     vocab = build_vocab(FLAGS.input_file, FLAGS.vocab_size, FLAGS.output_file, FLAGS.do_lower_case,
-                        FLAGS.invalid_utf8)
+                        FLAGS.invalid_utf8, FLAGS.min_count)
     print(f"{len(vocab)} tokens -> {FLAGS.output_file}")
 
 

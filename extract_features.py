@@ -5,7 +5,8 @@ embeddings as a .npy.
         --init_checkpoint=uncased_L-12_H-768_A-12 --layers=-1,-2,-3,-4 --max_seq_length=128 --n_gpus=4
     python extract_features.py --input_file=sentences.txt --output_npy=embeddings.npy --pooling=mean ...
 
-One input a line; `text_a ||| text_b` is a pair, as google-bert reads it. The JSON lines are google-bert's:
+One input a line, a blank line an empty text (so rows match lines); `text_a ||| text_b` is a pair, as
+google-bert reads it. The JSON lines are google-bert's:
 {"linex_index": i, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]}, ...]}, ...]}.
 A thin wrapper over `bert_mgpu.api.embeddings.Encoder`.
 """
@@ -36,18 +37,31 @@ flags.FLAGS.set_default("precision", "float32")
 
 
 def read_inputs(path):
+    """One example a line, blank lines included (as google-bert reads them: [CLS] [SEP]), so that row i of
+    the output is line i + 1 of the file; the line ending of the last line makes no row."""
+    import logging
+
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data.tasks import Example
-    from bert_mgpu.data.text_files import read_lines
+    from bert_mgpu.data.text_files import read_text
 
-    examples = []
-    for line, text in read_lines(path):
-        a, sep, b = text.partition(" ||| ")
-        if not a.strip() or (sep and not b.strip()):
-            raise UserError(f"{path}:{line}: empty text")
+    lines = read_text(path).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    examples, blank = [], []
+    for line, text in enumerate(lines, 1):
+        a, sep, b = text.rstrip("\r").partition(" ||| ")
+        if not a.strip() and not sep:
+            blank.append(line)
+        elif not a.strip() or (sep and not b.strip()):
+            raise UserError(f"{path}:{line}: empty text on one side of ' ||| '")
         examples.append(Example(str(len(examples)), a, b if sep else None))
-    if not examples:
-        raise UserError(f"{path}: no inputs")
+    if len(blank) == len(examples):
+        raise UserError(f"{path}: no inputs (empty or blank)")
+    if blank:
+        logging.getLogger("bert_mgpu").warning(
+            "%s: %d blank line(s), the first at line %d: each gives the features of an empty text ([CLS] [SEP]), "
+            "so that rows match lines", path, len(blank), blank[0])
     return examples
 
 

@@ -61,6 +61,9 @@ def _find(kind, wanted):
     return found[0]
 
 
+RUN_SETTINGS = ("doc_stride", "max_query_length", "n_best_size", "max_answer_length")  # kept in the run
+
+
 def run():
     import bert_mgpu
     from bert_mgpu import cli
@@ -76,7 +79,10 @@ def run():
     cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1, "max_query_length": 1, "n_best_size": 1,
                                 "max_answer_length": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
-    check_lengths(FLAGS.max_seq_length, FLAGS.max_query_length, FLAGS.doc_stride)
+    # Training sets these; predicting from a run directory takes the run's own unless a flag is given.
+    given = {n: getattr(FLAGS, n) for n in RUN_SETTINGS if FLAGS.do_train or FLAGS[n].present}
+    if FLAGS.do_train:
+        check_lengths(FLAGS.max_seq_length, FLAGS.max_query_length, FLAGS.doc_stride)
     if not math.isfinite(FLAGS.null_score_diff_threshold):  # nan compares false: every question answered
         raise UserError(f"--null_score_diff_threshold={FLAGS.null_score_diff_threshold}: must be a finite number")
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
@@ -102,9 +108,9 @@ def run():
     qa = bert_mgpu.BertQuestionAnswerer.from_pretrained(
         init, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length if given_length else None,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
-        fused_encoder=FLAGS.fused_encoder, doc_stride=FLAGS.doc_stride, max_query_length=FLAGS.max_query_length,
-        n_best_size=FLAGS.n_best_size, max_answer_length=FLAGS.max_answer_length, version_2_with_negative=v2,
-        null_score_diff_threshold=FLAGS.null_score_diff_threshold)
+        fused_encoder=FLAGS.fused_encoder, version_2_with_negative=v2,
+        null_score_diff_threshold=FLAGS.null_score_diff_threshold, **given)
+    check_lengths(qa.max_seq_length, qa.max_query_length, qa.doc_stride)  # the run's, before any work
     qa.metric = None if FLAGS.metric == "auto" else FLAGS.metric
     if questions is not None and qa.metric is None:
         qa.metric = metric_for(questions)

@@ -62,21 +62,25 @@ def test_extract_features_writes_googles_json_lines_and_npy(reference, minilm_di
                       f"--output_file={tmp_path / 'f.jsonl'}", f"--output_npy={tmp_path / 'e.npy'}",
                       f"--init_checkpoint={minilm_dir}", "--layers=-1,-2", "--max_seq_length=32", "--n_gpus=0",
                       "--towers_per_gpu=2", "--precision=float32", "--batch_size=1")
-    assert "features: 2 lines, layers -1,-2" in proc.stdout and "embeddings: 2 x 384 (mean)" in proc.stdout
+    assert "features: 3 lines, layers -1,-2" in proc.stdout and "embeddings: 3 x 384 (mean)" in proc.stdout
+    assert "in.txt: 1 blank line(s), the first at line 2: each gives the features of an empty text" in proc.stderr
     lines = [json.loads(line) for line in open(tmp_path / "f.jsonl")]
-    assert [x["linex_index"] for x in lines] == [0, 1]
-    tokens = [f["token"] for f in lines[1]["features"]]
+    assert [x["linex_index"] for x in lines] == [0, 1, 2]  # row i is line i + 1, the blank one included
+    assert [f["token"] for f in lines[1]["features"]] == ["[CLS]", "[SEP]"]  # as google-bert reads a blank line
+    tokens = [f["token"] for f in lines[2]["features"]]
     assert tokens == ["[CLS]", "hello", "world", "[SEP]", "a", "second", "sentence", "[SEP]"]
-    assert [layer["index"] for layer in lines[1]["features"][0]["layers"]] == [-1, -2]
+    assert [layer["index"] for layer in lines[2]["features"][0]["layers"]] == [-1, -2]
     model = transformers.BertModel.from_pretrained(minilm_dir).eval()
     tok = transformers.BertTokenizer.from_pretrained(minilm_dir)
     with torch.no_grad():
         hidden = model(**tok(["hello world"], ["a second sentence"], return_tensors="pt"),
                        output_hidden_states=True).hidden_states
     for j, index in enumerate((-1, -2)):
-        ours = np.array([f["layers"][j]["values"] for f in lines[1]["features"]])
+        ours = np.array([f["layers"][j]["values"] for f in lines[2]["features"]])
         assert np.abs(ours - hidden[index][0].numpy()).max() <= 1e-4
-    assert np.load(tmp_path / "e.npy").shape == (2, 384)
+    mean, _, _ = transformers_reference(minilm_dir, ["A man is playing a guitar.", ""])
+    vectors = np.load(tmp_path / "e.npy")
+    assert vectors.shape == (3, 384) and np.abs(vectors[:2] - mean).max() <= 1e-4  # the blank line is row 1
     bad = run_script("extract_features.py", f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'x'}",
                      f"--init_checkpoint={google_release}", "--layers=-3", "--max_seq_length=32", check=False)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines()[-1] == (

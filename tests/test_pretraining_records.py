@@ -189,6 +189,64 @@ def test_vocabulary_builder_splits_cjk_and_keeps_specials_first(tmp_path):
 
 
 
+def chinese_text(path, n_chars=1500, lines=3000):
+    """Lines of `n_chars` distinct ideographs drawn by a Zipf-like law (the commonest seen thousands of
+    times, the rarest a few), each with a place name and English words -> the counts of its characters."""
+    import collections
+    import random
+
+    rng = random.Random(0)
+    chars = [chr(0x4E00 + 7 * i) for i in range(n_chars)]
+    weights = [1 / (i + 1) ** 0.6 for i in range(n_chars)]
+    text = "".join("".join(rng.choices(chars, weights, k=rng.randint(8, 30))) + "，江苏省 running runners ran。\n"
+                   for _ in range(lines))
+    path.write_text(text, encoding="utf-8")
+    return collections.Counter(text)
+
+
+def test_every_chinese_character_seen_min_count_times_is_a_token_of_its_own(tmp_path, caplog):
+    """More than the learner's default alphabet of 1,000 characters: each seen twice (--min_count's default)
+    tokenizes to itself, no `##汉` piece (a CJK character is always a word) takes room, and the vocabulary
+    says truly why it is smaller than asked. keras-hub's learner with its defaults, on this text: 2,010
+    tokens, 1,000 of them ## pieces, 506 characters seen 10+ times [UNK] (benchmarks/NOTES.md)."""
+    import logging
+
+    from bert_mgpu.data.tokenization import is_cjk
+    from bert_mgpu.data.vocab import build_vocab
+
+    seen = chinese_text(tmp_path / "zh.txt")
+    ideographs = [c for c in seen if is_cjk(c)]
+    assert len(ideographs) > 1500 and min(seen[c] for c in ideographs) >= 2  # 江苏省 besides
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        vocab = build_vocab([str(tmp_path / "zh.txt")], 4000, str(tmp_path / "vocab.txt"))
+    tok = FullTokenizer(str(tmp_path / "vocab.txt"))
+    assert [c for c in ideographs if tok.tokenize(c) != [c]] == []
+    assert tok.tokenize("江苏省 running runners") == ["江", "苏", "省", "running", "runners"]
+    assert not [t for t in vocab if t.startswith("##") and is_cjk(t[2:])]
+    letters = {c for c in seen if c.isalpha() and not is_cjk(c)}
+    assert {"##" + c for c in letters} <= set(vocab)  # outside CJK a character may end a word
+    assert len(vocab) == len(set(vocab)) < 4000
+    assert (f"the vocabulary has {len(vocab)} tokens, fewer than the 4000 asked: the text holds no more words and "
+            "pieces seen at least 2 times (--min_count)") in caplog.text
+
+
+def test_characters_that_do_not_fit_are_one_line_naming_the_min_count_that_fits(tmp_path):
+    from bert_mgpu.data.tokenization import is_cjk
+    from bert_mgpu.data.vocab import build_vocab
+
+    seen = chinese_text(tmp_path / "zh.txt")
+    with pytest.raises(UserError) as e:
+        build_vocab([str(tmp_path / "zh.txt")], 1000, str(tmp_path / "vocab.txt"))
+    said = str(e.value)
+    count, kept = (int(w) for w in re.fullmatch(r"--vocab_size=1000: the text has \d+ characters seen at least 2 times "
+                   r"\(--min_count\), \d+ tokens with their ## forms and the specials; raise --vocab_size, or "
+                   r"--min_count to (\d+), which keeps (\d+) characters", said).groups())
+    assert kept == sum(n >= count for c, n in seen.items() if not c.isspace()) and not (tmp_path / "vocab.txt").exists()
+    vocab = build_vocab([str(tmp_path / "zh.txt")], 1000, str(tmp_path / "vocab.txt"), min_count=count)
+    tok = FullTokenizer(str(tmp_path / "vocab.txt"))
+    assert len(vocab) <= 1000 and all(tok.tokenize(c) == [c] for c, n in seen.items() if n >= count and is_cjk(c))
+
+
 def test_a_vocabulary_smaller_than_asked_says_so(tmp_path, caplog):
     import logging
 
@@ -244,7 +302,7 @@ def test_build_vocab_script_bad_input_is_one_line(tmp_path, case, expected):
     assert not (tmp_path / "vocab.txt").exists() and os.listdir(tmp_path / "vocab_dir") == []
     if case == "invalid_utf8":
         proc = run_script("build_vocab.py", f"--input_file={tmp_path / source}", f"--output_file={target}",
-                          "--vocab_size=50", "--invalid_utf8=replace")
+                          "--vocab_size=50", "--invalid_utf8=replace", "--min_count=1")
         assert "replaced by U+FFFD on 1 line(s), the first at line 2" in proc.stderr
         assert "\ufffd" in target.read_text(encoding="utf-8")
 

@@ -79,14 +79,21 @@ def test_train_predict_and_score_write_run_squads_files(trained, data):
 
 
 def test_the_exports_and_the_run_directory_answer_again_the_same(trained, data, tmp_path):
+    """The run directory predicts with its own windows (--doc_stride=6, --max_query_length=4, not the flags'
+    defaults, which would also not fit its 24 pieces); the exports, which keep no settings, are told them."""
     out, _, _ = trained
     expected = json.load(open(os.path.join(out, "predictions.json")))
+    lengths = ("--max_seq_length=24", "--doc_stride=6", "--max_query_length=4")
     for source in (out, os.path.join(out, "export", "hf"), os.path.join(out, "export", "google")):
         again = tmp_path / os.path.basename(source)
-        run(f"--init_checkpoint={source}", f"--predict_file={data}/dev-v1.1.json", f"--output_dir={again}",
-            "--do_predict", "--n_gpus=0", "--towers_per_gpu=2", "--max_seq_length=24", "--doc_stride=6",
-            "--max_query_length=4", "--precision=float32")
+        proc = run(f"--init_checkpoint={source}", f"--predict_file={data}/dev-v1.1.json", f"--output_dir={again}",
+                   "--do_predict", "--n_gpus=0", "--towers_per_gpu=2", "--precision=float32",
+                   *(lengths if source != out else ()))
         assert json.load(open(again / "predictions.json")) == expected, source
+        assert "was trained with" not in proc.stderr
+    proc = run(f"--init_checkpoint={out}", f"--predict_file={data}/dev-v1.1.json", f"--output_dir={tmp_path / 'o'}",
+               "--do_predict", "--n_gpus=0", "--precision=float32", "--doc_stride=5")
+    assert f"--doc_stride=5: {out} was trained with 6; using 5" in proc.stderr
 
 
 def test_chinese_data_is_scored_by_cmrc_2018s_rules(trained, tmp_path):

@@ -132,6 +132,10 @@ class BertQuestionAnswerer(FineTuned):
             log.info("span head loaded from %s", init_checkpoint)
         else:
             log.info("span head is freshly initialized")
+        for name, value in flags.items():  # a setting given that is not the one the run was trained with
+            if own and value is not None and name in facts and facts[name] != value:
+                log.warning("--%s=%s: %s was trained with %s; using %s", name, value, init_checkpoint, facts[name],
+                            value)
         settings = {k: v for k, v in {**facts, **flags}.items() if v is not None}
         qa = cls(model, opened.tokenizer, opened.config, opened.towers, opened.policy, found.max_seq_length,
                  fused_encoder, **settings)

@@ -23,6 +23,7 @@ import tensorflow_text as tf_text
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches
+from bert_mgpu.data.tokenization import is_cjk
 from bert_mgpu.model.tagging_objectives import TokenClassification
 
 IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
@@ -162,18 +163,11 @@ def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, se
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, per_token=True)
 
 
-def _is_cjk(code):
-    """google-bert's _is_chinese_char: the CJK Unified Ideograph blocks, each character a word."""
-    return (0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x20000 <= code <= 0x2A6DF
-            or 0x2A700 <= code <= 0x2B81F or 0x2B820 <= code <= 0x2CEAF or 0xF900 <= code <= 0xFAFF
-            or 0x2F800 <= code <= 0x2FA1F)
-
-
 def _stands_alone(char):
     """Punctuation (google-bert's: ASCII symbols and Unicode P*) and CJK characters are words by themselves."""
     code = ord(char)
     return (33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126
-            or unicodedata.category(char).startswith("P") or _is_cjk(code))
+            or unicodedata.category(char).startswith("P") or is_cjk(char))
 
 
 def split_words(text):
@@ -194,7 +188,7 @@ def split_words(text):
 
 
 # split_words' rules as RE2 patterns, for the SavedModel: white space (Python's str.isspace), and the
-# characters that stand alone (ASCII symbols, Unicode punctuation, the CJK blocks of _is_cjk).
+# characters that stand alone (ASCII symbols, Unicode punctuation, the CJK blocks of is_cjk).
 _SPACE = r"[\s\v\x{1c}-\x{1f}\x{85}\p{Z}]+"
 _ALONE = (r"[!-/:-@\[-`{-~\p{P}\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A6DF}\x{2A700}-\x{2B81F}"
           r"\x{2B820}-\x{2CEAF}\x{F900}-\x{FAFF}\x{2F800}-\x{2FA1F}]")
