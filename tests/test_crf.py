@@ -78,3 +78,14 @@ def test_the_graphs_viterbi_equals_the_hosts_on_rows_of_every_length():
         assert tuple(got[row, :n]) == tuple(viterbi(emissions[row, :n], transitions)), row
     one = viterbi_tf(tf.constant(emissions[:, :1]), tf.constant(np.minimum(lengths, 1)), tf.constant(transitions))
     assert one.numpy()[1:, 0].tolist() == emissions[1:, 0].argmax(-1).tolist()
+    # Traced as the SavedModel traces it, on batches whose longest row has 0, 1 or 2 words, or no rows at all:
+    # a scan over no step used to fail there ("Tried to stack elements of an empty list").
+    graph = tf.function(viterbi_tf, input_signature=[tf.TensorSpec([None, None, c]), tf.TensorSpec([None], tf.int32),
+                                                     tf.TensorSpec([c, c])])
+    for width in (0, 1, 2):
+        for rows in (0, 1, 3):
+            part, n = emissions[:rows, :width], np.minimum(lengths[1:rows + 1], width)
+            got = graph(part, n, transitions).numpy()
+            assert got.shape == (rows, width)
+            for row in range(rows):
+                assert tuple(got[row, :n[row]]) == tuple(viterbi(part[row, :n[row]], transitions)), (width, row)

@@ -196,5 +196,11 @@ _ALONE = (r"[!-/:-@\[-`{-~\p{P}\x{4E00}-\x{9FFF}\x{3400}-\x{4DBF}\x{20000}-\x{2A
 
 def split_words_tf(text):
     """`split_words` as TensorFlow ops: strings [batch] -> (words, byte starts, byte ends), each ragged
-    [batch, (words)]; offsets into the UTF-8 bytes of each text."""
-    return tf_text.regex_split_with_offsets(text, f"{_SPACE}|{_ALONE}", _ALONE)
+    [batch, (words)]; offsets into the UTF-8 bytes of each text. tf-text's splitter ends a text at a NUL, so
+    it splits a copy with NUL as U+0001 (neither is white space or punctuation) and the words are cut from
+    the text itself."""
+    safe = tf.strings.regex_replace(text, "\x00", "\x01")
+    words, starts, ends = tf_text.regex_split_with_offsets(safe, f"{_SPACE}|{_ALONE}", _ALONE)
+    own = tf.strings.substr(tf.gather(text, words.value_rowids()), starts.flat_values,
+                            ends.flat_values - starts.flat_values)
+    return words.with_flat_values(own), starts, ends

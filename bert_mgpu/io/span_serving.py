@@ -18,6 +18,12 @@ def _char_offsets(text, byte_offsets):
     return tf.strings.length(tf.strings.substr(text, tf.zeros_like(byte_offsets), byte_offsets), unit="UTF8_CHAR")
 
 
+def _take(values, index):
+    """tf.gather with one element more: a request whose only contexts are empty has no piece (nor window)
+    to gather, and its answers, none, are masked after."""
+    return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), index)
+
+
 def _context_pieces(tokenizer, context):
     """Each context's WordPieces and the characters [start, end) each came from -> (ids, starts, ends), ragged
     [batch, (pieces)]; a word whose pieces do not spell it gives each piece the whole word."""
@@ -110,12 +116,12 @@ def span_endpoint(tokenizer, model, max_seq_length, max_query_length, doc_stride
             tf.where(window_best == tf.gather(text_best, text_of), tf.range(tf.shape(text_of)[0]), 2**30), text_of, n)
         found = text_best > low / 2
         w = tf.where(found, first_window, 0)
-        context_start = tf.gather(first, w) - tf.gather(offset, w)  # window position -> context piece index
+        context_start = _take(first, w) - _take(offset, w)  # window position -> context piece index
         first_piece = tf.cast(ids.row_splits[:-1], tf.int32)  # each text's first piece among all
-        a = first_piece + context_start + tf.gather(start_at, w)
-        b = first_piece + context_start + tf.gather(end_at, w)
-        char_start = tf.where(found, tf.gather(starts.flat_values, tf.where(found, a, 0)), -1)
-        char_end = tf.where(found, tf.gather(ends.flat_values, tf.where(found, b, 0)), -1)
+        a = first_piece + context_start + _take(start_at, w)
+        b = first_piece + context_start + _take(end_at, w)
+        char_start = tf.where(found, _take(starts.flat_values, tf.where(found, a, 0)), -1)
+        char_end = tf.where(found, _take(ends.flat_values, tf.where(found, b, 0)), -1)
         null = tf.math.unsorted_segment_min(logits[:, 0, 0] + logits[:, 0, 1], text_of, n)
         odds = tf.where(found, null - text_best, 0.0) if version_2_with_negative else tf.zeros([n], logits.dtype)
         answered = found & (odds <= null_score_diff_threshold) if version_2_with_negative else found

@@ -86,6 +86,8 @@ def viterbi_tf(emissions, lengths, transitions):
     emissions = tf.cast(emissions, tf.float32)
     transitions = tf.cast(tf.convert_to_tensor(transitions), tf.float32)
     labels = tf.shape(transitions)[0]
+    n = tf.shape(emissions)[1]  # 0 or 1 (a batch of texts of 0 or 1 word): padded to 2 for the scans, cut after
+    emissions = tf.pad(emissions, [[0, 0], [0, tf.maximum(2 - n, 0)], [0, 0]])
     time_major = tf.transpose(emissions, [1, 0, 2])
     live = tf.transpose(tf.sequence_mask(lengths, tf.shape(emissions)[1]))
     stay = tf.range(labels)[None, :]  # a step past a row's end points each tag at itself
@@ -102,11 +104,10 @@ def viterbi_tf(emissions, lengths, transitions):
     rows = tf.shape(emissions)[0]
     start = (time_major[0], tf.zeros([rows, labels], tf.int32))
     scores, backs = tf.scan(forward, (time_major[1:], live[1:]), initializer=start)
-    last = tf.cond(tf.shape(time_major)[0] > 1, lambda: scores[-1], lambda: time_major[0])
-    best = tf.argmax(last, 1, output_type=tf.int32)
+    best = tf.argmax(scores[-1], 1, output_type=tf.int32)
 
     def backward(tag, back):
         return tf.gather(back, tag, batch_dims=1)
 
     earlier = tf.scan(backward, backs, initializer=best, reverse=True)  # the tag before each later step
-    return tf.transpose(tf.concat([earlier, best[None]], 0))
+    return tf.transpose(tf.concat([earlier, best[None]], 0))[:, :n]
