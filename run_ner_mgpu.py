@@ -99,7 +99,7 @@ def run():
         max_seq_length=FLAGS.max_seq_length if given_length else None, do_lower_case=FLAGS.do_lower_case,
         bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file, fused_encoder=FLAGS.fused_encoder,
         doc_stride=FLAGS.doc_stride, crf=FLAGS.crf)
-    for split in ("train", "dev"):  # a tag the model has no output for, named by file and line
+    for split in ("train", "dev", "test"):  # a tag the model has no output for, named by file and line
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code

@@ -143,8 +143,8 @@ def test_a_tagged_test_set_is_scored_as_conlleval_scores_predict_txt(trained, da
     assert f"test: entity f1 {scores['f1']:.4f} (precision {scores['precision']:.4f}" in proc.stdout
 
 
-@pytest.mark.parametrize("case", ["unknown_dev_tag", "bad_tag_map", "crf_saved_model", "no_train_file",
-                                  "stride_too_long", "ragged_columns", "labels_twice"])
+@pytest.mark.parametrize("case", ["unknown_dev_tag", "unknown_test_tag", "bad_tag_map", "crf_saved_model",
+                                  "no_train_file", "stride_too_long", "ragged_columns", "labels_twice"])
 def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
     d = tmp_path / "data"
     d.mkdir()
@@ -156,6 +156,12 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
         lines[3] = lines[3].rsplit(" ", 1)[0] + " B-ORG"
         (d / "dev.txt").write_text("\n".join(lines) + "\n")
         expected = f"{d}/dev.txt:4: tag 'B-ORG' is not one of the training tags (O, B-LOC, B-PER, I-PER)"
+    elif case == "unknown_test_tag":  # a test file with gold tags; was "test-0: ...", no file or line
+        lines = (d / "dev.txt").read_text().splitlines()
+        lines[3] = lines[3].rsplit(" ", 1)[0] + " B-ORG"
+        (d / "test.txt").write_text("\n".join(lines) + "\n")
+        extra = ["--do_train", "--do_predict"]
+        expected = f"{d}/test.txt:4: tag 'B-ORG' is not one of the training tags (O, B-LOC, B-PER, I-PER)"
     elif case == "bad_tag_map":
         extra.append("--tag_map=nr:PER")
         expected = "--tag_map: 'nr:PER' is not pos=TYPE (as nr=PER)"

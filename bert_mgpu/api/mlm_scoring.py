@@ -17,6 +17,7 @@ import numpy as np
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import masked_rows
+from bert_mgpu.data.tokenization import SPECIAL_TOKENS
 from bert_mgpu.model.mlm_scorer import masked_lm_scorer, split_scores
 from bert_mgpu.train.training import Trainer
 
@@ -45,14 +46,15 @@ def fill_mask(pre, texts, top_k=5, batch_size=32, max_seq_length=512):
     "token_str", "score" (probability), "sequence" (the text with it filled in)}], most likely first."""
     ids = _encode(pre, texts, max_seq_length)
     rows = masked_rows.mask_rows(ids, pre.tokenizer)
-    _, top_log_probs, top_ids = _run(pre, rows, top_k, batch_size)
     vocab, out = pre.tokenizer.vocab, []
+    special = {vocab.index(t) for t in SPECIAL_TOKENS if t in vocab}  # [UNK], [CLS], ... are never a fill
+    _, top_log_probs, top_ids = _run(pre, rows, min(top_k + len(special), len(vocab)), batch_size)
     for i, text in enumerate(texts):
         parts, per_mask = text.split(masked_rows.MASK_TEXT), []
         for m in range(len(rows[i][1])):
-            per_mask.append([{"token": int(t), "token_str": vocab[t], "score": float(math.exp(lp)),
-                              "sequence": _sequence(parts, m, vocab[t])}
-                             for t, lp in zip(top_ids[i, m], top_log_probs[i, m])])
+            kept = [(int(t), lp) for t, lp in zip(top_ids[i, m], top_log_probs[i, m]) if int(t) not in special]
+            per_mask.append([{"token": t, "token_str": vocab[t], "score": float(math.exp(lp)),
+                              "sequence": _sequence(parts, m, vocab[t])} for t, lp in kept[:top_k]])
         out.append(per_mask)
     return out
 
