@@ -245,6 +245,9 @@ def test_characters_that_do_not_fit_are_one_line_naming_the_min_count_that_fits(
     vocab = build_vocab([str(tmp_path / "zh.txt")], 1000, str(tmp_path / "vocab.txt"), min_count=count)
     tok = FullTokenizer(str(tmp_path / "vocab.txt"))
     assert len(vocab) <= 1000 and all(tok.tokenize(c) == [c] for c, n in seen.items() if n >= count and is_cjk(c))
+    with pytest.raises(UserError, match=r"^the text has no character seen at least 100000 times \(--min_count\); "
+                                        "lower it$"):
+        build_vocab([str(tmp_path / "zh.txt")], 1000, str(tmp_path / "v2.txt"), min_count=100000)
 
 
 def test_a_vocabulary_smaller_than_asked_says_so(tmp_path, caplog):

@@ -84,15 +84,15 @@ def learn(counts, vocab_size, min_count):
             for c in word:
                 chars[c] += n
     kept = sorted(c for c, n in chars.items() if n >= min_count)
-    must = list(SPECIAL_TOKENS) + kept + ["##" + c for c in kept if not is_cjk(c)]
+    if not kept:
+        raise UserError(f"the text has no character seen at least {min_count} times (--min_count); lower it")
+    must = _must(kept)
     if len(must) > vocab_size:
         fits = _fitting(chars, vocab_size)
         raise UserError(f"--vocab_size={vocab_size}: the text has {len(kept)} characters seen at least {min_count} "
                         f"times (--min_count), {len(must)} tokens with their ## forms and the specials; raise "
                         "--vocab_size" + (f", or --min_count to {fits[0]}, which keeps {fits[1]} characters"
                                           if fits else ""))
-    if not kept:
-        return list(SPECIAL_TOKENS)
     cjk = sum(is_cjk(c) for c in kept)  # the learner adds a ## form of each: room made for them, then cut
     learned = learner.learn(counts, vocab_size + cjk, list(SPECIAL_TOKENS), lower_thresh=min_count,
                             max_token_length=MAX_TOKEN_LENGTH, max_unique_chars=len(kept), include_joiner_token=True,
@@ -102,11 +102,17 @@ def learn(counts, vocab_size, min_count):
     return (must + rest)[:vocab_size]
 
 
+def _must(chars):
+    """The tokens every vocabulary of these characters holds: the specials, each character, and its ## form
+    but for a CJK character."""
+    return list(SPECIAL_TOKENS) + list(chars) + ["##" + c for c in chars if not is_cjk(c)]
+
+
 def _fitting(chars, vocab_size):
     """(the lowest --min_count whose characters fit in `vocab_size`, how many it keeps), or None."""
     for n in sorted(set(chars.values())):
         kept = [c for c, k in chars.items() if k >= n]
-        if len(SPECIAL_TOKENS) + 2 * len(kept) - sum(is_cjk(c) for c in kept) <= vocab_size:
+        if len(_must(kept)) <= vocab_size:
             return n, len(kept)
     return None
 
