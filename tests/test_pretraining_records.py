@@ -53,6 +53,24 @@ def make(corpus, name, seed=12345, **cfg):
     return paths, stats
 
 
+def test_documents_too_short_for_next_sentence_prediction_are_said(corpus, tmp_path, caplog):
+    """One-sentence documents: nearly every instance gets a random next segment, and a warning says so;
+    the corpus of long documents gives about half and no warning."""
+    import logging
+
+    d, tok, _ = corpus
+    short = tmp_path / "short.txt"
+    short.write_text("".join(f"{' '.join(WORDS[i % 20:i % 20 + 6])} .\n\n" for i in range(60)), encoding="utf-8")
+    with caplog.at_level(logging.WARNING, "bert_mgpu"):
+        stats = pretraining_records.create_pretraining_data([str(short)], [str(tmp_path / "s.tfrecord")], tok,
+                                                            pretraining_records.MaskingConfig(max_seq_length=64))
+        share = stats["random_next"] / stats["instances"]
+        assert share > 0.9 and f"{100 * share:.0f}% of the instances pair a random next segment" in caplog.text
+        caplog.clear()
+        _, stats = make(corpus, "nsp", max_seq_length=64, dupe_factor=2)
+    assert 0.3 < stats["random_next"] / stats["instances"] < 0.6 and "random next segment" not in caplog.text
+
+
 def test_same_seed_same_bytes_other_seed_other_bytes(corpus):
     a, _ = make(corpus, "a", max_seq_length=64, dupe_factor=2)
     b, _ = make(corpus, "b", max_seq_length=64, dupe_factor=2)

@@ -230,6 +230,21 @@ def token_ids(tokenizer):
             "is_continuation": word_segments.continues(tokenizer).numpy()}
 
 
+RANDOM_NEXT_WARNING = 0.6  # google-bert pairs a random next segment half the time, always for a lone segment
+
+
+def _check_next_sentences(stats):
+    """A warning when documents are too short for next-sentence prediction: a document holding one segment
+    always gets a random next one, so the NSP task is mostly "random" and the B segments come from
+    elsewhere."""
+    share = stats["random_next"] / stats["instances"]
+    if share > RANDOM_NEXT_WARNING:
+        log.warning("%.0f%% of the instances pair a random next segment (50%% on long documents): most documents "
+                    "are too short to split into two segments. Join sentences into longer documents (a blank line "
+                    "ends one), raise --short_seq_prob, or pretrain without NSP (run_pretraining_mgpu.py "
+                    "--input_format=text --nsp=false)", 100 * share)
+
+
 def create_pretraining_data(input_files, output_files, tokenizer, cfg=None, random_seed=12345,
                             documents_per_buffer=100_000):
     """Write TFRecords for `input_files` round-robin over `output_files`; returns counts for the log."""
@@ -270,6 +285,7 @@ def create_pretraining_data(input_files, output_files, tokenizer, cfg=None, rand
             flush(buffer)
         if not stats["instances"]:
             raise UserError(f"{', '.join(input_files)}: no pretraining instances (is the text empty?)")
+        _check_next_sentences(stats)
     except BaseException:
         for w, t in zip(writers, temps):  # leave no partial shard behind; earlier outputs are untouched
             w.close()
