@@ -55,6 +55,11 @@ def test_segmented_words_become_character_tags_through_the_tag_map(tmp_path):
     assert "".join(second.tokens[:8]) == "中央人民广播电台" and second.tags[:8] == ["B-ORG"] + ["I-ORG"] * 7
     assert second.tags[second.tokens.index("北"):][:2] == ["B-LOC", "I-LOC"]
     assert set(read_tagged(str(tmp_path / "train.txt"))[0].tags) == {"O"}  # no map: nothing is an entity
+    (tmp_path / "short.txt").write_text("中共中央/nt  总书记/n\n江/nr\n北京/ns  报道/v  新闻/n\n")  # README's example
+    assert detect_format(str(tmp_path / "short.txt")) == "segmented"  # was conll: a first line of 2 items
+    assert [len(s.tokens) for s in read_tagged(str(tmp_path / "short.txt"))] == [7, 1, 6]
+    (tmp_path / "conll.txt").write_text("海 O\n钓 O\n\nand/or O\n")  # a tag column is never word/pos
+    assert detect_format(str(tmp_path / "conll.txt")) == "conll"
 
 
 def test_cluener_json_and_token_json_lines(tmp_path):

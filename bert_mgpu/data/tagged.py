@@ -59,7 +59,9 @@ def check_tag(tag, where):
 
 
 def detect_format(path, invalid_utf8="error"):
-    """The format of a file, from its first non-blank line (see the module's docstring)."""
+    """The format of a file, from its first non-blank lines (see the module's docstring): JSON from the first;
+    segmented when every item of the first 20 is `word/pos` (a CoNLL line's tag, O or B-X, never is), so
+    that a first line of one or two words is not taken for CoNLL columns."""
     lines = text_files.read_lines(path, invalid_utf8)
     if not lines:
         raise UserError(f"{path}: no sentences")
@@ -70,8 +72,7 @@ def detect_format(path, invalid_utf8="error"):
         except json.JSONDecodeError:
             obj = {}
         return "jsonl" if "tokens" in obj else "cluener"
-    items = first.split()
-    if len(items) > 2 and all(_WORD.match(item) for item in items):
+    if all(_WORD.match(item) for _, line in lines[:20] for item in line.split()):
         return "segmented"
     return "conll"
 
