@@ -190,6 +190,19 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
     assert not os.path.exists(out / "checkpoint")  # nothing trained
 
 
+def test_a_crf_runs_formats_are_all_checked_before_the_first_is_written(data, google_release, tmp_path):
+    """Predicting from a CRF run (no --crf given: the run's own) with --export_format=saved_model,hf: hf
+    cannot hold a CRF, so nothing is exported; it used to write the SavedModel, then fail."""
+    out = tmp_path / "out"
+    run(*common(data, google_release, str(out)), "--do_train", "--crf", "--num_train_epochs=0.05")
+    proc = run(*common(data, google_release, str(out)), f"--init_checkpoint={out}", "--do_predict", "--do_export",
+               "--export_format=saved_model,hf", check=False)  # a later flag wins
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        "run_ner_mgpu.py: error: --crf: transformers' BertForTokenClassification has no CRF; export the model as "
+        "google or saved_model")
+    assert not os.path.exists(out / "export" / "saved_model") and not os.path.exists(out / "export" / "hf")
+
+
 @pytest.mark.process
 def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(tmp_path, google_release):
     """The tagger's windows come back in the same order after a resume: its batches skip what was seen."""

@@ -145,7 +145,7 @@ def run_exports(source, targets, texts=None):
     from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.io import run_dir
-    from bert_mgpu.io.export import as_trained, export_model
+    from bert_mgpu.io.export import as_trained, check_format, export_model
 
     if not targets:
         return
@@ -153,6 +153,8 @@ def run_exports(source, targets, texts=None):
     if step is None and isinstance(source, str):
         step = (run_dir.read_run(source) or {}).get("global_step") if storage.isdir(source) else None
     trained = as_trained(source)
+    for fmt, _ in targets:  # every format before the first is written
+        check_format(trained, fmt)
     digest = trained.digest()
     for fmt, target in targets:
         stamp, mine = _stamp_of(target), _stamp(fmt, step, digest)

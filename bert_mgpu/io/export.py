@@ -71,17 +71,7 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     if not replace:
         check_new_dir(output_dir)
     trained = as_trained(source)
-    if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
-        raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
-                        "express (its BERT is post-LN); export it as saved_model")
-    if trained.kind == "tagger" and format not in TAGGER_FORMATS:
-        raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
-                        "(keras-hub has no token classifier)")
-    if trained.kind == "question_answerer" and format not in SPAN_FORMATS:
-        raise UserError(f"--export_format={format}: a question answerer exports as {' or '.join(SPAN_FORMATS)} "
-                        "(keras-hub has no span head)")
-    if trained.kind == "multiple_choice" and format not in CHOICE_FORMATS:
-        raise UserError(f"--export_format={format}: a multiple-choice model exports as {' or '.join(CHOICE_FORMATS)}")
+    check_format(trained, format)
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
@@ -97,6 +87,26 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     storage.replace_dir(tmp, output_dir)
     log.info("exported %s (%s) to %s", trained.kind, format, output_dir)
     return output_dir
+
+
+def check_format(trained, format):
+    """UserError when `trained` (a `Trained`) cannot be written in `format`; the scripts check every format
+    asked before writing the first, so a list of formats is written whole or not at all."""
+    if format not in FORMATS:
+        raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
+    if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
+        raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
+                        "express (its BERT is post-LN); export it as saved_model")
+    if trained.kind == "tagger" and format not in TAGGER_FORMATS:
+        raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
+                        "(keras-hub has no token classifier)")
+    if trained.kind == "question_answerer" and format not in SPAN_FORMATS:
+        raise UserError(f"--export_format={format}: a question answerer exports as {' or '.join(SPAN_FORMATS)} "
+                        "(keras-hub has no span head)")
+    if trained.kind == "multiple_choice" and format not in CHOICE_FORMATS:
+        raise UserError(f"--export_format={format}: a multiple-choice model exports as {' or '.join(CHOICE_FORMATS)}")
+    if format == "hf" and trained.head is not None:
+        trained.head.hf_architecture(trained.weights)  # a head transformers has no class for (a CRF) says so
 
 
 def _labels_config(trained):
