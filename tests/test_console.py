@@ -6,6 +6,7 @@ import pty
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import ROOT, run_python, sentiment_rows, write_tsv
 
@@ -72,3 +73,19 @@ def test_a_log_file_gets_no_progress_bar(google_release, tmp_path):
     assert [step.split(":")[0] for step in steps] == ["step 4", "step 8"], proc.stderr
     assert all(" loss 0." in step for step in steps), steps
     assert "Sharding callback duration" not in proc.stderr  # TensorFlow's line at every checkpoint save
+
+
+def test_a_prediction_draws_its_bar_only_where_it_redraws_in_place(google_release, capsys):
+    """1,000 texts predicted with stdout captured (a pipe, not a terminal): "auto" draws no bar, so no
+    carriage return or colour code lands in a log; verbose=True still draws it."""
+    import bert_mgpu
+
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)
+    clf = bert_mgpu.BertClassifier.from_pretrained(google_release, labels=["neg", "pos"], towers=towers,
+                                                   max_seq_length=8, precision="float32")
+    texts = [text for _, text in sentiment_rows(1000, seed=3)]
+    quiet = clf.predict(texts, batch_size=64)
+    assert capsys.readouterr().out == ""
+    shown = clf.predict(texts, batch_size=64, verbose=True)
+    out = capsys.readouterr().out
+    assert "1000/1000" in out and "\x1b[" in out and np.array_equal(quiet, shown)

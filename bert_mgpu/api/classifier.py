@@ -16,11 +16,10 @@ import logging
 import math
 from collections.abc import Sequence
 
-import keras
 import numpy as np
 
 from bert_mgpu.api.embeddings import Encoder
-from bert_mgpu.api.fine_tuning import FineTuned
+from bert_mgpu.api.fine_tuning import FineTuned, prediction_bar
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import check_windows, cut_documents, pool, window_dataset
 from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
@@ -250,9 +249,7 @@ class BertClassifier(FineTuned):
         dataset, windows = self._data(examples, self.towers.batch(batch_size), training=False, source=source,
                                       rows_multiple=self.towers.batch(math.gcd(batch_size, 8)))
         rows = len(examples) if windows is None else len(windows.lengths)
-        bar = None
-        if verbose is True or (verbose == "auto" and rows >= 1000):
-            bar = keras.utils.Progbar(rows, unit_name="example" if windows is None else "window")
+        bar = prediction_bar(rows, "example" if windows is None else "window", verbose)
         logits, labels = self._predictor.predict_logits(dataset, progress=bar.add if bar else None)
         if windows is None:
             return logits, labels
@@ -264,7 +261,7 @@ class BertClassifier(FineTuned):
         for a regression, the scores [N].
 
         `examples`: `Example`s, plain strings, (text_a, text_b) pairs or a pandas DataFrame (`as_examples`).
-        verbose: a progress bar; "auto" shows one for 1,000 examples or more.
+        verbose: a progress bar; "auto" shows one for 1,000 examples or more, in a terminal or notebook.
         """
         examples = as_examples(examples)
         logits, _ = self._logits(examples, batch_size, "predict", verbose)

@@ -20,6 +20,7 @@ from bert_mgpu.io.loading import Opened, open_checkpoint
 from bert_mgpu.parallel import agree
 from bert_mgpu.train import memory, optimization
 from bert_mgpu.train.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
+from bert_mgpu.train.loop import interactive
 from bert_mgpu.train.session import Session
 from bert_mgpu.train.train_config import TrainConfig
 from bert_mgpu.train.training import Trainer
@@ -123,9 +124,7 @@ class FineTuned:
         if int(batch_size) < 1:
             raise UserError(f"--{source}_batch_size={batch_size}: must be at least 1")
         data = make_dataset(rows, self.towers.batch(batch_size), self.towers.batch(min(batch_size, 8)))
-        bar = None
-        if verbose is True or (verbose == "auto" and len(rows) >= 1000):
-            bar = keras.utils.Progbar(len(rows), unit_name="window")
+        bar = prediction_bar(len(rows), "window", verbose)
         return self._predictor.predict_logits(data, progress=bar.add if bar else None)
 
     @property
@@ -281,3 +280,11 @@ class FineTuned:
                                      use_xla=use_xla, recompute=recompute)
         self.train_batch_size = best
         return best
+
+
+def prediction_bar(rows, unit, verbose):
+    """Keras' progress bar over a prediction: with verbose=True, or "auto" from 1,000 rows where it redraws
+    in place (a terminal, a notebook; a pipe or log file would get its carriage returns and colour codes)."""
+    if verbose is True or (verbose == "auto" and rows >= 1000 and interactive()):
+        return keras.utils.Progbar(rows, unit_name=unit)
+    return None

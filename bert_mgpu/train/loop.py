@@ -299,10 +299,15 @@ class Loop:
         return record, now
 
 
+def interactive():
+    """Whether stdout redraws in place (a terminal, a notebook): Keras' progress bar writes carriage returns
+    and colour codes, which a log file or a pipe should not get."""
+    return (hasattr(sys.stdout, "isatty") and sys.stdout.isatty()) or "ipykernel" in sys.modules
+
+
 def _progress_bar(until_step, step):
     """Keras' progress bar over this run's steps (a resumed run counts from where it resumed, so the time
-    left is right), where it redraws in place (a terminal, a notebook); a log file gets the logging lines."""
-    interactive = (hasattr(sys.stdout, "isatty") and sys.stdout.isatty()) or "ipykernel" in sys.modules
-    if until_step is None or until_step <= step or not interactive:
+    left is right), where it redraws in place; a log file gets the logging lines."""
+    if until_step is None or until_step <= step or not interactive():
         return None
     return keras.utils.Progbar(until_step - step, unit_name="step", stateful_metrics=["loss"])
