@@ -69,7 +69,7 @@ def test_a_run_reports_its_records_settings_and_final_results_to_wandb_mlflow_an
         google_release, tmp_path, monkeypatch):
     pytest.importorskip("wandb", reason="the test extra has wandb")
     pytest.importorskip("mlflow", reason="the test extra has mlflow-skinny")
-    for name in ("WANDB_MODE", "WANDB_PROJECT", "MLFLOW_TRACKING_URI"):
+    for name in ("WANDB_MODE", "WANDB_PROJECT", "WANDB_CACHE_DIR", "MLFLOW_TRACKING_URI"):
         monkeypatch.delenv(name, raising=False)
     train = [bert_mgpu.Example(str(i), t, label=y) for i, (y, t) in enumerate(sentiment_rows(64, seed=1))]
     dev = [bert_mgpu.Example(str(i), t, label=y) for i, (y, t) in enumerate(sentiment_rows(16, seed=2))]
@@ -81,6 +81,7 @@ def test_a_run_reports_its_records_settings_and_final_results_to_wandb_mlflow_an
     history = clf.fit(train, out, epochs=1, learning_rate=2e-3, verbose=False, log_every=2, dev=dev,
                       eval_every_steps=4, eval_batch_size=4, report_to=kinds)
     assert os.environ["WANDB_MODE"] == "offline"
+    assert glob.glob(os.path.join(out, "wandb", "cache", "wandb", "logs", "core-debug-*.log"))  # not ~/.cache
     results = clf.evaluate(dev, 4)
     reporting.report_results(kinds, out, results, results["global_step"])  # as the scripts do: the same runs
     ids = json.loads(open(os.path.join(out, "reporting.json")).read())

@@ -28,6 +28,7 @@ from bert_mgpu.core.errors import UserError
 KINDS = ("tensorboard", "wandb", "mlflow")
 INSTALL = {"wandb": "wandb", "mlflow": "mlflow-skinny (or mlflow)"}
 IDS_FILE = "reporting.json"
+_CACHE_SET = None  # the WANDB_CACHE_DIR bert_mgpu set (a user's own is left alone)
 log = logging.getLogger("bert_mgpu")
 
 
@@ -101,6 +102,10 @@ class Reporters:
 
         os.environ.setdefault("WANDB_MODE", "offline")  # never the network unless the user asks
         os.environ.setdefault("WANDB_SILENT", "true")
+        global _CACHE_SET
+        if os.environ.get("WANDB_CACHE_DIR") in (None, _CACHE_SET):  # W&B's core logs: in the run, not ~/.cache
+            os.environ["WANDB_CACHE_DIR"] = _CACHE_SET = os.path.join(os.path.abspath(self.output_dir), "wandb",
+                                                                      "cache")
         run_id = self._ids.get("wandb") or secrets.token_hex(4)  # W&B's ids: 8 of [a-z0-9]
         project = None if os.environ.get("WANDB_PROJECT") else "bert_mgpu"
         self._wandb = wandb.init(id=run_id, resume="allow", dir=self.output_dir, name=self.name, project=project,
