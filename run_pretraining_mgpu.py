@@ -148,10 +148,12 @@ def run():
         raise UserError("--do_whole_word_mask, --word_segmenter, --ref_file, --max_ngram_size and --span_masking mask "
                         "raw text (--input_format=text); records were masked when create_pretraining_data.py wrote "
                         "them")
+    def accumulation(plan):  # micro-batches a tower runs a step to make the global batch
+        return FLAGS.train_batch_size / (plan.job_towers * micro(plan))
+
     begun = cli.prelude(("do_train", "do_eval"), ("input_file", "output_dir"), micro, lambda plan: (
         f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch {FLAGS.train_batch_size}"
-        f" = {plan.job_towers} towers x {micro(plan)} x "
-        f"{FLAGS.train_batch_size / (plan.job_towers * micro(plan)):g} accumulation steps"))
+        f" = {plan.job_towers} towers x {micro(plan)} x {accumulation(plan):g} accumulation steps"), accumulation)
     if begun is None:
         return
     towers, exports = begun

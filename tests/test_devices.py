@@ -32,6 +32,7 @@ def test_cpu_plan_makes_logical_towers():
     plan = devices.plan_devices(0, 4, ())
     assert (plan.device_type, plan.towers) == ("CPU", 4)
     assert "global batch = 16 x 4 = 64" in plan.describe(16)
+    assert "global batch = 16 x 4 x 2 accumulation steps = 128" in plan.describe(16, 2)  # was "= 64" then 128
     assert plan.devices == ("/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3")
     assert plan.all_reduce == "ring" and devices.plan_devices(0, 1, ()).all_reduce == "none"
 

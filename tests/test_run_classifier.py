@@ -149,6 +149,13 @@ def test_dry_run_prints_the_plan():
     assert "global batch = 8 x 3 x 2 workers = 48" in proc.stdout
     proc = run("--dry_run", "--n_gpus=0", "--precision=float32")
     assert proc.stdout.strip().splitlines()[-1] == "precision: float32 (requested by --precision)"
+    proc = run("--dry_run", "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8",
+               "--gradient_accumulation_steps=2")  # the global batch a step takes, accumulation included
+    assert "global batch = 8 x 2 x 2 accumulation steps = 32" in proc.stdout
+    proc = run_script("run_pretraining_mgpu.py", "--dry_run", "--n_gpus=0", "--towers_per_gpu=2",
+                      "--train_batch_size=64", "--train_micro_batch_size_per_gpu=16")  # was "= 32", then 64
+    assert "global batch = 16 x 2 x 2 accumulation steps = 64" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].endswith("global batch 64 = 2 towers x 16 x 2 accumulation steps")
 
 
 def bad_release(tmp_path, **overrides):

@@ -335,13 +335,14 @@ def pretrain_config():
                           clipnorm=f.max_grad_norm, **_loop_flags())
 
 
-def prelude(actions, required, batch, dry_run_note):
+def prelude(actions, required, batch, dry_run_note, accumulation=None):
     """What every training script does before its work, in this order: refuse --use_tpu, plan the devices
     (the cluster resolved once), answer --dry_run (the plan, then `dry_run_note(plan)`), refuse a run with
     nothing to do, export alone when that is all it does, require `required` flags, seed, make the towers,
     and lock --output_dir on the chief.
 
-    actions: the script's --do_* flags besides --do_export. batch(plan): the per-tower training batch.
+    actions: the script's --do_* flags besides --do_export. batch(plan): the per-tower training batch;
+    accumulation(plan): the batches each tower accumulates a step (default --gradient_accumulation_steps).
     Returns (towers, export targets), or None when the script has nothing more to do (a dry run, an export
     alone).
     """
@@ -352,8 +353,9 @@ def prelude(actions, required, batch, dry_run_note):
         raise UserError("--use_tpu is not supported; use --n_gpus")
     plan, cluster = plan_from_flags()
     per_tower_batch = batch(plan)
+    steps = accumulation(plan) if accumulation else getattr(FLAGS, "gradient_accumulation_steps", 1)
     if FLAGS.dry_run:
-        print(plan.describe(per_tower_batch))
+        print(plan.describe(per_tower_batch, steps))
         print(dry_run_note(plan))
         return None
     if not any(getattr(FLAGS, a) for a in (*actions, "do_export")):
@@ -377,7 +379,7 @@ def prelude(actions, required, batch, dry_run_note):
         tf.config.experimental.enable_op_determinism()
     # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
     towers = towers_from_flags(plan, cluster, per_tower_batch)
-    logging.getLogger("bert_mgpu").info("%s", plan.describe(per_tower_batch))
+    logging.getLogger("bert_mgpu").info("%s", plan.describe(per_tower_batch, steps))
     if towers.cluster:
         logging.getLogger("bert_mgpu").info("%s", towers.cluster.describe())
     if towers.is_chief:

@@ -62,11 +62,12 @@ class DevicePlan:
         """How gradients cross between this machine's towers: `collectives`, or 'none' for one tower."""
         return "none" if self.towers == 1 else self.collectives
 
-    def describe(self, per_tower_batch=None):
-        """The plan for the log; with `per_tower_batch`, the global batch it makes."""
+    def describe(self, per_tower_batch=None, accumulation=1):
+        """The plan for the log; with `per_tower_batch` (and `accumulation` steps), the global batch it makes."""
         batch = (f", global batch = {per_tower_batch} x {self.towers}"
                  + (f" x {self.workers} workers" if self.workers > 1 else "")
-                 + f" = {per_tower_batch * self.job_towers}") if per_tower_batch else ""
+                 + (f" x {accumulation:g} accumulation steps" if accumulation != 1 else "")
+                 + f" = {round(per_tower_batch * self.job_towers * accumulation)}") if per_tower_batch else ""
         lines = [
             f"device plan: {self.towers} tower(s) on {self.device_type}, "
             f"{self.towers_per_device} per device, all-reduce={self.all_reduce}{batch}"
