@@ -65,9 +65,12 @@ def test_the_words_jieba_finds_start_where_it_says_and_the_ids_do_not_change(zh)
         assert starts[1] == [] and starts[3] == [True, False, True, False, True, False]
         if name == "jieba":
             assert [i for i, s in enumerate(starts[0]) if s] == sorted(_word_firsts(ISSUE))
-    # A line with a NUL (RE2 stops there) keeps google-bert's words: every token but `##` pieces starts one.
+    # A line with a NUL gets jieba's words as it would with a space there (tf-text's splitter used to stop at
+    # the NUL, and the line fell back to google-bert's words, every token a start): 数据 and 科学 are whole.
     _, starts = word_segments.tokenize_with_word_starts(tok, lines[2:3], word_segments.segmenter("jieba"))
-    assert all(starts.to_list()[0])
+    _, spaced = word_segments.tokenize_with_word_starts(tok, tf.constant(["BERT模型 un.known 数据 科学"]),
+                                                        word_segments.segmenter("jieba"))
+    assert starts.to_list() == spaced.to_list() and starts.to_list()[0][-4:] == [True, False, True, False]
 
 
 def _check_words(tok, ids, masked):

@@ -230,7 +230,7 @@ def token_ids(tokenizer):
             "is_continuation": word_segments.continues(tokenizer).numpy()}
 
 
-RANDOM_NEXT_WARNING = 0.6  # google-bert pairs a random next segment half the time, always for a lone segment
+RANDOM_NEXT_WARNING = 0.75  # google-bert pairs a random next segment half the time, always for a lone segment
 
 
 def _check_next_sentences(stats):

@@ -95,7 +95,8 @@ def tokenize_with_word_starts(tokenizer, lines, segment):
     ids = tokenizer(lines)
     if not isinstance(ids, tf.RaggedTensor):
         ids = tf.ragged.constant(ids, dtype=tf.int32)
-    # A line whose pieces do not add up to its tokens (a NUL ends RE2's view of it) keeps `##` words.
+    # A line whose words' pieces do not add up to its tokens (a guard: split_words_tf reads past a NUL now)
+    # keeps google-bert's words, every token but a `##` piece a start.
     same = tf.equal(starts.row_lengths(), ids.row_lengths())
     pieces_only = tf.logical_not(tf.gather(continues(tokenizer), ids)).to_tensor(True)
     dense = starts.to_tensor(False)
