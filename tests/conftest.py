@@ -145,6 +145,15 @@ def google_release(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def classifier_run(tmp_path_factory):
+    """The classifier run test_run_classifier.py and test_export.py read, trained once per session, read-only
+    (tests/shared_runs.py)."""
+    import shared_runs
+
+    return shared_runs.build_once(tmp_path_factory, "classifier", shared_runs.classifier)
+
+
+@pytest.fixture(scope="session")
 def sentiment_data(tmp_path_factory):
     """A data_dir of the toy task: train.tsv (64 rows) and dev.tsv (16), label and text columns."""
     d = tmp_path_factory.mktemp("sentiment")

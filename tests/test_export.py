@@ -2,42 +2,31 @@
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import WORDS, run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
+import shared_runs
+from conftest import WORDS, run_script, sentiment_rows, tiny_config, write_google_release
 
 import bert_mgpu
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints, export
 
-FORMATS = ("saved_model", "hf", "google", "keras_hub")
+FORMATS = shared_runs.EXPORT_FORMATS
 ASCII = ["the movie was good", "awful plot !", "it was very fun and not dull", "brilliant actor , boring story"]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A classifier fine-tuned by the script, exported in every format by the same run (--do_export).
-
-    tanh-GELU (`gelu_new`), as keras-hub's BERT computes, so that its export is exact too."""
-    base = tmp_path_factory.mktemp("export")
-    release, _ = write_google_release(str(base / "release"), tiny_config(len(WORDS) + 10, hidden_act="gelu_new"))
-    data = base / "data"
-    data.mkdir()
-    write_tsv(data / "train.tsv", sentiment_rows(640, seed=1))
-    write_tsv(data / "dev.tsv", sentiment_rows(48, seed=2))
-    write_tsv(data / "test.tsv", [("neg", t) for t in ASCII])
-    out = base / "out"
-    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={data}",
-                      f"--init_checkpoint={release}", f"--output_dir={out}", "--do_train", "--do_eval",
-                      "--do_predict", "--do_export", f"--export_format={','.join(FORMATS)}", "--n_gpus=0",
-                      "--towers_per_gpu=2", "--train_batch_size=8", "--max_seq_length=32", "--precision=float32",
-                      "--learning_rate=2e-3", "--num_train_epochs=4")
+def trained(classifier_run):
+    """The session's classifier run (tests/shared_runs.py), exported in every format by the run itself
+    (--do_export), tanh-GELU so that its keras-hub export is exact too; read-only, and its model loaded."""
+    out = pathlib.Path(classifier_run.out)
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
     clf = bert_mgpu.BertClassifier.from_pretrained(str(out), towers=towers, precision="float32", max_seq_length=32)
-    return out, clf, proc
+    return out, clf, classifier_run.proc
 
 
 def texts(n):
@@ -59,11 +48,11 @@ def test_the_run_trained_and_exported_every_format(trained):
         stamp = json.loads((out / "export" / fmt / ".bert_mgpu_stamp.json").read_text())
         assert stamp == {"output_dir": os.path.realpath(out), "format": fmt, "precision": "float32", "step": 160,
                          "weights_sha256": digest}
-    dev = sentiment_rows(48, seed=2)
+    dev = sentiment_rows(50, seed=2)
     p = clf.predict([text for _, text in dev])
     right = sum(("pos" if row[1] > row[0] else "neg") == label for row, (label, _) in zip(p, dev))
-    assert float(results["eval_accuracy"]) == pytest.approx(right / 48, abs=1e-6)
-    assert right / 48 > 0.8  # a model that learned something: its outputs are not all alike
+    assert float(results["eval_accuracy"]) == pytest.approx(right / 50, abs=1e-6)
+    assert right / 50 > 0.8  # a model that learned something: its outputs are not all alike
     p = clf.predict(ASCII)
     assert np.ptp(p[:, 0]) > 0.2, p
 
@@ -122,7 +111,7 @@ def test_saved_model_token_id_signature_and_saved_model_cli(trained):
     assert np.abs(got["probabilities"].numpy() - clf.predict(ASCII)).max() <= 1e-5
 
 
-def test_hf_export_gives_transformers_the_same_outputs(reference, trained):
+def test_hf_export_gives_transformers_the_same_outputs(reference, trained, classifier_run):
     import torch
     import transformers
 
@@ -131,7 +120,7 @@ def test_hf_export_gives_transformers_the_same_outputs(reference, trained):
     assert not [f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pkl"))]  # nothing pickled
     umask = os.umask(0)
     os.umask(umask)
-    assert os.stat(path / "model.safetensors").st_mode & 0o777 == 0o666 & ~umask  # as open() would make it
+    assert classifier_run.facts["modes"]["export/hf/model.safetensors"] == 0o666 & ~umask  # as open() makes it
     model = transformers.BertForSequenceClassification.from_pretrained(str(path)).eval()
     assert model.config.id2label == {0: "neg", 1: "pos"}
     tok = transformers.BertTokenizer.from_pretrained(str(path))
@@ -347,21 +336,18 @@ def test_a_pretrainer_without_nsp_exports_masked_lm_and_a_keras_hub_backbone(ref
     assert backbone.num_layers == 2 and keras_hub.models.BertTokenizer.from_preset(str(tmp_path / "kh"))
 
 
-def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(trained):
+def test_rerunning_a_finished_command_with_do_export_is_done_not_an_error(classifier_run, tmp_path):
     """Issue 33: the same command again (after it finished, or after a kill between two formats) found its own
     exports and refused them as "exists and is not empty"; each stamped export of the same run and step is
-    now done."""
-    out, _, _ = trained
-    base = out.parent
-    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={base / 'data'}",
-                      f"--init_checkpoint={base / 'release'}", f"--output_dir={out}", "--do_train", "--do_export",
-                      f"--export_format={','.join(FORMATS)}", "--n_gpus=0", "--towers_per_gpu=2",
-                      "--train_batch_size=8", "--max_seq_length=32", "--precision=float32", "--learning_rate=2e-3",
-                      "--num_train_epochs=4")
-    step = json.load(open(out / "export" / "hf" / ".bert_mgpu_stamp.json"))["step"]
-    assert step == json.load(open(out / "bert_mgpu.json"))["global_step"] and step > 0
+    now done. On a copy of the shared run."""
+    out, args = classifier_run.copy(tmp_path / "run")  # its stamps name the copy (tests/shared_runs.py)
+    before = {fmt: sorted(os.listdir(os.path.join(out, "export", fmt))) for fmt in FORMATS}
+    proc = run_script("run_classifier_mgpu.py", *args)
+    step = json.load(open(os.path.join(out, "export", "hf", ".bert_mgpu_stamp.json")))["step"]
+    assert step == json.load(open(os.path.join(out, "bert_mgpu.json")))["global_step"] == 160
     for fmt in FORMATS:
-        assert f"export: {fmt} -> {out / 'export' / fmt} (already there, from step {step})" in proc.stdout
+        assert f"export: {fmt} -> {os.path.join(out, 'export', fmt)} (already there, from step {step})" in proc.stdout
+        assert sorted(os.listdir(os.path.join(out, "export", fmt))) == before[fmt]
 
 
 def test_truncation_is_kept_by_the_run_and_served_by_its_saved_model(trained, tmp_path):

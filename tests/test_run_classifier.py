@@ -4,10 +4,10 @@ import json
 import os
 import re
 import shutil
-import stat
 
 import numpy as np
 import pytest
+import shared_runs
 from conftest import run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
 
 
@@ -31,12 +31,10 @@ def common(data, release, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def trained(data, google_release, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("out"))
-    args = common(data, google_release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=4",
-                  "--learning_rate=2e-3", "--warmup_proportion=0.1", "--save_checkpoints_steps=50",
-                  "--metrics=f1_macro,mcc,auc")
-    return out, args, run(*args)
+def trained(classifier_run):
+    """The session's classifier run (tests/shared_runs.py: `data`'s rows, 160 steps, exported in every format),
+    read-only: a test that writes works on a copy (`copy_run`)."""
+    return classifier_run.out, list(classifier_run.args), classifier_run.proc
 
 
 def test_train_eval_predict_writes_every_output(trained):
@@ -66,7 +64,7 @@ def test_train_eval_predict_writes_every_output(trained):
     assert float(facts["eval_accuracy"]) == pytest.approx(float(results["eval_accuracy"]), abs=5e-4)
     assert float(facts["examples/s"]) > 0 and facts["wall time"].endswith(" s")
     assert block[-1] == (f"  outputs in {out}: ckpt-160 (latest checkpoint), bert_config.json, bert_mgpu.json, "
-                         "confusion_matrix.png, confusion_matrix.tsv, eval_results.txt, learning_curves.png, "
+                         "confusion_matrix.png, confusion_matrix.tsv, eval_results.txt, export/, learning_curves.png, "
                          "predict.txt, predictions.tsv, test_results.tsv, train/, vocab.txt")
     counts = [line.split("\t")[1:] for line in open(os.path.join(out, "confusion_matrix.tsv")).read().splitlines()[1:]]
     assert sum(int(n) for row in counts for n in row) == 50
@@ -83,8 +81,8 @@ def test_train_eval_predict_writes_every_output(trained):
     assert float(results["eval_auc"]) > 0.9 and float(results["eval_mcc"]) > 0.7
 
 
-def test_rerun_resumes_and_predicts_the_same(trained):
-    out, args, _ = trained
+def test_rerun_resumes_and_predicts_the_same(trained, tmp_path):
+    out, args = copy_run(trained, tmp_path)
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
     proc = run(*args)
     assert "resuming from" in proc.stderr and "ckpt-160 at step 160" in proc.stderr
@@ -92,10 +90,10 @@ def test_rerun_resumes_and_predicts_the_same(trained):
     np.testing.assert_allclose(after, before, atol=1e-6)
 
 
-def test_predict_only_from_the_output_directory_on_one_tower(trained, data):
+def test_predict_only_from_the_output_directory_on_one_tower(trained, data, tmp_path):
     out, _, _ = trained
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
-    pred_dir = os.path.join(out, "predict_only")
+    pred_dir = str(tmp_path / "predict_only")
     proc = run("--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={out}", f"--output_dir={pred_dir}",
                "--do_predict", "--n_gpus=0", "--predict_batch_size=5", "--precision=float32", "--max_seq_length=32")
     assert "classifier head restored" in proc.stderr
@@ -103,16 +101,17 @@ def test_predict_only_from_the_output_directory_on_one_tower(trained, data):
                                atol=1e-5)
 
 
-def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(trained, data):
+def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(trained, data, tmp_path):
     """--fused_encoder=false runs keras-hub's BertBackbone on the same checkpoint: the same probabilities."""
-    out, args, _ = trained
+    out, _, _ = trained
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
-    pred_dir = os.path.join(out, "predict_reference")
+    pred_dir = str(tmp_path / "predict_reference")
     run("--task_name=tsv", f"--data_dir={data}", f"--init_checkpoint={out}", f"--output_dir={pred_dir}",
         "--do_predict", "--n_gpus=0", "--predict_batch_size=4", "--precision=float32", "--max_seq_length=32",
         "--fused_encoder=false")
     np.testing.assert_allclose(np.loadtxt(os.path.join(pred_dir, "test_results.tsv"), delimiter="\t"), before,
                                atol=1e-5)
+    out, args = copy_run(trained, tmp_path)  # writable: the refusal must be what keeps it as it was
     files = sorted(os.listdir(out))
     proc = run(*args, "--fused_encoder=false", check=False)
     assert proc.returncode == 1 and "--fused_encoder=None -> False" in proc.stderr, proc.stderr[-2000:]
@@ -334,8 +333,8 @@ def test_auto_batch_size_trains_with_the_largest_batch_that_fits(data, google_re
 # ---------------------------------------------------------------- what a red-team found (issue 24)
 
 def copy_run(trained, tmp_path):
-    out = str(tmp_path / "run")
-    shutil.copytree(trained[0], out, ignore=shutil.ignore_patterns("predict_*"))
+    """A writable copy of the read-only shared run -> (its directory, the run's args writing there)."""
+    out = shared_runs.writable_copy(trained[0], tmp_path / "run")
     return out, [f"--output_dir={out}" if a.startswith("--output_dir=") else a for a in trained[1]]
 
 
@@ -414,11 +413,11 @@ def test_a_save_killed_half_way_is_cleaned_up_on_resume_and_on_overwrite(trained
     assert json.load(open(os.path.join(out, "bert_mgpu.json")))["global_step"] == 10
 
 
-def test_result_files_follow_the_umask_as_checkpoints_do(trained):
-    out = trained[0]
+def test_result_files_follow_the_umask_as_checkpoints_do(classifier_run):
     mask = os.umask(0o022)
     os.umask(mask)
-    modes = {name: stat.S_IMODE(os.stat(os.path.join(out, name)).st_mode) for name in (
+    written = classifier_run.facts["modes"]  # each file's mode as the run wrote it, before it was made read-only
+    modes = {name: written[name] for name in (
         "ckpt-160.index", "eval_results.txt", "predictions.tsv", "bert_mgpu.json", "vocab.txt")}
     assert set(modes.values()) == {0o666 & ~mask}, modes
 
