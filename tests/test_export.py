@@ -94,6 +94,26 @@ def test_saved_model_serves_raw_text_in_a_process_without_bert_mgpu(trained, tmp
     assert (served["label_ids"] == ours.argmax(1)).all()
 
 
+def stored_values(saved_model):
+    """{name: number of values} of what a SavedModel's variables/ stores."""
+    import tensorflow as tf
+
+    found = tf.train.list_variables(os.path.join(saved_model, "variables", "variables"))
+    return {name: int(np.prod(shape)) for name, shape in found if name != "_CHECKPOINTABLE_OBJECT_GRAPH"}
+
+
+def test_the_saved_model_stores_each_weight_once(trained):
+    """Issue 68 item 1: a Keras variable and the tf.Variable inside it were saved apart, every weight twice
+    (174 MB for the demo's 22.7 M parameters). Now as many values as the model has: the encoder and the head."""
+    out, clf, _ = trained
+    stored = stored_values(str(out / "export" / "saved_model"))
+    weights = checkpoints.encoder_weights(clf.model.backbone)
+    expected = sum(w.size for w in weights.values()) + sum(w.size for w in clf.model.head.get_weights())
+    assert len(stored) == len(weights) + 2 and sum(stored.values()) == expected, (len(stored), len(weights))
+    meta = json.loads((out / "export" / "saved_model" / "assets.extra" / "bert_mgpu_export.json").read_text())
+    assert len(meta["weights"]) == len(stored)
+
+
 def test_saved_model_token_id_signature_and_saved_model_cli(trained):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401

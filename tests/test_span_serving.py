@@ -23,12 +23,12 @@ def served(request, google_release, tmp_path_factory):
                                                         version_2_with_negative=request.param)
     path = str(tmp_path_factory.mktemp("served"))
     qa.export(path, "saved_model")
-    return qa, tf.saved_model.load(path).signatures["serving_default"]
+    return qa, tf.saved_model.load(path).signatures["serving_default"], path
 
 
 @pytest.mark.parametrize("batch", ["together", "alone"])
 def test_the_served_answer_is_predicts_for_every_request(served, batch):
-    qa, endpoint = served
+    qa, endpoint, _ = served
     requests = [PAIRS] if batch == "together" else [[pair] for pair in PAIRS]
     got = []
     for request in requests:
@@ -41,3 +41,15 @@ def test_the_served_answer_is_predicts_for_every_request(served, batch):
     with pytest.raises(bert_mgpu.UserError, match="question 0: an empty question or context"):
         qa.predict(PAIRS[:1])
     assert sum(bool(a) for a, _, _ in got) >= 3  # answers to compare, not only empty ones
+
+
+def test_the_saved_model_stores_each_weight_once(served):
+    """Issue 68 item 1: as many values as the model's weights, each once (a Keras variable and its
+    tf.Variable were saved apart, every weight twice)."""
+    from test_export import stored_values
+
+    qa, _, path = served
+    stored = stored_values(path)
+    weights = [w for w in qa.model.weights if "seed_generator" not in w.path]
+    assert len(stored) == len(weights) and sum(stored.values()) == sum(int(np.prod(w.shape)) for w in weights), (
+        len(stored), [w.path for w in weights])

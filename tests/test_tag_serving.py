@@ -25,7 +25,7 @@ def served(request, google_release, tmp_path_factory):
         tagger.model.crf.transitions.assign(rng.normal(0, 3, (len(NER_TAGS), len(NER_TAGS))).astype(np.float32))
     path = str(tmp_path_factory.mktemp("served"))
     tagger.export(path, "saved_model")
-    return tagger, tf.saved_model.load(path).signatures["serving_default"]
+    return tagger, tf.saved_model.load(path).signatures["serving_default"], path
 
 
 def _tags(got, i):
@@ -34,7 +34,7 @@ def _tags(got, i):
 
 @pytest.mark.parametrize("batch", ["together", "alone"])
 def test_the_served_tags_and_entities_are_predicts_for_every_text(served, batch):
-    tagger, endpoint = served
+    tagger, endpoint, _ = served
     requests = [EDGES] if batch == "together" else [[text] for text in EDGES]
     texts = [text for request in requests for text in request]
     got = [{k: v.numpy() for k, v in endpoint(text=tf.constant(request)).items()} for request in requests]
@@ -47,3 +47,15 @@ def test_the_served_tags_and_entities_are_predicts_for_every_text(served, batch)
             (e["type"], e["text"], e["start"], e["end"]) for e in found], repr(text)
     assert [len(t) for t in want_tags[:5]] == [0, 0, 1, 1, 0] and len(want_tags[-1]) == 90
     assert sum(bool(f) for f in want_entities) >= 3  # entities to compare, not only empty lists
+
+
+def test_the_saved_model_stores_each_weight_once(served):
+    """Issue 68 item 1: as many values as the model's weights (and the CRF's transitions), each once (a Keras
+    variable and its tf.Variable were saved apart, every weight twice)."""
+    from test_export import stored_values
+
+    tagger, _, path = served
+    stored = stored_values(path)
+    weights = [w for w in tagger.model.weights if "seed_generator" not in w.path]
+    assert len(stored) == len(weights) and sum(stored.values()) == sum(int(np.prod(w.shape)) for w in weights), (
+        len(stored), [w.path for w in weights])

@@ -86,8 +86,10 @@ def write_saved_model(trained, path, precision="float32"):
                                truncation=trained.truncation)
         return run(ids.to_tensor(pad), segments.to_tensor(0))
 
+    # The model is not `track`ed: under TensorFlow a Keras variable and the tf.Variable inside it are two
+    # trackables that SavedModel saves apart, so every weight was stored twice (issue 68 item 1). The endpoints
+    # track the tf.Variables they read, and the weights' collection below names those same objects.
     archive = keras.export.ExportArchive()
-    archive.track(model)
     crf = None
     if trained.kind == "question_answerer":
         text_specs = [tf.TensorSpec([None], tf.string, name=n) for n in ("question", "context")]
@@ -111,7 +113,7 @@ def write_saved_model(trained, path, precision="float32"):
     named = _named_variables(model, backbone)
     if crf is not None:
         named["crf/transitions"] = crf
-    archive.add_variable_collection("bert_weights", list(named.values()))
+    archive.add_variable_collection("bert_weights", [_tf_variable(v) for v in named.values()])
     archive.write_out(path, verbose=False)
     storage.makedirs(os.path.join(path, EXTRA))
     meta = {"kind": trained.kind, "labels": trained.labels, "task_type": trained.task_type, "facts": trained.facts,
@@ -124,6 +126,11 @@ def write_saved_model(trained, path, precision="float32"):
                          json.dumps(trained.config.to_dict(), indent=2) + "\n")
     storage.write_atomic(os.path.join(path, EXTRA, "vocab.txt"), storage.read_bytes(trained.vocab_file))
     return path
+
+
+def _tf_variable(variable):
+    """The tf.Variable holding a Keras variable's value (outside an autocast scope `value` is that variable)."""
+    return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 def _named_variables(model, backbone):
