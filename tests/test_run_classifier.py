@@ -358,6 +358,9 @@ def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, da
              "--max_seq_length=32", "--precision=float32", "--do_eval", "--do_predict"]
     proc = run(*flags, f"--output_dir={out}")  # eval/predict of the output directory itself
     assert f"using {out}/ckpt-150, not the damaged {out}/ckpt-160" in proc.stderr
+    listed = proc.stdout.strip().splitlines()[-1]  # the summary names what was read, and what could not be
+    assert listed.startswith(f"  outputs in {out}: ckpt-160 (damaged: not read), ckpt-150 (latest readable "
+                             "checkpoint), bert_config.json, "), listed
     reference = tmp_path / "reference"
     run(*flags, f"--init_checkpoint={out}/ckpt-150", f"--output_dir={reference}")
     for name in ("eval_results.txt", "test_results.tsv"):

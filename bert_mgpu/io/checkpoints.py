@@ -221,6 +221,27 @@ def run_checkpoints(directory):
     return sorted(present, key=step, reverse=True), missing
 
 
+_DAMAGED = {}  # a checkpoint's real path -> its index file's (size, mtime) when this process found it unreadable
+
+
+def note_damaged(prefix):
+    """Remember that this process found the checkpoint `prefix` unreadable: the run's summary says so."""
+    try:
+        found = os.stat(prefix + ".index")
+    except OSError:  # not a local file (gs://), or gone: nothing to label
+        return
+    _DAMAGED[os.path.realpath(prefix)] = (found.st_size, found.st_mtime_ns)
+
+
+def found_damaged(prefix):
+    """Whether this process found `prefix` unreadable, and it has not been written again since."""
+    try:
+        found = os.stat(prefix + ".index")
+    except OSError:
+        return False
+    return _DAMAGED.get(os.path.realpath(prefix)) == (found.st_size, found.st_mtime_ns)
+
+
 def _read_newest(prefixes, only):
     """The weights of the newest readable checkpoint of `prefixes` (newest first), and its prefix; a damaged
     one (a crash while it was copied, a disk error) is passed over with a warning, as resuming does."""
@@ -231,6 +252,7 @@ def _read_newest(prefixes, only):
             if prefix == prefixes[-1]:
                 raise
             log.warning("%s; trying the checkpoint before it", e)
+            note_damaged(prefix)
             continue
         if prefix != prefixes[0]:
             log.warning("using %s, not the damaged %s", prefix, prefixes[0])

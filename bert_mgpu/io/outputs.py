@@ -7,6 +7,7 @@ import os
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.storage import write_atomic
+from bert_mgpu.io.checkpoints import found_damaged
 
 
 def summary(title, facts, output_dir):
@@ -18,9 +19,13 @@ def summary(title, facts, output_dir):
               for k, v in facts.items() if v is not None]
     names = sorted(os.path.basename(p.rstrip("/")) for p in storage.glob(os.path.join(output_dir, "*")))
     shown = [n for n in names if not n.startswith(("ckpt-", ".")) and n != "checkpoint"]
-    latest = [n[: -len(".index")] for n in names if n.startswith("ckpt-") and n.endswith(".index")]
-    if latest:
-        shown.insert(0, max(latest, key=lambda n: int(n.split("-")[1])) + " (latest checkpoint)")
+    latest = sorted((n[: -len(".index")] for n in names if n.startswith("ckpt-") and n.endswith(".index")),
+                    key=lambda n: int(n.split("-")[1]), reverse=True)
+    damaged = [n for n in latest if found_damaged(os.path.join(output_dir, n))]
+    readable = [n for n in latest if n not in damaged]
+    if readable:
+        shown.insert(0, readable[0] + (" (latest readable checkpoint)" if damaged else " (latest checkpoint)"))
+    shown[:0] = [f"{n} (damaged: not read)" for n in damaged]
     lines.append(f"  outputs in {output_dir}: " + ", ".join(f"{n}{'/' if _is_dir(output_dir, n) else ''}"
                                                            for n in shown))
     return "\n".join(lines)

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import RunError, UserError
-from bert_mgpu.io.checkpoints import RUN_FILE, run_checkpoints
+from bert_mgpu.io.checkpoints import RUN_FILE, note_damaged, run_checkpoints
 
 log = logging.getLogger("bert_mgpu")
 
@@ -280,6 +280,7 @@ class Checkpoints:
             except Exception as e:  # a damaged file raises OpError, IndexError, ValueError, ... by where it is cut
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 log.warning("checkpoint %s is damaged (%s); trying the one before it", path, first[:200])
+                note_damaged(path)
                 continue
             bad = self.non_finite()
             if bad:
