@@ -218,11 +218,10 @@ def run():
             cli.run_exports(from_pretrainer(pre, FLAGS.max_seq_length), exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        logged = [r for r in pre.history if "examples_per_second" in r]
         print(cli.summary("run_pretraining_mgpu.py", towers, pre, {
             "trained": f"{step} steps ({pre.stop})" if FLAGS.do_train else None,
-            "sequences/s": logged[-1]["examples_per_second"] if logged else None,
-            "tokens/s": logged[-1].get("tokens_per_second") if logged else None, **dict(sorted(results.items()))},
+            "sequences/s": cli.rate_fact(pre.history), "tokens/s": cli.rate_fact(pre.history, "tokens_per_second"),
+            **dict(sorted(results.items()))},
             started))
 
 

@@ -89,3 +89,16 @@ def test_a_prediction_draws_its_bar_only_where_it_redraws_in_place(google_releas
     shown = clf.predict(texts, batch_size=64, verbose=True)
     out = capsys.readouterr().out
     assert "1000/1000" in out and "\x1b[" in out and np.array_equal(quiet, shown)
+
+
+def test_the_summarys_rate_leaves_out_the_first_records_compiling():
+    """Issue 66: the summary's examples/s was the last record's, the first steps' compile included in a short
+    run. The rate over the records after the first (their steps, each at its record's rate), the first beside."""
+    from bert_mgpu.cli import rate_fact
+
+    history = [{"step": 100, "examples_per_second": 200.0, "loss": 1.0}, {"step": 100, "eval_loss": 0.5},
+               {"step": 200, "examples_per_second": 800.0}, {"step": 250, "examples_per_second": 400.0}]
+    # 150 steps in 100 / 800 + 50 / 400 = 0.25 step-seconds per example: 600 examples/s.
+    assert rate_fact(history) == "600 (from step 100 on; 200 up to it, compiling included)"
+    assert rate_fact(history[:2]) == "200 (up to step 100, compiling included)"
+    assert rate_fact(history[1:2]) is None and rate_fact(history, "tokens_per_second") is None

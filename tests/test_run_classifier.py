@@ -62,7 +62,10 @@ def test_train_eval_predict_writes_every_output(trained):
     assert facts["towers"] == "2 on CPU" and facts["precision"] == "float32"
     assert facts["trained"] == "160 steps (reached 160 steps)"
     assert float(facts["eval_accuracy"]) == pytest.approx(float(results["eval_accuracy"]), abs=5e-4)
-    assert float(facts["examples/s"]) > 0 and facts["wall time"].endswith(" s")
+    # Logged every 50 steps: the rate from step 50 on, the first 50 steps' (with compiling) beside it.
+    rate = re.fullmatch(r"(\S+) \(from step 50 on; (\S+) up to it, compiling included\)", facts["examples/s"])
+    assert rate and float(rate[1]) > 0 and float(rate[2]) > 0, facts["examples/s"]
+    assert facts["wall time"].endswith(" s")
     assert block[-1] == (f"  outputs in {out}: ckpt-160 (latest checkpoint), bert_config.json, bert_mgpu.json, "
                          "confusion_matrix.png, confusion_matrix.tsv, eval_results.txt, export/, learning_curves.png, "
                          "predict.txt, predictions.tsv, test_results.tsv, train/, vocab.txt")

@@ -388,6 +388,21 @@ def prelude(actions, required, batch, dry_run_note, accumulation=None):
     return towers, exports
 
 
+def rate_fact(history, key="examples_per_second"):
+    """The summary's rate: over the records after the first, whose steps traced and compiled the step, with
+    the first record's rate beside it; with one record, its rate, saying it includes compiling."""
+    records = [r for r in history if key in r]
+    if not records:
+        return None
+    first = records[0]
+    if len(records) == 1:
+        return f"{first[key]:.4g} (up to step {first['step']}, compiling included)"
+    steps = [b["step"] - a["step"] for a, b in zip(records, records[1:])]
+    seconds = sum(n / r[key] for n, r in zip(steps, records[1:]) if r[key] > 0)
+    steady = sum(steps) / seconds if seconds > 0 else records[-1][key]
+    return f"{steady:.4g} (from step {first['step']} on; {first[key]:.4g} up to it, compiling included)"
+
+
 def summary(script, towers, model, facts, started):
     """The block a script ends with (outputs.summary): where it ran, its precision, `facts`, the wall time."""
     import time

@@ -104,13 +104,13 @@ def evaluate(model, dev, chief):
 
 def summary(script, towers, model, facts, results, started, rate="examples/s"):
     """The closing block of a fine-tuning script: `facts` (the task's own) first, then the steps trained and
-    why it stopped, the best model's step, the last logged rate and the dev results."""
+    why it stopped, the best model's step, the steady rate (cli.rate_fact) and the dev results."""
+    from bert_mgpu.cli import rate_fact
     from bert_mgpu.cli import summary as closing
 
-    rates = [r["examples_per_second"] for r in model.history if "examples_per_second" in r]
     return closing(script, towers, model, {
         **facts,
         "trained": f"{model.trained_steps} steps ({model.stop})" if FLAGS.do_train and model.stop else None,
         "best model": f"step {model.best_step}" if model.best_step is not None else None,
-        rate: rates[-1] if rates else None,
+        rate: rate_fact(model.history),
         **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")}}, started)
