@@ -102,3 +102,29 @@ def test_the_summarys_rate_leaves_out_the_first_records_compiling():
     assert rate_fact(history) == "600 (from step 100 on; 200 up to it, compiling included)"
     assert rate_fact(history[:2]) == "200 (up to step 100, compiling included)"
     assert rate_fact(history[1:2]) is None and rate_fact(history, "tokens_per_second") is None
+
+
+CHILD_STARTS = """
+import os, subprocess, sys
+from bert_mgpu.core import quiet
+quiet.start_tensorflow_quietly()
+code = ("from bert_mgpu.core import quiet; quiet.start_tensorflow_quietly(); import tensorflow as tf; "
+        "tf.config.list_physical_devices(); print('child started')")
+child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+print(os.environ["TF_CPP_MIN_LOG_LEVEL"], child.stdout.strip())
+sys.stderr.write(child.stderr)
+"""
+
+
+def test_a_child_of_a_quiet_process_starts_tensorflow_quietly_too():
+    """Issue 66: a sweep's runs printed TensorFlow's start-up lines: each child took the TF_CPP_MIN_LOG_LEVEL its
+    parent had set for the user's own and let them through. The parent now names the value it set."""
+    from bert_mgpu.core import quiet
+
+    proc = run_python(CHILD_STARTS, env={"TF_CPP_MIN_LOG_LEVEL": None, quiet.SET_BY_US: None}, fresh=True)
+    assert proc.stdout.split() == ["2", "child", "started"], proc.stdout
+    noise = [line for line in proc.stderr.splitlines() if any(n in line for n in quiet.START_NOISE)]
+    assert noise == [], proc.stderr[-2000:]
+    # The user's own level is still the user's: their child prints what TensorFlow prints at that level.
+    proc = run_python(CHILD_STARTS, env={"TF_CPP_MIN_LOG_LEVEL": "0", quiet.SET_BY_US: None}, fresh=True)
+    assert proc.stdout.split()[0] == "0" and "All log messages before absl::InitializeLog()" in proc.stderr, proc.stderr

@@ -14,15 +14,22 @@ START_NOISE = ("All log messages before absl::InitializeLog()", "cudart_stub.cc"
                "oneDNN custom operations are on")
 
 
+# Names the TF_CPP_MIN_LOG_LEVEL this module set, so that a child process (a sweep's runs, a supervised run)
+# does not take the inherited value for the user's own and print TensorFlow's start-up lines.
+SET_BY_US = "BERT_MGPU_TF_CPP_MIN_LOG_LEVEL"
+
+
 def start_tensorflow_quietly(environ=None):
     """Load TensorFlow and list its devices with its start-up lines held back (START_NOISE; cuInit's error
     too where no NVIDIA GPU is visible); any other line it prints is passed on. TF_CPP_MIN_LOG_LEVEL
-    becomes 2 (warnings off, errors shown). Left alone when the user set TF_CPP_MIN_LOG_LEVEL."""
+    becomes 2 (warnings off, errors shown). Left alone when the user set TF_CPP_MIN_LOG_LEVEL (not when a
+    parent process of bert_mgpu's set it: SET_BY_US)."""
     hold_back_chatter()
     env = os.environ if environ is None else environ
-    if "TF_CPP_MIN_LOG_LEVEL" in env or "tensorflow" in sys.modules:
+    users = "TF_CPP_MIN_LOG_LEVEL" in env and env.get(SET_BY_US) != env["TF_CPP_MIN_LOG_LEVEL"]
+    if users or "tensorflow" in sys.modules:
         return
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["TF_CPP_MIN_LOG_LEVEL"] = env[SET_BY_US] = "2"  # a child (a sweep's run) inherits both: quiet too
     no_gpu = shutil.which("nvidia-smi") is None or env.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
     with stderr_without(START_NOISE + (("failed call to cuInit",) if no_gpu else ())):
         import tensorflow as tf
