@@ -162,3 +162,75 @@ def test_warmup_steps_travel_as_steps():
     schedule = optimization.WarmupLinearDecay(1.0, 23, budget.warmup_steps())
     assert float(schedule(12)) == pytest.approx(12 / 13) and float(schedule(13)) == pytest.approx(1 - 13 / 23)
     assert Budget(num_train_steps=200, warmup_proportion=0.1).warmup_steps() == 20  # google-bert's int(n * p)
+
+
+def test_layerwise_rates_decay_from_the_head_down_to_the_embeddings():
+    """--layerwise_lr_decay=0.5 on 2 layers: the head and pooler at the learning rate, the top layer at half
+    of it, the layer below at a quarter, the embeddings (and their LayerNorm) at an eighth."""
+    from conftest import tiny_config
+
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.model import modeling
+
+    paths = [v.path for v in modeling.build_classifier(tiny_config(38), 2).trainable_variables]
+    rates = dict(zip(paths, optimization.layerwise_rates(paths, 0.5)))
+    assert rates["classifier/kernel"] == rates["pooled_dense/bias"] == 1.0
+    assert rates["transformer_layer_1/self_attention_layer/query/kernel"] == 0.5
+    assert rates["transformer_layer_0/feedforward_output_dense/bias"] == 0.25
+    assert rates["token_embedding/embeddings"] == rates["embeddings_layer_norm/gamma"] == 0.125
+    assert sorted(set(rates.values())) == [0.125, 0.25, 0.5, 1.0]
+    assert sum(r == 0.125 for r in rates.values()) == 5 and sum(r == 1.0 for r in rates.values()) == 4
+    assert optimization.layerwise_rates(paths, 1.0) == (1.0,) * len(paths)
+    for bad in (1.5, 0.0):
+        with pytest.raises(UserError, match=f"--layerwise_lr_decay={bad}: must be above 0 and at most 1"):
+            optimization.create_optimizer(1e-3, 10, 0, layerwise_lr_decay=bad)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_layerwise_decay_steps_as_keras_optimizers_one_per_rate_on_the_gpu_path(name):
+    """Each variable steps as Keras' own optimizer would with the learning rate times its rate (its weight
+    decay too, as a torch parameter group's): one Keras optimizer per rate as the reference. On the strategy
+    a 2-GPU run builds (NCCL collectives), on two CPU towers, which stay bit-equal."""
+    from conftest import tiny_config
+    from test_allreduce import gpu_strategy
+
+    from bert_mgpu.model import modeling
+
+    _, strategy = gpu_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38), 2)
+        opt = optimization.create_optimizer(1e-2, 10, 2, optimizer=name, clipnorm=None, layerwise_lr_decay=0.5)
+        opt.build(model.trainable_variables)
+    variables = model.trainable_variables
+    init = [v.numpy() for v in variables]
+    rng = np.random.default_rng(0)
+    grads = [[rng.normal(size=w.shape).astype("float32") for w in init] for _ in range(3)]
+
+    @tf.function
+    def apply(g):
+        strategy.run(lambda g: opt.apply([tf.identity(x) for x in g], variables), args=(g,))
+
+    for g in grads:
+        apply([tf.constant(x) for x in g])
+    rates = optimization.layerwise_rates([v.path for v in variables], 0.5)
+    reference = [keras.Variable(w, name=v.name) for w, v in zip(init, variables)]
+    for rate in sorted(set(rates)):
+        group = [i for i, r in enumerate(rates) if r == rate]
+        keras_opt = _keras(name)(1e-2 * rate)
+        keras_opt.build([reference[i] for i in group])
+        for g in grads:
+            keras_opt.apply([tf.constant(g[i]) for i in group], [reference[i] for i in group])
+    for v, ref, start in zip(variables, reference, init):
+        a, b = strategy.experimental_local_results(v.value)
+        assert np.array_equal(a.numpy(), b.numpy()), v.path
+        np.testing.assert_allclose(a.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6, err_msg=v.path)
+        assert not np.allclose(a.numpy(), start), v.path  # every variable moved, at its own rate
+    # The embeddings moved an eighth as far as the rate alone would take them (AdamW's steps scale with it).
+    i = next(i for i, v in enumerate(variables) if v.path == "token_embedding/embeddings")
+    undecayed = keras.Variable(init[i], name="embeddings")
+    keras_opt = _keras(name)(1e-2)
+    for g in grads:
+        keras_opt.apply([tf.constant(g[i])], [undecayed])
+    moved, full = np.abs(variables[i].numpy() - init[i]).mean(), np.abs(undecayed.numpy() - init[i]).mean()
+    assert rates[i] == 0.125 and (0.1 < moved / full < 0.15 if name == "adamw" else moved < full), (moved, full)

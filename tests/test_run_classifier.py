@@ -122,16 +122,20 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
 
 
 def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
-    """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run."""
+    """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run (with
+    --layerwise_lr_decay)."""
     out = str(tmp_path / "acc")
     proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
-                       "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7"))
+                       "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7",
+                       "--layerwise_lr_decay=0.9"))
     assert "20 steps of 32 (2 towers x 8 x 2 accumulation steps), warmup 7," in proc.stderr  # as given, in steps
     with open(os.path.join(out, "bert_mgpu.json"), encoding="utf-8") as f:
         run_file = json.load(f)
     assert run_file["global_step"] == 20 and run_file["settings"]["gradient_accumulation_steps"] == 2
     assert run_file["settings"]["num_warmup_steps"] == run_file["train_config"]["num_warmup_steps"] == 7
     assert run_file["train_config"]["train_batch_size"] == 8  # the config as it ran: the per-tower batch resolved
+    # --layerwise_lr_decay (its rates: test_optimization) is one of the run's settings, which a resume must share.
+    assert run_file["settings"]["layerwise_lr_decay"] == run_file["train_config"]["layerwise_lr_decay"] == 0.9
     assert run(*common(data, google_release, out, "--do_train", "--gradient_accumulation_steps=0"),
                check=False).stderr.strip().endswith("--gradient_accumulation_steps=0: must be at least 1")
 
@@ -198,6 +202,7 @@ STARTED_AS_A_USER_DOES = ("negative_gpus", "cuda_names_missing_devices", "invali
     ("empty_text", r"train.tsv:3: empty text in column 2"),
     ("labels_differ", r"train.tsv:3: label 'neg' is not one of bad, pos"),
     ("towers_zero", r"--towers_per_gpu=0 is invalid"),
+    ("layerwise_lr_decay_over_1", r"--layerwise_lr_decay=1.2: must be above 0 and at most 1"),
     ("cuda_names_missing_devices", r"CUDA_VISIBLE_DEVICES=5,7 lists 2 device\(s\) but TensorFlow sees only 0"),
     ("output_dir_is_a_file", r"--output_dir=.*keep.txt is a file, not a directory"),
     ("output_dir_not_writable", r"--output_dir=/sys/kernel is not writable"),
@@ -237,6 +242,8 @@ def test_bad_input_is_one_line_and_nonzero_exit(case, expected, tmp_path, data, 
         release = bad_release(tmp_path, vocab_size=20)
     elif case == "checkpoint_vs_config":
         release = bad_release(tmp_path, hidden_size=64)
+    elif case == "layerwise_lr_decay_over_1":
+        extra = ["--layerwise_lr_decay=1.2"]
     elif case == "too_many_gpus":
         extra = ["--n_gpus=2"]
     elif case == "negative_gpus":

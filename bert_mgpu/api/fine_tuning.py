@@ -192,7 +192,8 @@ class FineTuned:
                           keep=config.save_total_limit)
         warmup = config.warmup_steps(num_steps)
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
-            config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16"), self.objective.loss,
+            config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16",
+            layerwise_lr_decay=config.layerwise_lr_decay), self.objective.loss,
             accum, config.use_xla, recompute=config.recompute, seed=config.seed)
         start = session.start
         if session.restored:

@@ -39,6 +39,9 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
     flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
     flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
     flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")
+    flags.DEFINE_float("layerwise_lr_decay", 1.0, "Layer-wise learning-rate decay (Sun et al. 2019): each encoder "
+                       "layer learns at the rate of the one above it times this, the embeddings lowest, the head at "
+                       "--learning_rate; e.g. 0.95. 1: one rate for all.")
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
     flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")

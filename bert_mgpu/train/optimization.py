@@ -16,6 +16,8 @@ AdamWeightDecayOptimizer omits the bias correction; it changes only the first st
 per-layer trust ratio ||w|| / ||update||.
 """
 
+import re
+
 import keras
 import tensorflow as tf
 
@@ -38,13 +40,17 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
     Args:
         inner_optimizer: a `keras.optimizers.AdamW` or `keras.optimizers.Lamb` without clipping.
         clipnorm: clip the global norm of the unscaled gradients to this (None: no clipping).
+        layerwise_lr_decay: each encoder layer's learning rate is the one above it times this
+            (`layerwise_rates`); 1: one rate for all.
         **kwargs: `initial_scale`, `dynamic_growth_steps` (Keras' LossScaleOptimizer).
 
     Example:
         opt = TowerOptimizer(keras.optimizers.AdamW(WarmupLinearDecay(5e-5, 1000, 100)), clipnorm=1.0)
     """
 
-    def __init__(self, inner_optimizer, clipnorm=None, **kwargs):
+    def __init__(self, inner_optimizer, clipnorm=None, layerwise_lr_decay=1.0, **kwargs):
+        if not 0 < layerwise_lr_decay <= 1:
+            raise UserError(f"--layerwise_lr_decay={layerwise_lr_decay}: must be above 0 and at most 1")
         if type(inner_optimizer) not in OPTIMIZERS.values():
             raise ValueError(f"TowerOptimizer runs keras.optimizers.AdamW or Lamb, not {type(inner_optimizer)}")
         if inner_optimizer.global_clipnorm or inner_optimizer.clipnorm or inner_optimizer.clipvalue:
@@ -54,6 +60,7 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("TowerOptimizer does not run EMA, gradient accumulation or AMSGrad")
         super().__init__(inner_optimizer, **kwargs)
         self.clip_global_norm = clipnorm
+        self.layerwise_lr_decay = float(layerwise_lr_decay)
 
     def apply(self, grads, trainable_variables=None):
         """Apply the towers' averaged (loss-scaled) gradients, from inside a replica."""
@@ -79,6 +86,7 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
         raw = lambda v: v.value if isinstance(v, keras.Variable) else v  # noqa: E731
         slots = [_compat.optimizer_moments(inner, v) for _, v in pairs]
         decay = tuple(bool(inner.weight_decay) and _compat.uses_weight_decay(inner, v) for _, v in pairs)
+        rates = layerwise_rates([getattr(v, "path", v.name) for _, v in pairs], self.layerwise_lr_decay)
         scalars = dict(inv_scale=1.0 / self.dynamic_scale, lr=tf.cast(_compat.current_learning_rate(inner), tf.float32),
                        step=tf.cast(inner.iterations + 1, tf.float32))
         hyper = dict(clipnorm=self.clip_global_norm, weight_decay=float(inner.weight_decay or 0.0),
@@ -92,8 +100,8 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
             with tf.device(weights[0].device):
                 finite.append(program(
                     _handles(weights), _handles(local(raw(m))[d] for m, _ in slots),
-                    _handles(local(raw(s))[d] for _, s in slots), [local(g)[d] for g, _ in pairs], decay, squares,
-                    **scalars, **hyper))
+                    _handles(local(raw(s))[d] for _, s in slots), [local(g)[d] for g, _ in pairs], decay, rates,
+                    squares, **scalars, **hyper))
         finite = finite[0]
         inner.iterations.assign_add(tf.cast(finite, inner.iterations.dtype))
         count = tf.where(finite, self.step_counter + 1, 0)
@@ -126,12 +134,13 @@ def _unscale_factor(squares, inv_scale, clipnorm):
 
 
 @tf.function(jit_compile=True, autograph=False)
-def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, clipnorm, weight_decay,
+def _adamw_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr, step, clipnorm, weight_decay,
                    beta_1, beta_2, epsilon):
     """One device's AdamW step over all its variables -> whether the gradients were finite.
 
-    `squares`: the gradients' sum of squares (not finite: every update is multiplied by 0). `decay`,
-    `clipnorm` and the hyperparameters are trace-time constants; the variables' handles are arguments,
+    `squares`: the gradients' sum of squares (not finite: every update is multiplied by 0). `decay`, `rates`
+    (each variable's learning-rate multiplier, its weight decay's too), `clipnorm` and the hyperparameters are
+    trace-time constants; the variables' handles are arguments,
     so one trace serves every device and model.
     """
     finite = tf.math.is_finite(squares)
@@ -140,20 +149,20 @@ def _adamw_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, 
     lr = lr * keep
     rate_1, rate_2 = (1.0 - beta_1) * keep, (1.0 - beta_2) * keep
     alpha = lr * tf.sqrt(1.0 - tf.pow(beta_2, step)) / (1.0 - tf.pow(beta_1, step))
-    shrink = 1.0 - weight_decay * lr
-    for hw, hm, hv, g, d in zip(weights, ms, vs, grads, decay):
+    for hw, hm, hv, g, d, r in zip(weights, ms, vs, grads, decay, rates):
         w, m, v = _read(hw), _read(hm), _read(hv)
         g = tf.where(finite, tf.cast(g, tf.float32) * factor, 0.0)
         m_new = m + (g - m) * rate_1
         v_new = v + (tf.square(g) - v) * rate_2
-        _write(hw, (w * shrink if d else w) - alpha * m_new / (tf.sqrt(v_new) + epsilon))
+        shrink, step_size = (1.0 - weight_decay * lr, alpha) if r == 1.0 else (1.0 - weight_decay * lr * r, alpha * r)
+        _write(hw, (w * shrink if d else w) - step_size * m_new / (tf.sqrt(v_new) + epsilon))
         _write(hm, m_new)
         _write(hv, v_new)
     return finite
 
 
 @tf.function(jit_compile=True, autograph=False)
-def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, clipnorm, weight_decay,
+def _lamb_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr, step, clipnorm, weight_decay,
                   beta_1, beta_2, epsilon):
     """One device's LAMB step over all its variables (Keras' Lamb, after its decoupled decay) -> finite."""
     finite = tf.math.is_finite(squares)
@@ -162,31 +171,47 @@ def _lamb_program(weights, ms, vs, grads, decay, squares, inv_scale, lr, step, c
     lr = lr * keep
     rate_1, rate_2 = (1.0 - beta_1) * keep, (1.0 - beta_2) * keep
     correct_1, correct_2 = 1.0 - tf.pow(beta_1, step), 1.0 - tf.pow(beta_2, step)
-    for hw, hm, hv, g, d in zip(weights, ms, vs, grads, decay):
+    for hw, hm, hv, g, d, r in zip(weights, ms, vs, grads, decay, rates):
         w, m, v = _read(hw), _read(hm), _read(hv)
         g = tf.where(finite, tf.cast(g, tf.float32) * factor, 0.0)
-        w_decayed = w - w * weight_decay * lr if d else w
+        lr_here = lr if r == 1.0 else lr * r
+        w_decayed = w - w * weight_decay * lr_here if d else w
         m_new = m + (g - m) * rate_1
         v_new = v + (tf.square(g) - v) * rate_2
         update = (m_new / correct_1) / (tf.sqrt(v_new / correct_2) + epsilon)
         w_norm, u_norm = tf.norm(w_decayed), tf.norm(update)
         ratio = tf.where(w_norm > 0, tf.where(u_norm > 0, w_norm / u_norm, 1.0), 1.0)
-        _write(hw, w_decayed - ratio * lr * update)
+        _write(hw, w_decayed - ratio * lr_here * update)
         _write(hm, m_new)
         _write(hv, v_new)
     return finite
 
 
+def layerwise_rates(paths, decay):
+    """Each variable's learning-rate multiplier under layer-wise decay (Sun et al. 2019, "How to Fine-Tune BERT
+    for Text Classification?"): encoder layer i of L gets decay ** (L - i), the embeddings decay ** (L + 1),
+    the rest (pooler, heads, a CRF's transitions) 1. `paths`: Keras variable paths (`transformer_layer_3/...`,
+    `token_embedding/embeddings`), as keras-hub's BertBackbone and the fused encoder name them."""
+    layers = [re.match(r"(?:.*/)?transformer_layer_(\d+)/", p) for p in paths]
+    depth = max((int(m.group(1)) for m in layers if m), default=-1) + 1
+    if decay == 1.0 or depth == 0:
+        return tuple(1.0 for _ in paths)
+    embedding = re.compile(r"(?:.*/)?(token_embedding|position_embedding|segment_embedding|embeddings_layer_norm)/")
+    return tuple(float(decay ** (depth - int(m.group(1)))) if m else
+                 float(decay ** (depth + 1)) if embedding.match(p) else 1.0 for p, m in zip(paths, layers))
+
+
 def create_optimizer(learning_rate: float | None = None, num_train_steps: int | None = None, num_warmup_steps: int = 0,
                      weight_decay: float = 0.01, float16: bool = False, optimizer: str = "adamw", beta_1: float = 0.9,
                      beta_2: float = 0.999, epsilon: float = 1e-6, schedule=None, clipnorm: float | None = 1.0,
-                     initial_scale: float | None = None) -> TowerOptimizer:
+                     initial_scale: float | None = None, layerwise_lr_decay: float = 1.0) -> TowerOptimizer:
     """google-bert's optimizer (or LAMB) as a `TowerOptimizer`.
 
     `schedule` replaces the step-based warmup + linear decay (e.g. a TimeBasedDecay) and carries its own
     learning rate: give `learning_rate` and the steps, or `schedule`, not both. Every precision
     gets loss scaling, because it is also what skips a step whose gradients are not finite: under
     mixed_float16 the scale is dynamic (starting at 2**15, or `initial_scale`); otherwise it stays 1.
+    `layerwise_lr_decay`: lower layers learn slower (`layerwise_rates`).
 
     Example:
         with strategy.scope():
@@ -205,5 +230,6 @@ def create_optimizer(learning_rate: float | None = None, num_train_steps: int | 
                                   epsilon=epsilon)
     inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
     if float16:
-        return TowerOptimizer(inner, clipnorm, initial_scale=initial_scale or 2.0**15)
-    return TowerOptimizer(inner, clipnorm, initial_scale=initial_scale or 1.0, dynamic_growth_steps=2**30)
+        return TowerOptimizer(inner, clipnorm, layerwise_lr_decay, initial_scale=initial_scale or 2.0**15)
+    return TowerOptimizer(inner, clipnorm, layerwise_lr_decay, initial_scale=initial_scale or 1.0,
+                          dynamic_growth_steps=2**30)

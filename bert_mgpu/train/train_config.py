@@ -92,6 +92,8 @@ class TrainConfig(LoopConfig):
         load_best_model_at_end: leave the best model in the classifier.
         early_stopping_patience, early_stopping_threshold: evaluations without an improvement above the
             threshold before the run stops.
+        layerwise_lr_decay: each encoder layer learns at the rate of the one above it times this, the
+            embeddings lowest, the head at learning_rate (optimization.layerwise_rates); 1: one rate.
     """
 
     epochs: float = 3.0
@@ -108,9 +110,12 @@ class TrainConfig(LoopConfig):
     load_best_model_at_end: bool = False
     early_stopping_patience: int | None = None
     early_stopping_threshold: float = 0.0
+    layerwise_lr_decay: float = 1.0
 
     def check(self):
         super().check()
+        if not 0 < self.layerwise_lr_decay <= 1:
+            raise UserError(f"--layerwise_lr_decay={self.layerwise_lr_decay}: must be above 0 and at most 1")
         if int(self.gradient_accumulation_steps) < 1:
             raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -142,7 +147,8 @@ class TrainConfig(LoopConfig):
                 **({"num_warmup_steps": self.num_warmup_steps} if self.num_warmup_steps is not None else {}),
                 "per_tower_batch": per_tower_batch, "seed": self.seed,
                 **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
-                   if self.gradient_accumulation_steps > 1 else {})}
+                   if self.gradient_accumulation_steps > 1 else {}),
+                **({"layerwise_lr_decay": self.layerwise_lr_decay} if self.layerwise_lr_decay != 1.0 else {})}
 
 
 @dataclasses.dataclass
