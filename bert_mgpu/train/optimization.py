@@ -24,6 +24,7 @@ import tensorflow as tf
 from bert_mgpu.core import _compat
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.train.schedules import WarmupLinearDecay
+from bert_mgpu.train.train_config import check_layerwise_lr_decay
 
 OPTIMIZERS = {"adamw": keras.optimizers.AdamW, "lamb": keras.optimizers.Lamb}
 
@@ -49,8 +50,6 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
     """
 
     def __init__(self, inner_optimizer, clipnorm=None, layerwise_lr_decay=1.0, **kwargs):
-        if not 0 < layerwise_lr_decay <= 1:
-            raise UserError(f"--layerwise_lr_decay={layerwise_lr_decay}: must be above 0 and at most 1")
         if type(inner_optimizer) not in OPTIMIZERS.values():
             raise ValueError(f"TowerOptimizer runs keras.optimizers.AdamW or Lamb, not {type(inner_optimizer)}")
         if inner_optimizer.global_clipnorm or inner_optimizer.clipnorm or inner_optimizer.clipvalue:
@@ -60,7 +59,7 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError("TowerOptimizer does not run EMA, gradient accumulation or AMSGrad")
         super().__init__(inner_optimizer, **kwargs)
         self.clip_global_norm = clipnorm
-        self.layerwise_lr_decay = float(layerwise_lr_decay)
+        self.layerwise_lr_decay = check_layerwise_lr_decay(layerwise_lr_decay)
 
     def apply(self, grads, trainable_variables=None):
         """Apply the towers' averaged (loss-scaled) gradients, from inside a replica."""

@@ -75,6 +75,13 @@ class LoopConfig:
         return dataclasses.asdict(self)
 
 
+def check_layerwise_lr_decay(value):
+    """--layerwise_lr_decay as a float, or UserError: a rate above the layer's own would grow downwards."""
+    if not 0 < value <= 1:
+        raise UserError(f"--layerwise_lr_decay={value}: must be above 0 and at most 1")
+    return float(value)
+
+
 @dataclasses.dataclass
 class TrainConfig(LoopConfig):
     """A fine-tuning run (google-bert's run_classifier flags, Hugging Face's for evaluation while training).
@@ -114,8 +121,7 @@ class TrainConfig(LoopConfig):
 
     def check(self):
         super().check()
-        if not 0 < self.layerwise_lr_decay <= 1:
-            raise UserError(f"--layerwise_lr_decay={self.layerwise_lr_decay}: must be above 0 and at most 1")
+        check_layerwise_lr_decay(self.layerwise_lr_decay)
         if int(self.gradient_accumulation_steps) < 1:
             raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
