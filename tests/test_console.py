@@ -116,6 +116,7 @@ sys.stderr.write(child.stderr)
 """
 
 
+@pytest.mark.process
 def test_a_child_of_a_quiet_process_starts_tensorflow_quietly_too():
     """Issue 66: a sweep's runs printed TensorFlow's start-up lines: each child took the TF_CPP_MIN_LOG_LEVEL its
     parent had set for the user's own and let them through. The parent now names the value it set."""

@@ -343,9 +343,11 @@ def test_auto_batch_size_trains_with_the_largest_batch_that_fits(data, google_re
 # ---------------------------------------------------------------- what a red-team found (issue 24)
 
 def copy_run(trained, tmp_path):
-    """A writable copy of the read-only shared run -> (its directory, the run's args writing there)."""
+    """A writable copy of the read-only shared run -> (its directory, the run's args writing there, without
+    --do_export: these reruns' subject is resuming, and a run started over would export every format again)."""
     out = shared_runs.writable_copy(trained[0], tmp_path / "run")
-    return out, [f"--output_dir={out}" if a.startswith("--output_dir=") else a for a in trained[1]]
+    return out, [f"--output_dir={out}" if a.startswith("--output_dir=") else a for a in trained[1]
+                 if not a.startswith(("--do_export", "--export_format="))]
 
 
 def snapshot(directory):
