@@ -41,10 +41,12 @@ class SharedRun:
     def release(self):
         return os.path.join(self.base, "release")
 
-    def copy(self, to):
-        """A writable copy of the run's output directory at `to` -> (its path, the run's args writing there)."""
+    def copy(self, to, without=()):
+        """A writable copy of the run's output directory at `to` -> (its path, the run's args writing there, less
+        those starting with one of `without`)."""
         writable_copy(self.out, to)
-        return str(to), [f"--output_dir={to}" if a.startswith("--output_dir=") else a for a in self.args]
+        return str(to), [f"--output_dir={to}" if a.startswith("--output_dir=") else a for a in self.args
+                         if not a.startswith(tuple(without))]
 
 
 def writable_copy(source, to):

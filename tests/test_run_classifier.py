@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-import shared_runs
 from conftest import run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
 
 
@@ -84,8 +83,8 @@ def test_train_eval_predict_writes_every_output(trained):
     assert float(results["eval_auc"]) > 0.9 and float(results["eval_mcc"]) > 0.7
 
 
-def test_rerun_resumes_and_predicts_the_same(trained, tmp_path):
-    out, args = copy_run(trained, tmp_path)
+def test_rerun_resumes_and_predicts_the_same(trained, classifier_run, tmp_path):
+    out, args = copy_run(classifier_run, tmp_path)
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
     proc = run(*args)
     assert "resuming from" in proc.stderr and "ckpt-160 at step 160" in proc.stderr
@@ -104,7 +103,7 @@ def test_predict_only_from_the_output_directory_on_one_tower(trained, data, tmp_
                                atol=1e-5)
 
 
-def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(trained, data, tmp_path):
+def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(trained, classifier_run, data, tmp_path):
     """--fused_encoder=false runs keras-hub's BertBackbone on the same checkpoint: the same probabilities."""
     out, _, _ = trained
     before = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
@@ -114,7 +113,7 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
         "--fused_encoder=false")
     np.testing.assert_allclose(np.loadtxt(os.path.join(pred_dir, "test_results.tsv"), delimiter="\t"), before,
                                atol=1e-5)
-    out, args = copy_run(trained, tmp_path)  # writable: the refusal must be what keeps it as it was
+    out, args = copy_run(classifier_run, tmp_path)  # writable: the refusal must be what keeps it as it was
     files = sorted(os.listdir(out))
     proc = run(*args, "--fused_encoder=false", check=False)
     assert proc.returncode == 1 and "--fused_encoder=None -> False" in proc.stderr, proc.stderr[-2000:]
@@ -342,12 +341,10 @@ def test_auto_batch_size_trains_with_the_largest_batch_that_fits(data, google_re
 
 # ---------------------------------------------------------------- what a red-team found (issue 24)
 
-def copy_run(trained, tmp_path):
+def copy_run(run, tmp_path):
     """A writable copy of the read-only shared run -> (its directory, the run's args writing there, without
     --do_export: these reruns' subject is resuming, and a run started over would export every format again)."""
-    out = shared_runs.writable_copy(trained[0], tmp_path / "run")
-    return out, [f"--output_dir={out}" if a.startswith("--output_dir=") else a for a in trained[1]
-                 if not a.startswith(("--do_export", "--export_format="))]
+    return run.copy(tmp_path / "run", without=("--do_export", "--export_format="))
 
 
 def snapshot(directory):
@@ -361,8 +358,8 @@ def one_error_line(proc):
     return proc.stderr.strip().splitlines()[-1]
 
 
-def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, data, tmp_path):
-    out, _ = copy_run(trained, tmp_path)
+def test_eval_and_predict_fall_back_past_a_damaged_newest_checkpoint(trained, classifier_run, data, tmp_path):
+    out, _ = copy_run(classifier_run, tmp_path)
     newest = os.path.join(out, "ckpt-160.data-00000-of-00001")
     with open(newest, "r+b") as f:
         f.truncate(os.path.getsize(newest) // 2)  # a copy cut short
@@ -399,8 +396,8 @@ def test_a_checkpoint_file_naming_another_directory_is_refused(trained, data, tm
     assert snapshot(here) == before and not os.path.exists(tmp_path / "o" / "eval_results.txt")
 
 
-def test_a_rerun_with_another_vocabulary_is_another_run(trained, tmp_path):
-    out, args = copy_run(trained, tmp_path)
+def test_a_rerun_with_another_vocabulary_is_another_run(trained, classifier_run, tmp_path):
+    out, args = copy_run(classifier_run, tmp_path)
     tokens = open(os.path.join(out, "vocab.txt")).read().split("\n")
     tokens[10], tokens[11] = tokens[11], tokens[10]  # the same size, another vocabulary
     other = tmp_path / "other_vocab.txt"
@@ -411,10 +408,10 @@ def test_a_rerun_with_another_vocabulary_is_another_run(trained, tmp_path):
     assert snapshot(out) == before
 
 
-def test_a_save_killed_half_way_is_cleaned_up_on_resume_and_on_overwrite(trained, tmp_path):
+def test_a_save_killed_half_way_is_cleaned_up_on_resume_and_on_overwrite(trained, classifier_run, tmp_path):
     """kill -9 during a save leaves ckpt-N_temp/ (a directory matching ckpt-*): resuming removes it, and
     --overwrite_output_dir starts over without tripping on it."""
-    out, args = copy_run(trained, tmp_path)
+    out, args = copy_run(classifier_run, tmp_path)
     left = os.path.join(out, "ckpt-161_temp")
     os.makedirs(left)
     open(os.path.join(left, "part-00000-of-00001.data-00000-of-00001"), "wb").write(b"\0" * 100)
