@@ -153,8 +153,8 @@ def _adamw_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr,
         g = tf.where(finite, tf.cast(g, tf.float32) * factor, 0.0)
         m_new = m + (g - m) * rate_1
         v_new = v + (tf.square(g) - v) * rate_2
-        shrink, step_size = (1.0 - weight_decay * lr, alpha) if r == 1.0 else (1.0 - weight_decay * lr * r, alpha * r)
-        _write(hw, (w * shrink if d else w) - step_size * m_new / (tf.sqrt(v_new) + epsilon))
+        shrink = 1.0 - weight_decay * lr * r  # r = 1.0: the same bits as without it
+        _write(hw, (w * shrink if d else w) - alpha * r * m_new / (tf.sqrt(v_new) + epsilon))
         _write(hm, m_new)
         _write(hv, v_new)
     return finite
@@ -173,7 +173,7 @@ def _lamb_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr, 
     for hw, hm, hv, g, d, r in zip(weights, ms, vs, grads, decay, rates):
         w, m, v = _read(hw), _read(hm), _read(hv)
         g = tf.where(finite, tf.cast(g, tf.float32) * factor, 0.0)
-        lr_here = lr if r == 1.0 else lr * r
+        lr_here = lr * r  # r = 1.0: the same bits as without it
         w_decayed = w - w * weight_decay * lr_here if d else w
         m_new = m + (g - m) * rate_1
         v_new = v + (tf.square(g) - v) * rate_2
