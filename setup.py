@@ -36,7 +36,8 @@ setup(
                  "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4", "seqeval==1.2.2",
                  "nvidia-ml-py>=12",  # its real module, meeting a machine without a driver
                  "wandb>=0.21", "mlflow-skinny>=3",  # report_to's loggers, tested offline
-                 "jieba>=0.42"],  # the zh extra's segmenter
+                 "jieba>=0.42",  # the zh extra's segmenter
+                 "tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20", "tokenizers>=0.20"],  # the onnx extra
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.
@@ -45,6 +46,9 @@ setup(
         "loggers": ["wandb>=0.21", "mlflow-skinny>=3"],
         # --word_segmenter=jieba: Chinese words for whole-word masking (pure Python, its own dictionary).
         "zh": ["jieba>=0.42"],
+        # --export_format=onnx/onnx_int8 (io/onnx_export.py): the converter, ONNX Runtime (which checks each export
+        # and quantizes int8) and Hugging Face's tokenizers, which read the export's tokenizer.json.
+        "onnx": ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20", "tokenizers>=0.20"],
         # learning_curves.png and confusion_matrix.png (bert_mgpu.io.plot); training never needs it.
         "plot": ["matplotlib>=3.8"],
     },

@@ -76,7 +76,8 @@ def define_export_flags():
     flags.DEFINE_string("export_dir", None, "Exports go to EXPORT_DIR/FORMAT, each a new directory (default: "
                         "OUTPUT_DIR/export).")
     flags.DEFINE_list("export_format", ["saved_model"], "saved_model (TensorFlow Serving, raw text in), hf "
-                      "(transformers), google (google-bert's bert_model.ckpt), keras_hub; comma-separated.")
+                      "(transformers), google (google-bert's bert_model.ckpt), keras_hub, onnx (ONNX Runtime, ids in), "
+                      "onnx_int8 (the same, int8 weights); comma-separated.")
     flags.DEFINE_enum("export_precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
                       "saved_model: the precision the served graph computes in.")
     flags.DEFINE_bool("allow_approximate_export", False, "keras_hub: write it even where keras-hub's BERT "
@@ -114,6 +115,7 @@ def export_targets(output_dir):
 
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.io.export import FORMATS, check_new_dir
+    from bert_mgpu.io.onnx_export import check_available
 
     if not FLAGS.do_export:
         return []
@@ -127,6 +129,7 @@ def export_targets(output_dir):
     for fmt in FLAGS.export_format:
         if fmt not in FORMATS:
             raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
+        check_available(fmt)
         target = os.path.join(base, fmt)
         stamp, mine = _stamp_of(target) or {}, _stamp(fmt, None)
         targets.append((fmt, target if all(stamp.get(k) == mine[k] for k in _WHERE) else check_new_dir(target)))

@@ -20,9 +20,10 @@ from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
-from bert_mgpu.io import checkpoints, weight_names
+from bert_mgpu.io import checkpoints, onnx_export, weight_names
 from bert_mgpu.io.serving import write_saved_model
 from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_classifier, ... as before)
+    PROBE_TEXTS,
     Trained,
     as_trained,
     build_model,
@@ -36,14 +37,11 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
 from bert_mgpu.model.objectives import MaskedLanguageModel, objective
 
 log = logging.getLogger("bert_mgpu")
-FORMATS = ("saved_model", "hf", "google", "keras_hub")
-TAGGER_FORMATS = ("saved_model", "hf", "google")
-SPAN_FORMATS = ("saved_model", "hf", "google")  # keras-hub has no span head either
-CHOICE_FORMATS = ("hf", "google")  # a served graph would take a question's choices: not built yet
-# Texts the keras-hub export is compared on, besides any the caller gives.
-PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
-               "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
-               "tabs\tand  double  spaces", "x")
+FORMATS = ("saved_model", "hf", "google", "keras_hub", "onnx", "onnx_int8")
+TAGGER_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8")
+SPAN_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8")  # keras-hub has no span head either
+CHOICE_FORMATS = ("hf", "google", "onnx", "onnx_int8")  # a served graph would take a question's choices: not yet
+GRAPH_FORMATS = ("saved_model", "onnx", "onnx_int8")  # graphs, which express a pre-LN encoder too
 
 
 def check_new_dir(path):
@@ -66,14 +64,14 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     replace: an existing `output_dir` is replaced once the new export is whole (the scripts, for their own
         earlier export); by default it must be new or empty.
     """
-    if format not in FORMATS:
-        raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
     if not replace:
         check_new_dir(output_dir)
     trained = as_trained(source)
     check_format(trained, format)
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
-               "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts)}
+               "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts),
+               "onnx": lambda t, d: onnx_export.write_onnx(t, d, False, texts or ()),
+               "onnx_int8": lambda t, d: onnx_export.write_onnx(t, d, True, texts or ())}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
     storage.remove(tmp)
     storage.makedirs(tmp)
@@ -94,9 +92,10 @@ def check_format(trained, format):
     asked before writing the first, so a list of formats is written whole or not at all."""
     if format not in FORMATS:
         raise UserError(f"--export_format={format}: expected one of {', '.join(FORMATS)}")
-    if format != "saved_model" and trained.config.encoder_ln_mode == "pre-ln":
+    onnx_export.check_available(format)
+    if format not in GRAPH_FORMATS and trained.config.encoder_ln_mode == "pre-ln":
         raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
-                        "express (its BERT is post-LN); export it as saved_model")
+                        "express (its BERT is post-LN); export it as saved_model or onnx")
     if trained.kind == "tagger" and format not in TAGGER_FORMATS:
         raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
                         "(keras-hub has no token classifier)")
@@ -109,11 +108,6 @@ def check_format(trained, format):
         trained.head.hf_architecture(trained.weights)  # a head transformers has no class for (a CRF) says so
 
 
-def _labels_config(trained):
-    """The head's labels as Hugging Face writes them (google-bert's readers ignore the extra keys)."""
-    return {} if trained.head is None else trained.head.hf_facts(trained.labels)
-
-
 def _copy_vocab(trained, directory, name="vocab.txt"):
     storage.write_atomic(os.path.join(directory, name), storage.read_bytes(trained.vocab_file))
 
@@ -122,7 +116,7 @@ def _copy_vocab(trained, directory, name="vocab.txt"):
 
 def write_google(trained, directory):
     """`bert_model.ckpt.*` under google-bert's names, `bert_config.json`, `vocab.txt`."""
-    config = {**trained.config.to_dict(), **_labels_config(trained), "do_lower_case": trained.do_lower_case}
+    config = {**trained.config.to_dict(), **trained.labels_config(), "do_lower_case": trained.do_lower_case}
     config.pop("encoder_ln_mode")  # post-LN, google-bert's only kind
     storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config, indent=2) + "\n")
     _copy_vocab(trained, directory)
@@ -150,10 +144,7 @@ def write_hf(trained, directory):
         architecture = "BertModel"
         tensors = {k[len("bert."):]: v for k, v in tensors.items()}  # BertModel's own names have no prefix
     c = trained.config
-    config = {"architectures": [architecture], "model_type": "bert", **c.to_dict(), "layer_norm_eps": 1e-12,
-              "pad_token_id": 0, "position_embedding_type": "absolute", "tie_word_embeddings": True,
-              **_labels_config(trained)}
-    config.pop("encoder_ln_mode")
+    config = trained.hf_config(architecture)
     storage.write_atomic(os.path.join(directory, "config.json"), json.dumps(config, indent=2) + "\n")
     weights_file = os.path.join(directory, "model.safetensors")
     save_file(tensors, weights_file, metadata={"format": "pt"})

@@ -28,6 +28,11 @@ SPAN = "question_answerer"  # the kind of a span head (SQuAD)
 CHOICE = "multiple_choice"  # the kind of a multiple-choice head (SWAG, C3)
 ONE_HEAD = ("classifier", "tagger", CHOICE)  # the kinds with a head under output_weights / output_bias
 
+# Texts an export is checked on against the model, besides any the caller gives.
+PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
+               "Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "1984: 12.5% of $3,000", "中文 text 漢字",
+               "tabs\tand  double  spaces", "x")
+
 
 @dataclasses.dataclass
 class Trained:
@@ -73,6 +78,18 @@ class Trained:
             h.update(f"{name}{value.shape}".encode())
             h.update(value.tobytes())
         return h.hexdigest()
+
+    def labels_config(self):
+        """The head's labels as Hugging Face writes them (google-bert's readers ignore the extra keys)."""
+        return {} if self.head is None else self.head.hf_facts(self.labels)
+
+    def hf_config(self, architecture):
+        """transformers' config.json of this model as `architecture`, with the head's labels."""
+        config = {"architectures": [architecture], "model_type": "bert", **self.config.to_dict(),
+                  "layer_norm_eps": 1e-12, "pad_token_id": 0, "position_embedding_type": "absolute",
+                  "tie_word_embeddings": True, **self.labels_config()}
+        config.pop("encoder_ln_mode")
+        return config
 
     @property
     def head(self):

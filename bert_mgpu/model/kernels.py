@@ -169,22 +169,24 @@ class Activation:
     """One `hidden_act`: Keras' function (keras-hub's layers run it), the fused training kernel
     `fused(x, b) = act(x + b)`, and the form used for inference, which grappler folds into oneDNN's
     matmul with its bias (no pass of its own); training keeps the fused kernel, whose backward needs
-    the pre-activation that the folded matmul does not give."""
+    the pre-activation that the folded matmul does not give. `portable` is written with ops every
+    converter takes: TensorFlow's exact GELU is an `Erfc`, which ONNX Runtime has no kernel for."""
 
     keras: Callable
     fused: Callable
     inference: Callable
+    portable: Callable
 
 
 _exact = Activation(lambda x: keras.activations.gelu(x, approximate=False), bias_gelu_exact,
-                    lambda z: tf.nn.gelu(z, approximate=False))
+                    lambda z: tf.nn.gelu(z, approximate=False), _gelu)
 _tanh = Activation(lambda x: keras.activations.gelu(x, approximate=True), bias_gelu_tanh,
-                   lambda z: tf.nn.gelu(z, approximate=True))
+                   lambda z: tf.nn.gelu(z, approximate=True), _gelu_tanh)
 
 # Hugging Face's names: "gelu" is the exact (erf) GELU; google-bert's code and keras-hub's BertBackbone
 # use the tanh approximation ("gelu_new", "gelu_pytorch_tanh").
 ACTIVATIONS = {"gelu": _exact, "gelu_new": _tanh, "gelu_pytorch_tanh": _tanh,
-               "relu": Activation(keras.activations.relu, bias_relu, tf.nn.relu)}
+               "relu": Activation(keras.activations.relu, bias_relu, tf.nn.relu, tf.nn.relu)}
 
 
 @tf.function(jit_compile=True, autograph=False)

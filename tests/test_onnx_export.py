@@ -1,0 +1,195 @@
+"""ONNX export (issue 68 item 2): every head's graph runs in ONNX Runtime to the model's own outputs, and its
+tokenizer.json gives Hugging Face `tokenizers` bert_mgpu's ids."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import NER_TAGS, WORDS
+
+import bert_mgpu
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.input_pipeline import encode
+from bert_mgpu.data.tokenization import FullTokenizer
+from bert_mgpu.io import export, onnx_export
+
+onnxruntime = pytest.importorskip("onnxruntime")  # the onnx extra; `make test` installs it
+tokenizers = pytest.importorskip("tokenizers")
+TOWERS = dict(n_gpus=0, towers_per_gpu=2)
+rng = np.random.default_rng(3)
+TEXTS = [" ".join(rng.choice(WORDS, rng.integers(1, 30))) for _ in range(9)] + ["", "film", "电影 film !"]
+
+
+def _heads(release):
+    towers = bert_mgpu.Towers(**TOWERS)
+    common = dict(towers=towers, precision="float32")
+    tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, max_seq_length=16, crf=True, **common)
+    tagger.model.crf.transitions.assign(rng.normal(0, 2, (len(NER_TAGS),) * 2).astype(np.float32))
+    return {
+        "classification": bert_mgpu.BertClassifier.from_pretrained(release, labels=["neg", "pos", "mixed"],
+                                                                   max_seq_length=16, **common),
+        "regression": bert_mgpu.BertClassifier.from_pretrained(release, task_type="regression", max_seq_length=16,
+                                                               **common),
+        "multi_label": bert_mgpu.BertClassifier.from_pretrained(release, labels=["a", "b"], task_type="multi_label",
+                                                                max_seq_length=16, **common),
+        "tagger_crf": tagger,
+        "question_answerer": bert_mgpu.BertQuestionAnswerer.from_pretrained(release, max_seq_length=16, **common),
+        "multiple_choice": bert_mgpu.BertMultipleChoice.from_pretrained(release, max_seq_length=16, **common),
+        "encoder": bert_mgpu.BertPretrainer.from_pretrained(release, **common),
+    }
+
+
+@pytest.fixture(scope="module")
+def exported(google_release, tmp_path_factory):
+    """Each head of the tiny release (random heads, non-zero CRF transitions), exported as onnx."""
+    out = {}
+    for kind, model in _heads(google_release).items():
+        path = str(tmp_path_factory.mktemp(kind) / "onnx")
+        export.export_model(model, path, "onnx")
+        out[kind] = (model, path)
+    return out
+
+
+def _rows(tokenizer, texts, pairs=False, length=16):
+    a = tf.constant(texts)
+    ids, segments = encode(tokenizer, a, tf.constant(texts[::-1]) if pairs else None, length, pairs)
+    ids, segments = ids.to_tensor(0).numpy().astype(np.int64), segments.to_tensor(0).numpy().astype(np.int64)
+    return {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64), "token_type_ids": segments}
+
+
+def _model_outputs(model, rows):
+    """What the model in memory (its fused encoder) computes from the same rows."""
+    features = {"token_ids": tf.constant(rows["input_ids"], tf.int32),
+                "segment_ids": tf.constant(rows["token_type_ids"], tf.int32),
+                "padding_mask": tf.constant(rows["attention_mask"] > 0)}
+    network = model.model.backbone if isinstance(model, bert_mgpu.BertPretrainer) else model.model
+    out = network(features, training=False)
+    return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
+
+
+@pytest.mark.parametrize("kind", ["classification", "regression", "multi_label", "tagger_crf", "question_answerer",
+                                  "multiple_choice", "encoder"])
+def test_onnx_runtime_gives_each_heads_outputs(exported, kind):
+    model, path = exported[kind]
+    facts = json.load(open(os.path.join(path, onnx_export.FACTS)))
+    session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == list(onnx_export.INPUTS)
+    assert [o.name for o in session.get_outputs()] == facts["outputs"]
+    assert facts["max_difference_to_tensorflow"] < 1e-4 and facts["weights"] == "float32"
+    rows = _rows(model.tokenizer, TEXTS, pairs=kind == "classification")
+    if kind == "multiple_choice":  # 12 texts as 3 questions of 4 choices; the last question's last is padding
+        rows = {k: v.reshape(3, 4, -1) for k, v in rows.items()}
+        for v in rows.values():
+            v[2, 3] = 0
+    got = dict(zip(facts["outputs"], session.run(None, rows)))
+    want = _model_outputs(model, rows)
+    if kind == "encoder":
+        pairs = [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
+    elif kind == "question_answerer":
+        pairs = [("start_logits", want[:, :, 0]), ("end_logits", want[:, :, 1])]
+    else:
+        pairs = [("logits", want)]
+    for name, value in pairs:
+        assert got[name].shape == value.shape, name
+        np.testing.assert_allclose(got[name], value, atol=1e-4, rtol=0, err_msg=name)
+    if kind == "multiple_choice":
+        assert got["logits"][2, 3] == pytest.approx(-1e4)  # a padded choice is never chosen
+    if kind == "tagger_crf":
+        np.testing.assert_allclose(facts["crf_transitions"], model.model.crf.transitions.numpy(), atol=1e-7)
+        config = json.load(open(os.path.join(path, "config.json")))
+        assert config["id2label"] == {str(i): t for i, t in enumerate(NER_TAGS)}
+        assert config["architectures"] == ["BertForTokenClassification"]  # the emissions; Viterbi on the host
+
+
+def test_hf_tokenizers_and_onnx_runtime_predict_as_the_classifier(exported):
+    """Raw text to probabilities with no TensorFlow: tokenizer.json in `tokenizers`, model.onnx in ONNX
+    Runtime; the probabilities are `predict`'s, the labels config.json's."""
+    clf, path = exported["classification"]
+    tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    encoded = tok.encode_batch(TEXTS)
+    rows = {"input_ids": np.array([e.ids for e in encoded], np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encoded], np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encoded], np.int64)}
+    session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), providers=["CPUExecutionProvider"])
+    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, rows)))
+    np.testing.assert_allclose(got["probabilities"], clf.predict(TEXTS), atol=1e-5)
+    config = json.load(open(os.path.join(path, "config.json")))
+    assert config["id2label"] == {"0": "neg", "1": "pos", "2": "mixed"}
+    assert config["architectures"] == ["BertForSequenceClassification"]
+
+
+# Text where google-bert's steps matter: accents, capitals, Unicode spaces and controls, CJK with full-width
+# punctuation, symbols, a word longer than the WordPiece limit (100 bytes).
+TRICKY = ["Ünïcödé ÀÇÇÉNTS and CAPITALS … “quotes” — dashes", "tabs\tand\u00a0no-break\u3000spaces\r\n",
+          "a\x00b\u200bc\ufffdd", "中文文本，包括标点。《书名》和“引号”！", "混合 text 漢字 123",
+          "$3,000 = 12.5% @home #tag",
+          "naïve café résumé Straße ÉCOLE", "x" * 99, "y" * 101, "émoji 🙂 and ½ ﬁ ligature", ""]
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_tokenizer_json_gives_bert_mgpus_ids(minilm_dir, lower):
+    """The same ids, segments and truncation as bert_mgpu's tokenizer, single texts and pairs, on the real
+    MiniLM vocabulary (CJK characters included). Two differences `tokenizers` cannot be told about, each
+    shown: when both texts of a pair are cut, the second at least as long, at an odd budget of pieces, the
+    odd piece goes to the second (google-bert, and bert_mgpu: to the first); and an upper-case Greek
+    word's final Σ becomes σ (google-bert's Python, and bert_mgpu: ς)."""
+    vocab = os.path.join(minilm_dir, "vocab.txt")
+    texts = TRICKY + [" ".join(rng.choice(WORDS, rng.integers(1, 60))) for _ in range(20)]
+    ours = FullTokenizer(vocab, lower)
+    compared = 0
+    for truncation, pairs, length in (("head", False, 24), ("tail", False, 24), ("head", True, 25)):
+        trained = export.Trained("classifier", None, vocab, lower, {}, ["a"], max_seq_length=length,
+                                 truncation=truncation)
+        tok = tokenizers.Tokenizer.from_str(json.dumps(onnx_export.tokenizer_json(trained)))
+        b = texts[::-1] if pairs else None
+        ids, segments = encode(ours, tf.constant(texts), tf.constant(b) if pairs else None, length, pairs,
+                               truncation=truncation)
+        encoded = tok.encode_batch(list(zip(texts, b)) if pairs else texts)
+        for i, e in enumerate(encoded):
+            assert e.ids == ids[i].numpy().tolist(), (texts[i], truncation, pairs)
+            assert e.type_ids == segments[i].numpy().tolist(), (texts[i], truncation, pairs)
+            compared += len(e.ids) - 2
+    assert compared > 1000  # real pieces compared, not only [CLS] [SEP]
+    trained = export.Trained("classifier", None, vocab, lower, {}, ["a"], max_seq_length=24)
+    odd = tokenizers.Tokenizer.from_str(json.dumps(onnx_export.tokenizer_json(trained)))  # 21 pieces for a pair
+    long_a, long_b = " ".join(WORDS[:12]), " ".join(WORDS[12:])  # both over 10 pieces, the second longer
+    ids = encode(ours, tf.constant([long_a]), tf.constant([long_b]), 24, True)[0][0].numpy().tolist()
+    theirs = odd.encode(long_a, long_b).ids
+    assert len(theirs) == len(ids) == 24 and (ids.index(ours.sep_id), theirs.index(ours.sep_id)) == (12, 11)
+    greek = ours.tokenize("ΣΟΦΌΣ")
+    assert tok.encode("ΣΟΦΌΣ", add_special_tokens=False).tokens == (
+        ["σ", "##ο", "##φ", "##ο", "##σ"] if lower else greek)
+    assert greek == (["σ", "##ο", "##φ", "##ος"] if lower else greek)
+
+
+def test_int8_export_quantizes_every_dense_kernel_and_stays_close(exported, tmp_path):
+    """onnx_int8: each layer's six dense kernels stored as int8 and multiplied in integers; the outputs near
+    the float32 model's. Its size and accuracy on real data are benchmarked (benchmarks/deploy.py), not
+    tested: this model's weights are too small for the ratio to mean anything."""
+    import onnx
+
+    clf, _ = exported["classification"]
+    path = export.export_model(clf, str(tmp_path / "int8"), "onnx_int8")
+    facts = json.load(open(os.path.join(path, onnx_export.FACTS)))
+    assert facts["weights"] == "int8"
+    graph = onnx.load(os.path.join(path, "model.onnx")).graph
+    int8 = [i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
+    layers = clf.config.num_hidden_layers  # q, k, v, output, intermediate, feed-forward output: 6 a layer
+    assert len(int8) >= 6 * layers and sum(n.op_type == "MatMulInteger" for n in graph.node) >= 6 * layers, (
+        [i.name for i in int8])
+    session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), providers=["CPUExecutionProvider"])
+    rows = _rows(clf.tokenizer, TEXTS, pairs=True)
+    got = dict(zip(facts["outputs"], session.run(None, rows)))
+    difference = np.max(np.abs(got["logits"] - _model_outputs(clf, rows)))
+    assert 0 < difference < 0.05 and facts["max_difference_to_tensorflow"] > 0, difference
+
+
+def test_a_missing_onnx_extra_is_one_line(monkeypatch):
+    real = onnx_export.importlib.util.find_spec
+    monkeypatch.setattr(onnx_export.importlib.util, "find_spec", lambda m: None if m == "tf2onnx" else real(m))
+    with pytest.raises(UserError, match=r"--export_format=onnx: needs tf2onnx; pip install 'bert_mgpu\[onnx\]'"):
+        onnx_export.check_available("onnx")
+    onnx_export.check_available("hf")  # other formats need nothing more
