@@ -16,6 +16,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints, export
 
 FORMATS = shared_runs.EXPORT_FORMATS
+READ_BACK = tuple(f for f in FORMATS if f != "onnx")  # what --init_checkpoint reads (ONNX: test_onnx_export.py)
 ASCII = ["the movie was good", "awful plot !", "it was very fun and not dull", "brilliant actor , boring story"]
 
 
@@ -205,7 +206,7 @@ def test_keras_hub_preset_loads_in_keras_hub_to_the_same_outputs(trained):
     assert np.abs(theirs - clf.predict(ASCII)).max() <= 1e-5
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", READ_BACK)
 def test_every_export_reads_back_to_the_same_predictions(trained, fmt):
     out, clf, _ = trained
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
@@ -222,7 +223,11 @@ def test_predict_from_a_saved_model_export_with_the_script(trained, tmp_path):
     run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={out.parent / 'data'}",
                f"--init_checkpoint={out / 'export' / 'saved_model'}", f"--output_dir={again}", "--do_predict",
                "--n_gpus=0", "--max_seq_length=32", "--precision=float32")
-    assert (again / "test_results.tsv").read_text() == (out / "test_results.tsv").read_text()
+    # The SavedModel runs keras-hub's encoder, the run its fused one: equal to float32 rounding (on an AVX2-only
+    # CPU, oneDNN off, the printed 8th decimal differs).
+    got, want = (np.loadtxt(d / "test_results.tsv", delimiter="\t") for d in (again, out))
+    assert got.shape == want.shape == (13, 2)
+    np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
 def test_keras_hub_export_of_an_exact_gelu_model_is_refused_unless_allowed(minilm_dir, tmp_path, caplog):
@@ -301,8 +306,8 @@ def test_export_alone_and_its_bad_input(trained, tmp_path):
     (tmp_path / "empty").mkdir()
     assert "not a Google checkpoint" in fails(f"--output_dir={tmp_path / 'empty'}", "--do_export",
                                               f"--export_dir={tmp_path / 'x'}", as_a_user=True)
-    assert "--export_format=onnx: expected one of saved_model, hf, google, keras_hub" in fails(
-        f"--output_dir={out}", "--do_export", "--export_format=onnx", f"--export_dir={tmp_path / 'x'}")
+    assert "--export_format=tflite: expected one of saved_model, hf, google, keras_hub, onnx, onnx_int8" in fails(
+        f"--output_dir={out}", "--do_export", "--export_format=tflite", f"--export_dir={tmp_path / 'x'}")
     before = (again / "hf" / "config.json").read_text()
     # The same export again (this run, this step) is done; another run's export there is refused.
     proc = run_script("run_classifier_mgpu.py", f"--output_dir={out}", "--do_export", f"--export_dir={again}",

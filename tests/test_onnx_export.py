@@ -103,22 +103,87 @@ def test_onnx_runtime_gives_each_heads_outputs(exported, kind):
         assert config["architectures"] == ["BertForTokenClassification"]  # the emissions; Viterbi on the host
 
 
-def test_hf_tokenizers_and_onnx_runtime_predict_as_the_classifier(exported):
-    """Raw text to probabilities with no TensorFlow: tokenizer.json in `tokenizers`, model.onnx in ONNX
-    Runtime; the probabilities are `predict`'s, the labels config.json's."""
-    clf, path = exported["classification"]
+def _without_tensorflow(path, texts):
+    """An export's outputs for raw texts through its tokenizer.json (Hugging Face `tokenizers`) and ONNX Runtime."""
     tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
     tok.enable_padding(pad_id=0, pad_token="[PAD]")
-    encoded = tok.encode_batch(TEXTS)
+    encoded = tok.encode_batch(texts)
     rows = {"input_ids": np.array([e.ids for e in encoded], np.int64),
             "attention_mask": np.array([e.attention_mask for e in encoded], np.int64),
             "token_type_ids": np.array([e.type_ids for e in encoded], np.int64)}
     session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, rows)))
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, rows)))
+
+
+def test_hf_tokenizers_and_onnx_runtime_predict_as_the_classifier(exported):
+    """Raw text to probabilities with no TensorFlow: tokenizer.json in `tokenizers`, model.onnx in ONNX
+    Runtime; the probabilities are `predict`'s, the labels config.json's."""
+    clf, path = exported["classification"]
+    got = _without_tensorflow(path, TEXTS)
     np.testing.assert_allclose(got["probabilities"], clf.predict(TEXTS), atol=1e-5)
     config = json.load(open(os.path.join(path, "config.json")))
     assert config["id2label"] == {"0": "neg", "1": "pos", "2": "mixed"}
     assert config["architectures"] == ["BertForSequenceClassification"]
+
+
+SERVE = r"""
+import json, sys
+import numpy as np
+import bert_mgpu
+
+model = bert_mgpu.load_exported(sys.argv[1])
+texts = json.load(open(sys.argv[2]))
+np.save(sys.argv[3], model.predict(texts))
+print(json.dumps({"labels": model.predict_labels(texts), "loaded": sorted(
+    m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "keras_hub", "tf2onnx", "torch"))}))
+"""
+
+
+def test_the_scripts_onnx_export_predicts_its_test_results_without_tensorflow(classifier_run, tmp_path):
+    """run_classifier_mgpu.py --do_export --export_format=onnx (the session's classifier run, tanh-GELU), read
+    by `bert_mgpu.load_exported` in a process that never loads TensorFlow: the test set's texts give the run's
+    own test_results.tsv and predict.txt."""
+    import subprocess
+    import sys
+
+    out = classifier_run.out
+    path = os.path.join(out, "export", "onnx")
+    texts = [line.split("\t")[1] for line in open(os.path.join(out, "..", "data", "test.tsv")).read().splitlines()[1:]]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    done = subprocess.run([sys.executable, "-c", SERVE, path, str(tmp_path / "texts.json"), str(tmp_path / "p.npy")],
+                          capture_output=True, text=True, check=True)
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["loaded"] == []  # numpy, onnxruntime and tokenizers only
+    want = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    got = np.load(tmp_path / "p.npy")
+    assert len(texts) == 13 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-5)  # the file keeps 8 decimals
+    assert facts["labels"] == open(os.path.join(out, "predict.txt")).read().split()
+    onnx_facts = json.load(open(os.path.join(path, onnx_export.FACTS)))
+    assert onnx_facts["labels"] == ["neg", "pos"] and onnx_facts["max_seq_length"] == 32
+
+
+def test_load_exported_refuses_what_it_cannot_predict_in_one_line(exported, tmp_path):
+    from bert_mgpu.io.exported import load_exported
+
+    with pytest.raises(UserError, match=r"not an ONNX export of bert_mgpu \(no bert_mgpu.json and model.onnx\)"):
+        load_exported(str(tmp_path))
+    with pytest.raises(UserError, match=r"a tagger's ONNX export; load_exported predicts with a classifier's only"):
+        load_exported(exported["tagger_crf"][1])
+    regression = load_exported(exported["regression"][1])
+    clf = exported["regression"][0]
+    np.testing.assert_allclose(regression.predict(TEXTS), clf.predict(TEXTS), atol=1e-5)
+    with pytest.raises(UserError, match="reads single texts: text_b is not used"):
+        regression.predict(TEXTS, TEXTS)
+    with pytest.raises(ValueError, match="a regression has no labels"):
+        regression.predict_labels(TEXTS)
+    multi = load_exported(exported["multi_label"][1])
+    p = exported["multi_label"][0].predict(TEXTS)
+    np.testing.assert_allclose(multi.predict(TEXTS), p, atol=1e-5)
+    assert multi.predict_labels(TEXTS, threshold=0.5) == [",".join(
+        name for name, x in zip(["a", "b"], row) if x >= 0.5) for row in p]
+    clf, path = exported["classification"]
+    assert load_exported(path).predict_labels(TEXTS) == [clf.labels[i] for i in clf.predict(TEXTS).argmax(1)]
 
 
 # Text where google-bert's steps matter: accents, capitals, Unicode spaces and controls, CJK with full-width

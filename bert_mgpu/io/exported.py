@@ -1,0 +1,93 @@
+"""Predict from an ONNX export with no TensorFlow: raw text through its tokenizer.json (Hugging Face `tokenizers`)
+and model.onnx (ONNX Runtime), the head's usual predictions out.
+
+Importing this module loads numpy, onnxruntime and tokenizers only, so a server that imports it alone (or
+`bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither TensorFlow nor a GPU.
+Only a classifier's exports are read yet (labels and probabilities, scores for a regression, each label's
+probability for multi-label); a tagger's, a question answerer's and a multiple-choice model's have their
+graph and files (docs/export.md) but no predictor here.
+
+Example:
+    model = bert_mgpu.load_exported("out/export/onnx_int8")
+    model.predict(["a gripping film"])          # probabilities [1, labels], as clf.predict
+    model.predict_labels(["a gripping film"])   # ["pos"]
+"""
+
+import json
+import os
+
+import numpy as np
+
+from bert_mgpu.core.errors import UserError
+
+FACTS = "bert_mgpu.json"  # written by onnx_export.py (which loads TensorFlow; its FACTS is this name)
+
+
+class Exported:
+    """An ONNX export loaded for prediction.
+
+    Args:
+        path: the export's directory (`--export_dir/onnx` or `onnx_int8`).
+        threads: ONNX Runtime's intra-op threads (None: its default, every core).
+    """
+
+    def __init__(self, path, threads=None):
+        import onnxruntime
+        import tokenizers
+
+        facts_file = os.path.join(path, FACTS)
+        if not os.path.isfile(facts_file) or not os.path.isfile(os.path.join(path, "model.onnx")):
+            raise UserError(f"{path}: not an ONNX export of bert_mgpu (no {FACTS} and model.onnx); export one with "
+                            "--do_export --export_format=onnx")
+        with open(facts_file, encoding="utf-8") as f:
+            self.facts = json.load(f)
+        self.kind, self.task_type = self.facts["kind"], self.facts["task_type"]
+        self.labels, self.pairs = list(self.facts["labels"]), bool(self.facts["pairs"])
+        if self.kind != "classifier":
+            raise UserError(f"{path}: a {self.kind}'s ONNX export; load_exported predicts with a classifier's only "
+                            "(the graph and its files are described in docs/export.md)")
+        if self.facts["facts"].get("doc_stride") or self.facts["truncation"] not in ("head", "tail"):
+            why = "windows over long texts" if self.facts["facts"].get("doc_stride") else "--truncation=head+tail"
+            raise UserError(f"{path}: this classifier reads {why}, which load_exported does not do yet; serve its "
+                            "saved_model export")
+        self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), options,
+                                                    providers=["CPUExecutionProvider"])
+        self.output = "scores" if self.task_type == "regression" else "probabilities"
+
+    def predict(self, texts, text_b=None, batch_size=32):
+        """Probabilities [N, labels] (each label's for multi-label), or scores [N] for a regression, as the
+        classifier's `predict` returns them. `text_b`: the second texts of a pair task."""
+        texts = list(texts)
+        if self.pairs != (text_b is not None):
+            raise UserError("this classifier reads sentence pairs: give text_b" if self.pairs else
+                            "this classifier reads single texts: text_b is not used")
+        out = []
+        for i in range(0, len(texts), batch_size):
+            batch = texts[i:i + batch_size] if text_b is None else list(zip(texts[i:i + batch_size],
+                                                                             list(text_b)[i:i + batch_size]))
+            rows = self.tokenizer.encode_batch(batch)
+            feed = {"input_ids": np.array([r.ids for r in rows], np.int64),
+                    "attention_mask": np.array([r.attention_mask for r in rows], np.int64),
+                    "token_type_ids": np.array([r.type_ids for r in rows], np.int64)}
+            out.append(self.session.run([self.output], feed)[0])
+        width = (0,) if self.output == "scores" else (0, len(self.labels))
+        return np.concatenate(out) if out else np.zeros(width, np.float32)
+
+    def predict_labels(self, texts, text_b=None, threshold=0.5):
+        """Each text's label (for multi-label: the labels at or over `threshold`, comma-separated)."""
+        p = self.predict(texts, text_b)
+        if self.task_type == "regression":
+            raise ValueError("a regression has no labels: use predict")
+        if self.task_type == "multi_label":
+            return [",".join(label for label, x in zip(self.labels, row) if x >= threshold) for row in p]
+        return [self.labels[i] for i in p.argmax(axis=1)]
+
+
+def load_exported(path, threads=None):
+    """The ONNX export in `path`, ready to predict from raw text (see `Exported`)."""
+    return Exported(path, threads)
