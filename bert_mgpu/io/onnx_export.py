@@ -40,7 +40,7 @@ OPSET = 17  # tf2onnx 1.17 converts at most 18; 17 is what ONNX Runtime releases
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 FACTS = "bert_mgpu.json"
 NEEDS = {"onnx": ("tf2onnx", "onnx", "onnxruntime"), "onnx_int8": ("tf2onnx", "onnx", "onnxruntime")}
-TOLERANCE = 1e-3  # an float32 export further than this from TensorFlow is refused (measured: about 1e-6)
+TOLERANCE = 1e-3  # a float32 export further than this from TensorFlow is refused (measured: about 1e-6)
 
 
 def check_available(fmt):
@@ -59,25 +59,25 @@ def write_onnx(trained, directory, int8=False, probe_texts=()):
         _compat.transformer_parts(layer).intermediate.activation = ACTIVATIONS[trained.config.hidden_act].portable
     function = _ids_graph(trained, model)
     path = os.path.join(directory, "model.onnx")
-    scratch = tempfile.mkdtemp(prefix="bert_mgpu_onnx_") if storage.is_remote(path) else None  # gs://: built here
-    local = os.path.join(scratch, "model.onnx") if scratch else path
-    float_path = local + ".float32" if int8 else local
-    tf2onnx.convert.from_function(function, input_signature=_specs(trained), opset=OPSET, output_path=float_path)
-    if int8:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+    scratch = tempfile.mkdtemp(prefix="bert_mgpu_onnx_")  # tf2onnx and the quantizer write local files
+    try:
+        local = os.path.join(scratch, "model.onnx")
+        tf2onnx.convert.from_function(function, input_signature=_specs(trained), opset=OPSET,
+                                      output_path=local + ".float32" if int8 else local)
+        if int8:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        _gemm_as_matmul(float_path)
-        quantize_dynamic(float_path, local, weight_type=QuantType.QInt8)
-        os.remove(float_path)
-    probe = _probe_inputs(trained, probe_texts)
-    difference, outputs = _runtime_difference(local, function, probe)
-    if not int8 and difference > TOLERANCE:
-        raise RuntimeError(f"ONNX export: ONNX Runtime's outputs differ from TensorFlow's by {difference:.3g}; "
-                           "please report this with the model's bert_config.json")
-    if scratch:
-        with open(local, "rb") as f:
+            _gemm_as_matmul(local + ".float32")
+            quantize_dynamic(local + ".float32", local, weight_type=QuantType.QInt8)
+        probe = _probe_inputs(trained, probe_texts)
+        difference, outputs = _runtime_difference(local, function, probe)
+        if not int8 and difference > TOLERANCE:
+            raise RuntimeError(f"ONNX export: ONNX Runtime's outputs differ from TensorFlow's by {difference:.3g}; "
+                               "please report this with the model's bert_config.json")
+        with open(local, "rb") as f:  # into the export's own directory (local or gs://), which moves into place
             storage.write_atomic(path, f.read())
-        shutil.rmtree(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     _write_files(trained, directory, outputs, difference, int8)
     log.info("ONNX export%s: ONNX Runtime within %.2g of TensorFlow on %d probe rows", " (int8)" if int8 else "",
              difference, len(probe["input_ids"]))
