@@ -62,12 +62,12 @@ def write_onnx(trained, directory, int8=False, probe_texts=()):
     scratch = tempfile.mkdtemp(prefix="bert_mgpu_onnx_")  # tf2onnx and the quantizer write local files
     try:
         local = os.path.join(scratch, "model.onnx")
-        tf2onnx.convert.from_function(function, input_signature=_specs(trained), opset=OPSET,
-                                      output_path=local + ".float32" if int8 else local)
+        converted = local + ".float32" if int8 else local
+        tf2onnx.convert.from_function(function, input_signature=_specs(trained), opset=OPSET, output_path=converted)
+        _tidy(converted, matmul=int8)
         if int8:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
-            _gemm_as_matmul(local + ".float32")
             quantize_dynamic(local + ".float32", local, weight_type=QuantType.QInt8)
         probe = _probe_inputs(trained, probe_texts)
         difference, outputs = _runtime_difference(local, function, probe)
@@ -84,9 +84,11 @@ def write_onnx(trained, directory, int8=False, probe_texts=()):
     return directory
 
 
-def _gemm_as_matmul(path):
-    """Rewrite each Gemm of a constant weight (tf2onnx's form of the attention projections) as MatMul + Add,
-    in place: ONNX Runtime's dynamic quantization takes MatMul, not Gemm, and left them float32."""
+def _tidy(path, matmul):
+    """Two rewrites of tf2onnx's graph, in place. Each `Shape` of a constant becomes the constant's shape:
+    tf2onnx keeps every attention kernel's 5-d einsum form only for its shape (14 MB of MiniLM's 102).
+    With `matmul`, each Gemm of a constant weight (its form of the attention projections) becomes MatMul
+    (+ Add): ONNX Runtime's dynamic quantization takes MatMul, not Gemm, and left those float32."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -96,8 +98,13 @@ def _gemm_as_matmul(path):
     nodes = []
     for node in graph.node:
         attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type == "Shape" and node.input[0] in weights and not attributes:
+            shape = np.array(weights[node.input[0]].dims, np.int64)
+            nodes.append(helper.make_node("Constant", [], list(node.output), name=node.name + "/folded",
+                                          value=numpy_helper.from_array(shape, node.output[0] + "/value")))
+            continue
         beta = attributes.get("beta", 1.0)
-        if (node.op_type != "Gemm" or node.input[1] not in weights or attributes.get("transA", 0)
+        if (not matmul or node.op_type != "Gemm" or node.input[1] not in weights or attributes.get("transA", 0)
                 or attributes.get("alpha", 1.0) != 1.0 or beta not in (0.0, 1.0)):
             nodes.append(node)
             continue
@@ -111,6 +118,10 @@ def _gemm_as_matmul(path):
             nodes.append(helper.make_node("Add", [product, node.input[2]], list(node.output), name=node.name + "/Add"))
     del graph.node[:]
     graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input} | {o.name for o in graph.output}
+    kept = [w for w in graph.initializer if w.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     onnx.save(model, path)
 
 
