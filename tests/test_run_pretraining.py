@@ -141,7 +141,7 @@ def test_the_pretrained_encoder_is_served_from_raw_text(pretrained):
                       check=False)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
         "run_pretraining_mgpu.py: error: --export_format=hf: this model's encoder is pre-LN, which hf cannot "
-        "express (its BERT is post-LN); export it as saved_model")
+        "express (its BERT is post-LN); export it as saved_model or onnx")
     assert not os.path.exists(os.path.join(out, "export", "hf"))
 
 
