@@ -23,18 +23,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def batches(tokenizer_file, texts, size):
-    import tokenizers
+def batches(export_dir, texts, size):
+    from bert_mgpu.io.exported import onnx_inputs, read_tokenizer
 
-    tok = tokenizers.Tokenizer.from_file(tokenizer_file)
-    tok.enable_padding(pad_id=0, pad_token="[PAD]")
-    out = []
-    for i in range(0, len(texts), size):
-        e = tok.encode_batch(texts[i:i + size])
-        out.append({"input_ids": np.array([x.ids for x in e], np.int64),
-                    "attention_mask": np.array([x.attention_mask for x in e], np.int64),
-                    "token_type_ids": np.array([x.type_ids for x in e], np.int64)})
-    return out
+    tok = read_tokenizer(export_dir)
+    return [onnx_inputs(tok, texts[i:i + size]) for i in range(0, len(texts), size)]
 
 
 def timed(run, rows, seconds):
@@ -113,7 +106,7 @@ def main():
     systems["transformers float32 (PyTorch)"] = torch_logits
     sizes = {"ONNX Runtime float32": "onnx", "ONNX Runtime int8": "onnx_int8", "transformers float32 (PyTorch)": "hf"}
     for size in (32, 1):
-        rows = batches(os.path.join(paths["onnx"], "tokenizer.json"), texts, size)
+        rows = batches(paths["onnx"], texts, size)
         for name, run in systems.items():
             logits, rate = timed(run, rows, args.seconds)
             entry = results["systems"].setdefault(name, {})

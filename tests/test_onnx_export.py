@@ -105,12 +105,9 @@ def test_onnx_runtime_gives_each_heads_outputs(exported, kind):
 
 def _without_tensorflow(path, texts):
     """An export's outputs for raw texts through its tokenizer.json (Hugging Face `tokenizers`) and ONNX Runtime."""
-    tok = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    tok.enable_padding(pad_id=0, pad_token="[PAD]")
-    encoded = tok.encode_batch(texts)
-    rows = {"input_ids": np.array([e.ids for e in encoded], np.int64),
-            "attention_mask": np.array([e.attention_mask for e in encoded], np.int64),
-            "token_type_ids": np.array([e.type_ids for e in encoded], np.int64)}
+    from bert_mgpu.io.exported import onnx_inputs, read_tokenizer
+
+    rows = onnx_inputs(read_tokenizer(path), texts)
     session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), providers=["CPUExecutionProvider"])
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, rows)))
 

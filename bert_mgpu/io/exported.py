@@ -33,7 +33,6 @@ class Exported:
 
     def __init__(self, path, threads=None):
         import onnxruntime
-        import tokenizers
 
         facts_file = os.path.join(path, FACTS)
         if not os.path.isfile(facts_file) or not os.path.isfile(os.path.join(path, "model.onnx")):
@@ -50,8 +49,7 @@ class Exported:
             why = "windows over long texts" if self.facts["facts"].get("doc_stride") else "--truncation=head+tail"
             raise UserError(f"{path}: this classifier reads {why}, which load_exported does not do yet; serve its "
                             "saved_model export")
-        self.tokenizer = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        self.tokenizer = read_tokenizer(path)
         options = onnxruntime.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
@@ -70,11 +68,7 @@ class Exported:
         for i in range(0, len(texts), batch_size):
             batch = texts[i:i + batch_size] if text_b is None else list(zip(texts[i:i + batch_size],
                                                                              list(text_b)[i:i + batch_size]))
-            rows = self.tokenizer.encode_batch(batch)
-            feed = {"input_ids": np.array([r.ids for r in rows], np.int64),
-                    "attention_mask": np.array([r.attention_mask for r in rows], np.int64),
-                    "token_type_ids": np.array([r.type_ids for r in rows], np.int64)}
-            out.append(self.session.run([self.output], feed)[0])
+            out.append(self.session.run([self.output], onnx_inputs(self.tokenizer, batch))[0])
         width = (0,) if self.output == "scores" else (0, len(self.labels))
         return np.concatenate(out) if out else np.zeros(width, np.float32)
 
@@ -86,6 +80,23 @@ class Exported:
         if self.task_type == "multi_label":
             return [",".join(label for label, x in zip(self.labels, row) if x >= threshold) for row in p]
         return [self.labels[i] for i in p.argmax(axis=1)]
+
+
+def read_tokenizer(path):
+    """The export's tokenizer.json in Hugging Face `tokenizers`, padding each batch to its longest text."""
+    import tokenizers
+
+    tokenizer = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+    return tokenizer
+
+
+def onnx_inputs(tokenizer, texts):
+    """The graph's inputs for `texts` (strings, or (a, b) pairs) from `read_tokenizer`'s tokenizer."""
+    rows = tokenizer.encode_batch(list(texts))
+    return {"input_ids": np.array([r.ids for r in rows], np.int64),
+            "attention_mask": np.array([r.attention_mask for r in rows], np.int64),
+            "token_type_ids": np.array([r.type_ids for r in rows], np.int64)}
 
 
 def load_exported(path, threads=None):
