@@ -355,10 +355,27 @@ def _resident_key(argv, env):
 
 
 def _fork_server():
-    """This worker's ForkServer, started on first use."""
+    """This worker's ForkServer, started on first use, and again when the one it had cannot stand for a fresh
+    process of this worker's own environment: it died, or a variable it read as it started (FRESH_PREFIXES)
+    has changed in this worker since (set by an earlier test, and left). Without the restart every later run
+    of the worker would start a fresh interpreter, and lose its resident process (a CI run once did)."""
     global _server
+    base = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    if _server is not None and not _server.fits(base):
+        changed = sorted(k for k in set(base) | set(_server.env)
+                         if k.startswith(FRESH_PREFIXES) and base.get(k) != _server.env.get(k))
+        why = "the last one died" if _server.proc.poll() is not None else "changed: " + ", ".join(changed)
+        print(f"script_runner: a new fork server ({why})", file=sys.stderr)
+        for key in list(_residents):  # forked from the old server: its environment
+            try:
+                _residents.pop(key).close()
+            except (RuntimeError, OSError, subprocess.TimeoutExpired):  # the server died under it
+                pass
+        if _server.proc.poll() is None:  # it ends once its runs have: handles to them keep working
+            _server.proc.stdin.close()
+        _server = None
     if _server is None:
-        _server = ForkServer({**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        _server = ForkServer(base)
     return _server
 
 

@@ -63,6 +63,8 @@ def test_a_scripts_runs_share_a_resident_process_that_puts_back_what_each_run_le
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     run = lambda *args: script_runner.run([str(script), *args], _environment(None), 120)  # noqa: E731
+    # The script has no `if __name__ == "__main__"`: a fresh interpreter would run nothing, and exit 0.
+    assert script_runner._resident_key([str(script)], _environment(None)) is not None
     first, second = run("--n=5"), run()
     assert first.returncode == second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
     assert first.stdout.split()[:4] == ["5", "False", "True", "0"]
@@ -78,3 +80,22 @@ def test_a_scripts_runs_share_a_resident_process_that_puts_back_what_each_run_le
     assert after.returncode == 0 and after.stdout.split()[:4] == ["2", "False", "True", "0"]
     assert after.stdout.split()[4] != first.stdout.split()[4]  # a new resident after the kill
     assert after.earlier_runs == []
+
+
+def test_a_worker_whose_environment_changed_under_its_fork_server_gets_a_new_one(monkeypatch, capsys):
+    """A TF_* variable an earlier test set in the worker and left: the server no longer stands for a fresh
+    process of the worker's environment, so every run would start a fresh interpreter and none would reach a
+    resident process. A new server is started in its place, saying why; the old one is let end."""
+    import os
+
+    old = object.__new__(script_runner.ForkServer)  # its state alone: no server process
+    stdin = io.BytesIO()
+    old.env, old.proc = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}, types.SimpleNamespace(poll=lambda: None, stdin=stdin)
+    monkeypatch.setattr(script_runner, "_server", old)
+    monkeypatch.setattr(script_runner, "_residents", {})
+    monkeypatch.setattr(script_runner, "ForkServer", lambda env: types.SimpleNamespace(env=env))
+    assert script_runner._fork_server() is old and not stdin.closed
+    monkeypatch.setenv("TF_SCRIPT_RUNNER_PROBE", "1")
+    new = script_runner._fork_server()
+    assert new is not old and new.env["TF_SCRIPT_RUNNER_PROBE"] == "1" and stdin.closed
+    assert "a new fork server (changed: TF_SCRIPT_RUNNER_PROBE)" in capsys.readouterr().err
