@@ -37,7 +37,8 @@ setup(
                  "nvidia-ml-py>=12",  # its real module, meeting a machine without a driver
                  "wandb>=0.21", "mlflow-skinny>=3",  # report_to's loggers, tested offline
                  "jieba>=0.42",  # the zh extra's segmenter
-                 "tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20", "tokenizers>=0.20"],  # the onnx extra
+                 "tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20", "tokenizers>=0.20",  # the onnx extra
+                 "ai-edge-litert>=2.1"],  # the tflite extra
         # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.
@@ -49,6 +50,9 @@ setup(
         # --export_format=onnx/onnx_int8 (io/onnx_export.py): the converter, ONNX Runtime (which checks each export
         # and quantizes int8) and Hugging Face's tokenizers, which read the export's tokenizer.json.
         "onnx": ["tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20", "tokenizers>=0.20"],
+        # --export_format=tflite (io/tflite_export.py): LiteRT's interpreter, which checks each export (the
+        # converter is TensorFlow's own).
+        "tflite": ["ai-edge-litert>=2.1"],
         # learning_curves.png and confusion_matrix.png (bert_mgpu.io.plot); training never needs it.
         "plot": ["matplotlib>=3.8"],
     },

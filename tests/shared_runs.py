@@ -115,7 +115,7 @@ def _writable(directory):
             os.chmod(os.path.join(root, name), 0o644)
 
 
-EXPORT_FORMATS = ("saved_model", "hf", "google", "keras_hub", "onnx")
+EXPORT_FORMATS = ("saved_model", "hf", "google", "keras_hub", "onnx", "tflite")
 
 
 def classifier(base):

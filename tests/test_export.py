@@ -16,7 +16,8 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints, export
 
 FORMATS = shared_runs.EXPORT_FORMATS
-READ_BACK = tuple(f for f in FORMATS if f != "onnx")  # what --init_checkpoint reads (ONNX: test_onnx_export.py)
+# What --init_checkpoint reads (ONNX and LiteRT graphs: test_onnx_export.py, test_tflite_export.py).
+READ_BACK = tuple(f for f in FORMATS if f not in ("onnx", "tflite"))
 ASCII = ["the movie was good", "awful plot !", "it was very fun and not dull", "brilliant actor , boring story"]
 
 
@@ -306,8 +307,8 @@ def test_export_alone_and_its_bad_input(trained, tmp_path):
     (tmp_path / "empty").mkdir()
     assert "not a Google checkpoint" in fails(f"--output_dir={tmp_path / 'empty'}", "--do_export",
                                               f"--export_dir={tmp_path / 'x'}", as_a_user=True)
-    assert "--export_format=tflite: expected one of saved_model, hf, google, keras_hub, onnx, onnx_int8" in fails(
-        f"--output_dir={out}", "--do_export", "--export_format=tflite", f"--export_dir={tmp_path / 'x'}")
+    assert ("--export_format=coreml: expected one of saved_model, hf, google, keras_hub, onnx, onnx_int8, tflite"
+            in fails(f"--output_dir={out}", "--do_export", "--export_format=coreml", f"--export_dir={tmp_path / 'x'}"))
     before = (again / "hf" / "config.json").read_text()
     # The same export again (this run, this step) is done; another run's export there is refused.
     proc = run_script("run_classifier_mgpu.py", f"--output_dir={out}", "--do_export", f"--export_dir={again}",

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import NER_TAGS, WORDS
+from export_heads import TEXTS, heads, model_outputs, rng, rows_of
 
-import bert_mgpu
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer
@@ -17,56 +17,17 @@ from bert_mgpu.io import export, onnx_export
 
 onnxruntime = pytest.importorskip("onnxruntime")  # the onnx extra; `make test` installs it
 tokenizers = pytest.importorskip("tokenizers")
-TOWERS = dict(n_gpus=0, towers_per_gpu=2)
-rng = np.random.default_rng(3)
-TEXTS = [" ".join(rng.choice(WORDS, rng.integers(1, 30))) for _ in range(9)] + ["", "film", "电影 film !"]
-
-
-def _heads(release):
-    towers = bert_mgpu.Towers(**TOWERS)
-    common = dict(towers=towers, precision="float32")
-    tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, max_seq_length=16, crf=True, **common)
-    tagger.model.crf.transitions.assign(rng.normal(0, 2, (len(NER_TAGS),) * 2).astype(np.float32))
-    return {
-        "classification": bert_mgpu.BertClassifier.from_pretrained(release, labels=["neg", "pos", "mixed"],
-                                                                   max_seq_length=16, **common),
-        "regression": bert_mgpu.BertClassifier.from_pretrained(release, task_type="regression", max_seq_length=16,
-                                                               **common),
-        "multi_label": bert_mgpu.BertClassifier.from_pretrained(release, labels=["a", "b"], task_type="multi_label",
-                                                                max_seq_length=16, **common),
-        "tagger_crf": tagger,
-        "question_answerer": bert_mgpu.BertQuestionAnswerer.from_pretrained(release, max_seq_length=16, **common),
-        "multiple_choice": bert_mgpu.BertMultipleChoice.from_pretrained(release, max_seq_length=16, **common),
-        "encoder": bert_mgpu.BertPretrainer.from_pretrained(release, **common),
-    }
 
 
 @pytest.fixture(scope="module")
 def exported(google_release, tmp_path_factory):
     """Each head of the tiny release (random heads, non-zero CRF transitions), exported as onnx."""
     out = {}
-    for kind, model in _heads(google_release).items():
+    for kind, model in heads(google_release).items():
         path = str(tmp_path_factory.mktemp(kind) / "onnx")
         export.export_model(model, path, "onnx")
         out[kind] = (model, path)
     return out
-
-
-def _rows(tokenizer, texts, pairs=False, length=16):
-    a = tf.constant(texts)
-    ids, segments = encode(tokenizer, a, tf.constant(texts[::-1]) if pairs else None, length, pairs)
-    ids, segments = ids.to_tensor(0).numpy().astype(np.int64), segments.to_tensor(0).numpy().astype(np.int64)
-    return {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64), "token_type_ids": segments}
-
-
-def _model_outputs(model, rows):
-    """What the model in memory (its fused encoder) computes from the same rows."""
-    features = {"token_ids": tf.constant(rows["input_ids"], tf.int32),
-                "segment_ids": tf.constant(rows["token_type_ids"], tf.int32),
-                "padding_mask": tf.constant(rows["attention_mask"] > 0)}
-    network = model.model.backbone if isinstance(model, bert_mgpu.BertPretrainer) else model.model
-    out = network(features, training=False)
-    return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
 
 
 @pytest.mark.parametrize("kind", ["classification", "regression", "multi_label", "tagger_crf", "question_answerer",
@@ -78,13 +39,13 @@ def test_onnx_runtime_gives_each_heads_outputs(exported, kind):
     assert [i.name for i in session.get_inputs()] == list(onnx_export.INPUTS)
     assert [o.name for o in session.get_outputs()] == facts["outputs"]
     assert facts["max_difference_to_tensorflow"] < 1e-4 and facts["weights"] == "float32"
-    rows = _rows(model.tokenizer, TEXTS, pairs=kind == "classification")
+    rows = rows_of(model.tokenizer, TEXTS, pairs=kind == "classification")
     if kind == "multiple_choice":  # 12 texts as 3 questions of 4 choices; the last question's last is padding
         rows = {k: v.reshape(3, 4, -1) for k, v in rows.items()}
         for v in rows.values():
             v[2, 3] = 0
     got = dict(zip(facts["outputs"], session.run(None, rows)))
-    want = _model_outputs(model, rows)
+    want = model_outputs(model, rows)
     if kind == "encoder":
         pairs = [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
     elif kind == "question_answerer":
@@ -243,9 +204,9 @@ def test_int8_export_quantizes_every_dense_kernel_and_stays_close(exported, tmp_
     assert len(int8) >= 6 * layers and sum(n.op_type == "MatMulInteger" for n in graph.node) >= 6 * layers, (
         [i.name for i in int8])
     session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), providers=["CPUExecutionProvider"])
-    rows = _rows(clf.tokenizer, TEXTS, pairs=True)
+    rows = rows_of(clf.tokenizer, TEXTS, pairs=True)
     got = dict(zip(facts["outputs"], session.run(None, rows)))
-    difference = np.max(np.abs(got["logits"] - _model_outputs(clf, rows)))
+    difference = np.max(np.abs(got["logits"] - model_outputs(clf, rows)))
     assert 0 < difference < 0.05 and facts["max_difference_to_tensorflow"] > 0, difference
 
 

@@ -90,7 +90,8 @@ def test_a_worker_whose_environment_changed_under_its_fork_server_gets_a_new_one
 
     old = object.__new__(script_runner.ForkServer)  # its state alone: no server process
     stdin = io.BytesIO()
-    old.env, old.proc = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}, types.SimpleNamespace(poll=lambda: None, stdin=stdin)
+    old.env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    old.proc = types.SimpleNamespace(poll=lambda: None, stdin=stdin)
     monkeypatch.setattr(script_runner, "_server", old)
     monkeypatch.setattr(script_runner, "_residents", {})
     monkeypatch.setattr(script_runner, "ForkServer", lambda env: types.SimpleNamespace(env=env))

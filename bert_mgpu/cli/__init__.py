@@ -77,7 +77,7 @@ def define_export_flags():
                         "OUTPUT_DIR/export).")
     flags.DEFINE_list("export_format", ["saved_model"], "saved_model (TensorFlow Serving, raw text in), hf "
                       "(transformers), google (google-bert's bert_model.ckpt), keras_hub, onnx (ONNX Runtime, ids in), "
-                      "onnx_int8 (the same, int8 weights); comma-separated.")
+                      "onnx_int8 (the same, int8 weights), tflite (LiteRT, ids in, int8 weights); comma-separated.")
     flags.DEFINE_enum("export_precision", "float32", ["float32", "mixed_bfloat16", "mixed_float16"],
                       "saved_model: the precision the served graph computes in.")
     flags.DEFINE_bool("allow_approximate_export", False, "keras_hub: write it even where keras-hub's BERT "

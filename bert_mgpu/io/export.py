@@ -1,4 +1,5 @@
-"""Export a trained model: SavedModel for serving, Hugging Face, Google TF1 release, keras-hub preset.
+"""Export a trained model: SavedModel for serving, Hugging Face, Google TF1 release, keras-hub preset, ONNX
+(float32 and int8) and LiteRT.
 
 Every format is written from one `Trained`: the config, the vocabulary and the weights under Google's
 names and layouts (the classifier head as google-bert's `output_weights` [labels, hidden] and
@@ -20,7 +21,7 @@ from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
-from bert_mgpu.io import checkpoints, onnx_export, weight_names
+from bert_mgpu.io import checkpoints, onnx_export, tflite_export, weight_names
 from bert_mgpu.io.serving import write_saved_model
 from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_classifier, ... as before)
     PROBE_TEXTS,
@@ -37,11 +38,11 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
 from bert_mgpu.model.objectives import MaskedLanguageModel, objective
 
 log = logging.getLogger("bert_mgpu")
-FORMATS = ("saved_model", "hf", "google", "keras_hub", "onnx", "onnx_int8")
-TAGGER_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8")
-SPAN_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8")  # keras-hub has no span head either
-CHOICE_FORMATS = ("hf", "google", "onnx", "onnx_int8")  # a served graph would take a question's choices: not yet
-GRAPH_FORMATS = ("saved_model", "onnx", "onnx_int8")  # graphs, which express a pre-LN encoder too
+FORMATS = ("saved_model", "hf", "google", "keras_hub", "onnx", "onnx_int8", "tflite")
+TAGGER_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8", "tflite")
+SPAN_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8", "tflite")  # keras-hub has no span head either
+CHOICE_FORMATS = ("hf", "google", "onnx", "onnx_int8", "tflite")  # no SavedModel: it would take choices, not yet
+GRAPH_FORMATS = ("saved_model", "onnx", "onnx_int8", "tflite")  # graphs, which express a pre-LN encoder too
 
 
 def check_new_dir(path):
@@ -71,7 +72,8 @@ def export_model(source, output_dir, format="saved_model", precision="float32", 
     writers = {"saved_model": lambda t, d: write_saved_model(t, d, precision), "hf": write_hf, "google": write_google,
                "keras_hub": lambda t, d: write_keras_hub(t, d, allow_approximate, texts),
                "onnx": lambda t, d: onnx_export.write_onnx(t, d, False, texts or ()),
-               "onnx_int8": lambda t, d: onnx_export.write_onnx(t, d, True, texts or ())}
+               "onnx_int8": lambda t, d: onnx_export.write_onnx(t, d, True, texts or ()),
+               "tflite": lambda t, d: tflite_export.write_tflite(t, d, texts or ())}
     tmp = storage.temporary_dir_for(output_dir)  # built aside, moved into place whole
     storage.remove(tmp)
     storage.makedirs(tmp)

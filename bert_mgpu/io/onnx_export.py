@@ -39,37 +39,37 @@ log = logging.getLogger("bert_mgpu")
 OPSET = 17  # tf2onnx 1.17 converts at most 18; 17 is what ONNX Runtime releases of the last years all run
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 FACTS = "bert_mgpu.json"
-NEEDS = {"onnx": ("tf2onnx", "onnx", "onnxruntime"), "onnx_int8": ("tf2onnx", "onnx", "onnxruntime")}
+# What each graph format needs beyond TensorFlow, and the extra of setup.py that installs it.
+_ONNX = (("tf2onnx", "onnx", "onnxruntime"), "onnx")
+NEEDS = {"onnx": _ONNX, "onnx_int8": _ONNX, "tflite": (("ai_edge_litert",), "tflite")}
 TOLERANCE = 1e-3  # a float32 export further than this from TensorFlow is refused (measured: about 1e-6)
 
 
 def check_available(fmt):
     """One line naming the extra to install when a package `fmt` needs is missing (before any training)."""
-    missing = [m for m in NEEDS.get(fmt, ()) if importlib.util.find_spec(m) is None]
+    modules, extra = NEEDS.get(fmt, ((), None))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise UserError(f"--export_format={fmt}: needs {', '.join(missing)}; pip install 'bert_mgpu[onnx]'")
+        raise UserError(f"--export_format={fmt}: needs {', '.join(missing)}; pip install 'bert_mgpu[{extra}]'")
 
 
 def write_onnx(trained, directory, int8=False, probe_texts=()):
     """Write `trained` (an `export.Trained`) as `model.onnx` and its files into the empty `directory`."""
     import tf2onnx
 
-    model = build_model(trained)
-    for layer in model.backbone.transformer_layers if hasattr(model, "backbone") else model.transformer_layers:
-        _compat.transformer_parts(layer).intermediate.activation = ACTIVATIONS[trained.config.hidden_act].portable
-    function = _ids_graph(trained, model)
+    function = ids_graph(trained, portable_model(trained))
     path = os.path.join(directory, "model.onnx")
     scratch = tempfile.mkdtemp(prefix="bert_mgpu_onnx_")  # tf2onnx and the quantizer write local files
     try:
         local = os.path.join(scratch, "model.onnx")
         converted = local + ".float32" if int8 else local
-        tf2onnx.convert.from_function(function, input_signature=_specs(trained), opset=OPSET, output_path=converted)
+        tf2onnx.convert.from_function(function, input_signature=specs(trained), opset=OPSET, output_path=converted)
         _tidy(converted, matmul=int8)
         if int8:
             from onnxruntime.quantization import QuantType, quantize_dynamic
 
             quantize_dynamic(local + ".float32", local, weight_type=QuantType.QInt8)
-        probe = _probe_inputs(trained, probe_texts)
+        probe = probe_inputs(trained, probe_texts)
         difference, outputs = _runtime_difference(local, function, probe)
         if not int8 and difference > TOLERANCE:
             raise RuntimeError(f"ONNX export: ONNX Runtime's outputs differ from TensorFlow's by {difference:.3g}; "
@@ -78,7 +78,8 @@ def write_onnx(trained, directory, int8=False, probe_texts=()):
             storage.write_atomic(path, f.read())
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _write_files(trained, directory, outputs, difference, int8)
+    write_files(trained, directory, {"outputs": outputs, "opset": OPSET, "weights": "int8" if int8 else "float32",
+                                     "max_difference_to_tensorflow": difference})
     log.info("ONNX export%s: ONNX Runtime within %.2g of TensorFlow on %d probe rows", " (int8)" if int8 else "",
              difference, len(probe["input_ids"]))
     return directory
@@ -125,12 +126,21 @@ def _tidy(path, matmul):
     onnx.save(model, path)
 
 
-def _specs(trained):
+def portable_model(trained):
+    """The reference keras-hub encoder and head of `trained`, its GELU written with ops every converter takes
+    (tf2onnx, LiteRT's): TensorFlow's exact GELU is an `Erfc`."""
+    model = build_model(trained)
+    for layer in model.backbone.transformer_layers if hasattr(model, "backbone") else model.transformer_layers:
+        _compat.transformer_parts(layer).intermediate.activation = ACTIVATIONS[trained.config.hidden_act].portable
+    return model
+
+
+def specs(trained):
     shape = [None, None, None] if trained.kind == CHOICE else [None, None]
     return [tf.TensorSpec(shape, tf.int64, name=n) for n in INPUTS]
 
 
-def _ids_graph(trained, model):
+def ids_graph(trained, model):
     """A tf.function over the ONNX inputs to the head's named outputs."""
     head = trained.head
 
@@ -147,10 +157,10 @@ def _ids_graph(trained, model):
             return {"logits": out, **{k: v for k, v in served.items() if v.dtype.is_floating}}
         return {"logits": out}
 
-    return tf.function(outputs, input_signature=_specs(trained), autograph=False)
+    return tf.function(outputs, input_signature=specs(trained), autograph=False)
 
 
-def _probe_inputs(trained, texts):
+def probe_inputs(trained, texts):
     """The export's own probe rows: real texts of the vocabulary (padded, pairs with segment 1), in a batch."""
     texts = list(PROBE_TEXTS) + list(texts)
     tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
@@ -177,7 +187,9 @@ def _runtime_difference(path, function, probe):
     return max(float(np.max(np.abs(got[k] - want[k].numpy()))) for k in names), names
 
 
-def _write_files(trained, directory, outputs, difference, int8):
+def write_files(trained, directory, graph_facts):
+    """Beside a graph (ONNX or LiteRT): vocab.txt, config.json, tokenizer.json and bert_mgpu.json, the last with
+    what the graph leaves to the host and `graph_facts` (its outputs, weights and measured difference)."""
     storage.write_atomic(os.path.join(directory, "vocab.txt"), storage.read_bytes(trained.vocab_file))
     head = trained.head  # a CRF tagger's graph gives BertForTokenClassification's emissions
     architecture = ("BertModel" if head is None else "BertForTokenClassification" if trained.kind == "tagger"
@@ -187,9 +199,7 @@ def _write_files(trained, directory, outputs, difference, int8):
     storage.write_atomic(os.path.join(directory, "tokenizer.json"), json.dumps(tokenizer_json(trained)) + "\n")
     facts = {"kind": trained.kind, "task_type": trained.task_type, "labels": trained.labels,
              "max_seq_length": trained.max_seq_length, "truncation": trained.truncation, "pairs": trained.pairs,
-             "do_lower_case": trained.do_lower_case, "facts": trained.facts, "inputs": list(INPUTS),
-             "outputs": outputs, "opset": OPSET, "weights": "int8" if int8 else "float32",
-             "max_difference_to_tensorflow": difference}
+             "do_lower_case": trained.do_lower_case, "facts": trained.facts, "inputs": list(INPUTS), **graph_facts}
     if "crf/transitions" in trained.weights:  # decoded on the host: transitions[i, j] scores tag i then tag j
         facts["crf_transitions"] = np.asarray(trained.weights["crf/transitions"], np.float64).tolist()
     storage.write_atomic(os.path.join(directory, FACTS), json.dumps(facts, indent=2) + "\n")

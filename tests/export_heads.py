@@ -1,0 +1,49 @@
+"""Every head of the tiny release, in memory, for the graph exports' tests (ONNX, LiteRT): the models, texts
+to feed them, and what the model itself computes from the same ids."""
+
+import numpy as np
+import tensorflow as tf
+from conftest import NER_TAGS, WORDS
+
+import bert_mgpu
+from bert_mgpu.data.input_pipeline import encode
+
+TOWERS = dict(n_gpus=0, towers_per_gpu=2)
+rng = np.random.default_rng(3)
+TEXTS = [" ".join(rng.choice(WORDS, rng.integers(1, 30))) for _ in range(9)] + ["", "film", "电影 film !"]
+
+
+def heads(release):
+    towers = bert_mgpu.Towers(**TOWERS)
+    common = dict(towers=towers, precision="float32")
+    tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, max_seq_length=16, crf=True, **common)
+    tagger.model.crf.transitions.assign(rng.normal(0, 2, (len(NER_TAGS),) * 2).astype(np.float32))
+    return {
+        "classification": bert_mgpu.BertClassifier.from_pretrained(release, labels=["neg", "pos", "mixed"],
+                                                                   max_seq_length=16, **common),
+        "regression": bert_mgpu.BertClassifier.from_pretrained(release, task_type="regression", max_seq_length=16,
+                                                               **common),
+        "multi_label": bert_mgpu.BertClassifier.from_pretrained(release, labels=["a", "b"], task_type="multi_label",
+                                                                max_seq_length=16, **common),
+        "tagger_crf": tagger,
+        "question_answerer": bert_mgpu.BertQuestionAnswerer.from_pretrained(release, max_seq_length=16, **common),
+        "multiple_choice": bert_mgpu.BertMultipleChoice.from_pretrained(release, max_seq_length=16, **common),
+        "encoder": bert_mgpu.BertPretrainer.from_pretrained(release, **common),
+    }
+
+
+def rows_of(tokenizer, texts, pairs=False, length=16):
+    a = tf.constant(texts)
+    ids, segments = encode(tokenizer, a, tf.constant(texts[::-1]) if pairs else None, length, pairs)
+    ids, segments = ids.to_tensor(0).numpy().astype(np.int64), segments.to_tensor(0).numpy().astype(np.int64)
+    return {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64), "token_type_ids": segments}
+
+
+def model_outputs(model, rows):
+    """What the model in memory (its fused encoder) computes from the same rows."""
+    features = {"token_ids": tf.constant(rows["input_ids"], tf.int32),
+                "segment_ids": tf.constant(rows["token_type_ids"], tf.int32),
+                "padding_mask": tf.constant(rows["attention_mask"] > 0)}
+    network = model.model.backbone if isinstance(model, bert_mgpu.BertPretrainer) else model.model
+    out = network(features, training=False)
+    return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)

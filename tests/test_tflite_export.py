@@ -1,0 +1,102 @@
+"""LiteRT export (issue 68 item 4): every head's graph, int8 weights, run by LiteRT's own interpreter
+(`ai-edge-litert`) close to the model's outputs, at other batch sizes and lengths than it was checked on."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from conftest import NER_TAGS
+from export_heads import TEXTS, heads, model_outputs, rows_of
+
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import export, onnx_export
+
+litert = pytest.importorskip("ai_edge_litert.interpreter")  # the tflite extra; `make test` installs it
+KINDS = ["classification", "regression", "multi_label", "tagger_crf", "question_answerer", "multiple_choice",
+         "encoder"]
+INT8 = 0.05  # int8 weights: the tolerance of the onnx_int8 test (test_onnx_export.py)
+
+
+@pytest.fixture(scope="module")
+def exported(google_release, tmp_path_factory):
+    """Each head of the tiny release (random heads, non-zero CRF transitions), exported as tflite."""
+    out = {}
+    for kind, model in heads(google_release).items():
+        path = str(tmp_path_factory.mktemp(kind) / "tflite")
+        export.export_model(model, path, "tflite")
+        out[kind] = (model, path)
+    return out
+
+
+def _interpreter(path):
+    return litert.Interpreter(model_path=os.path.join(path, "model.tflite"))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_litert_runs_each_heads_graph_with_int8_weights(exported, kind):
+    """The interpreter's outputs for 12 texts (not the export's probe batch) within int8's distance of the
+    model's, and not equal to them: the weights are quantized. Every dense kernel of every layer is int8."""
+    model, path = exported[kind]
+    facts = json.load(open(os.path.join(path, onnx_export.FACTS)))
+    assert facts["weights"] == "int8 (dynamic range)" and facts["signature"] == "serving_default"
+    assert 0 < facts["max_difference_to_tensorflow"] < INT8
+    interpreter = _interpreter(path)
+    signature = interpreter.get_signature_list()["serving_default"]
+    assert sorted(signature["inputs"]) == sorted(onnx_export.INPUTS) and signature["outputs"] == facts["outputs"]
+    int8 = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8 and len(t["shape"]) == 2]
+    assert len(int8) >= 6 * model.config.num_hidden_layers, [t["name"] for t in int8]
+    rows = rows_of(model.tokenizer, TEXTS, pairs=kind == "classification", length=12)
+    if kind == "multiple_choice":  # 12 texts as 3 questions of 4 choices; the last question's last is padding
+        rows = {k: v.reshape(3, 4, -1) for k, v in rows.items()}
+        for v in rows.values():
+            v[2, 3] = 0
+    got = interpreter.get_signature_runner("serving_default")(**rows)
+    want = model_outputs(model, rows)
+    if kind == "encoder":
+        pairs = [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
+    elif kind == "question_answerer":
+        pairs = [("start_logits", want[:, :, 0]), ("end_logits", want[:, :, 1])]
+    else:
+        pairs = [("logits", want)]
+    for name, value in pairs:
+        assert got[name].shape == value.shape, name
+        difference = np.max(np.abs(got[name] - value))
+        assert 0 < difference < INT8, (name, difference)
+    if kind == "multiple_choice":
+        assert got["logits"][2, 3] == pytest.approx(-1e4)  # a padded choice is never chosen
+    if kind == "classification":  # the softmax of its own logits, as the SavedModel's
+        p = np.exp(got["logits"]) / np.exp(got["logits"]).sum(1, keepdims=True)
+        np.testing.assert_allclose(got["probabilities"], p, atol=1e-6)
+    if kind == "tagger_crf":
+        np.testing.assert_allclose(facts["crf_transitions"], model.model.crf.transitions.numpy(), atol=1e-7)
+        config = json.load(open(os.path.join(path, "config.json")))
+        assert config["id2label"] == {str(i): t for i, t in enumerate(NER_TAGS)}
+    assert sorted(os.listdir(path)) == ["bert_mgpu.json", "config.json", "model.tflite", "tokenizer.json",
+                                        "vocab.txt"]
+
+
+def test_the_scripts_tflite_export_gives_its_test_results(classifier_run):
+    """run_classifier_mgpu.py --export_format=tflite (the session's classifier run): the test set's raw texts
+    through the export's tokenizer.json and LiteRT give the run's own test_results.tsv to int8's distance,
+    and its labels where the model is not near a tie."""
+    from bert_mgpu.io.exported import onnx_inputs, read_tokenizer
+
+    out = classifier_run.out
+    path = os.path.join(out, "export", "tflite")
+    texts = [line.split("\t")[1] for line in open(os.path.join(out, "..", "data", "test.tsv")).read().splitlines()[1:]]
+    got = _interpreter(path).get_signature_runner("serving_default")(**onnx_inputs(read_tokenizer(path), texts))
+    want = np.loadtxt(os.path.join(out, "test_results.tsv"), delimiter="\t")
+    assert len(texts) == 13 and got["probabilities"].shape == want.shape
+    np.testing.assert_allclose(got["probabilities"], want, atol=0.02)
+    sure = np.abs(want[:, 1] - want[:, 0]) > 0.1
+    labels = np.array(open(os.path.join(out, "predict.txt")).read().split())
+    assert sure.sum() >= 10 and (np.array(["neg", "pos"])[got["probabilities"].argmax(1)] == labels)[sure].all()
+
+
+def test_a_missing_tflite_extra_is_one_line(monkeypatch):
+    real = onnx_export.importlib.util.find_spec
+    monkeypatch.setattr(onnx_export.importlib.util, "find_spec", lambda m: None if m == "ai_edge_litert" else real(m))
+    with pytest.raises(UserError, match=r"--export_format=tflite: needs ai_edge_litert; pip install "
+                                        r"'bert_mgpu\[tflite\]'"):
+        onnx_export.check_available("tflite")
