@@ -219,6 +219,8 @@ glue: venv
 clean:
 	rm -rf $(OUT) $(RT) $(DOCS) $(PRE) $(SCRATCH) $(ZH) $(ZH_OUT) $(QA) $(QA_OUT) $(NER) $(NER_OUT)
 
-# bert_mgpu vs keras-hub fit vs transformers (bf16 autocast), same shapes, data and batch: table + JSON.
+# bert_mgpu vs keras-hub fit vs transformers (bf16 autocast), same shapes, data and batch: table + JSON; then
+# serving the demo's classifier: TensorFlow, ONNX Runtime float32 and int8, LiteRT int8, transformers.
 bench: assets $(NER)/train.txt
 	$(PY) benchmarks/bench.py --rounds $(ROUNDS) --out benchmarks/results.json
+	$(PY) benchmarks/deploy.py --out benchmarks/deploy.json

@@ -1,7 +1,8 @@
-"""From trained to served (issue 68 items 3 and 6): the demo's classifier in TensorFlow, ONNX Runtime float32 and
-int8, and transformers (PyTorch) float32: dev-set accuracy, file size, and sentences/s at batch 1 and 32.
+"""From trained to served (issue 68 items 3, 4 and 6; `make bench` runs it): the demo's classifier in TensorFlow,
+ONNX Runtime float32 and int8, LiteRT int8, and transformers (PyTorch) float32: dev-set accuracy, file size,
+and sentences/s at batch 1 and 32.
 
-    python benchmarks/deploy.py [--model_dir=RUN] [--every=3] [--seconds=20]
+    python benchmarks/deploy.py [--model_dir=RUN] [--every=3] [--seconds=20] [--out=FILE.json]
 
 Without --model_dir it fine-tunes `make demo`'s MiniLM on every `--every`-th Rotten Tomatoes training sentence
 (1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length 64, float32; tricks.py's recipe). The
@@ -51,11 +52,13 @@ def main():
     ap.add_argument("--model_dir", help="a trained classifier's run directory (default: fine-tune one here)")
     ap.add_argument("--every", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--out", help="also write the results to this JSON file")
     args = ap.parse_args()
     import onnxruntime
     import tensorflow as tf
     import torch
     import transformers
+    from ai_edge_litert.interpreter import Interpreter
 
     import bert_mgpu
 
@@ -76,7 +79,7 @@ def main():
         t = time.perf_counter()
         clf.fit(train, os.path.join(work, "run"), epochs=1, learning_rate=1e-4, seed=1, verbose=False)
         print(f"fine-tuned on {len(train)} sentences in {time.perf_counter() - t:.0f} s")
-    paths = {fmt: clf.export(os.path.join(work, fmt), fmt) for fmt in ("onnx", "onnx_int8", "hf")}
+    paths = {fmt: clf.export(os.path.join(work, fmt), fmt) for fmt in ("onnx", "onnx_int8", "tflite", "hf")}
     texts, gold = [e.text_a for e in dev], np.array([clf.labels.index(e.label) for e in dev])
     results = {"cpu": _cpu(), "threads": threads, "dev_sentences": len(dev), "max_seq_length": clf.max_seq_length,
                "onnxruntime": onnxruntime.__version__, "tensorflow": tf.__version__, "torch": torch.__version__,
@@ -85,6 +88,7 @@ def main():
     options.intra_op_num_threads = threads
     sessions = {fmt: onnxruntime.InferenceSession(os.path.join(paths[fmt], "model.onnx"), options,
                                                   providers=["CPUExecutionProvider"]) for fmt in ("onnx", "onnx_int8")}
+    litert = Interpreter(os.path.join(paths["tflite"], "model.tflite"), num_threads=threads).get_signature_runner()
     hf = transformers.BertForSequenceClassification.from_pretrained(paths["hf"]).eval()
     keras_model = clf.model
 
@@ -97,6 +101,7 @@ def main():
             "input_ids", "attention_mask", "token_type_ids"))).numpy(),
         "ONNX Runtime float32": lambda b: sessions["onnx"].run(["logits"], b)[0],
         "ONNX Runtime int8": lambda b: sessions["onnx_int8"].run(["logits"], b)[0],
+        "LiteRT int8": lambda b: litert(**b)["logits"],
     }
 
     def torch_logits(b):
@@ -104,7 +109,8 @@ def main():
             return hf(**{k: torch.from_numpy(v) for k, v in b.items()}).logits.numpy()
 
     systems["transformers float32 (PyTorch)"] = torch_logits
-    sizes = {"ONNX Runtime float32": "onnx", "ONNX Runtime int8": "onnx_int8", "transformers float32 (PyTorch)": "hf"}
+    sizes = {"ONNX Runtime float32": "onnx", "ONNX Runtime int8": "onnx_int8", "LiteRT int8": "tflite",
+             "transformers float32 (PyTorch)": "hf"}
     for size in (32, 1):
         rows = batches(paths["onnx"], texts, size)
         for name, run in systems.items():
@@ -124,10 +130,13 @@ def main():
         print(f"{name:34s} {100 * e['dev_accuracy']:7.2f}% {e.get('model_mb', float('nan')):7.1f} {b32:9.1f} "
               f"{x32:5.2f} {b1:8.1f} {x1:5.2f}")
     print("RESULT " + json.dumps(results))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 def _size(directory):
-    weights = [f for f in os.listdir(directory) if f.endswith((".onnx", ".safetensors"))]
+    weights = [f for f in os.listdir(directory) if f.endswith((".onnx", ".safetensors", ".tflite"))]
     return sum(os.path.getsize(os.path.join(directory, f)) for f in weights)
 
 

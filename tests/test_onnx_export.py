@@ -124,9 +124,10 @@ def test_the_scripts_onnx_export_predicts_its_test_results_without_tensorflow(cl
 def test_load_exported_refuses_what_it_cannot_predict_in_one_line(exported, tmp_path):
     from bert_mgpu.io.exported import load_exported
 
-    with pytest.raises(UserError, match=r"not an ONNX export of bert_mgpu \(no bert_mgpu.json and model.onnx\)"):
+    with pytest.raises(UserError, match=r"not an ONNX or LiteRT export of bert_mgpu \(no bert_mgpu.json and "
+                                        r"model.onnx or model.tflite\)"):
         load_exported(str(tmp_path))
-    with pytest.raises(UserError, match=r"a tagger's ONNX export; load_exported predicts with a classifier's only"):
+    with pytest.raises(UserError, match=r"a tagger's export; load_exported predicts with a classifier's only"):
         load_exported(exported["tagger_crf"][1])
     regression = load_exported(exported["regression"][1])
     clf = exported["regression"][0]

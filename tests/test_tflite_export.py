@@ -100,3 +100,43 @@ def test_a_missing_tflite_extra_is_one_line(monkeypatch):
     with pytest.raises(UserError, match=r"--export_format=tflite: needs ai_edge_litert; pip install "
                                         r"'bert_mgpu\[tflite\]'"):
         onnx_export.check_available("tflite")
+
+
+def test_predict_exported_writes_the_runs_prediction_files_from_each_export(classifier_run, tmp_path):
+    """predict_exported.py on the run's test.tsv, from its onnx and its tflite export: the run's own
+    predictions.tsv (ids, labels, probabilities: ONNX to the file's 8 decimals, LiteRT to int8's distance) and
+    predict.txt, in a process that never loads TensorFlow; bad input is one line."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    out = classifier_run.out
+    test = os.path.join(out, "..", "data", "test.tsv")
+    want = [line.split("\t") for line in open(os.path.join(out, "predictions.tsv")).read().splitlines()]
+    code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+            "exec('try:\\n runpy.run_path(sys.argv[0], run_name=\"__main__\")\\nfinally:\\n"
+            " print(sorted(m for m in sys.modules if m.split(\".\")[0] in (\"tensorflow\", \"keras\")))')")
+    for fmt, tolerance in (("onnx", 1e-5), ("tflite", 0.02)):
+        done = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "predict_exported.py"),
+                               f"--model_dir={os.path.join(out, 'export', fmt)}", f"--input_file={test}",
+                               f"--output_dir={tmp_path / fmt}"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.splitlines()[-1] == "[]"  # no TensorFlow, no Keras
+        assert f"predicted 13 texts with {os.path.join(out, 'export', fmt)}" in done.stdout
+        got = [line.split("\t") for line in (tmp_path / fmt / "predictions.tsv").read_text().splitlines()]
+        assert got[0] == want[0] == ["id", "label", "p_neg", "p_pos"] and len(got) == len(want) == 14
+        sure = [abs(float(w[2]) - float(w[3])) > 0.1 for w in want[1:]]
+        for g, w, s in zip(got[1:], want[1:], sure):
+            assert g[0] == w[0] and (g[1] == w[1] or not s), (g, w)
+            np.testing.assert_allclose(np.array(g[2:], float), np.array(w[2:], float), atol=tolerance)
+        if fmt == "onnx":
+            assert (tmp_path / fmt / "predict.txt").read_text() == open(os.path.join(out, "predict.txt")).read()
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("label\tsentence_x\nfresh\tgood\n")
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "predict_exported.py"),
+                           f"--model_dir={os.path.join(out, 'export', 'onnx')}", f"--input_file={bad}",
+                           f"--output_dir={tmp_path / 'bad'}"], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        f"predict_exported.py: error: {bad}: no column named text or text_a or sentence or sentence1; give "
+        "--text_column; the file has label, sentence_x"]

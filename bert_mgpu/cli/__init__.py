@@ -13,9 +13,10 @@ from bert_mgpu.core import quiet
 FLAGS = flags.FLAGS
 
 
-def main_wrapper(run):
+def main_wrapper(run, tensorflow=True):
     """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`
-    and exit 1, an Interrupted into its line on stdout and its retryable exit code."""
+    and exit 1, an Interrupted into its line on stdout and its retryable exit code. `tensorflow=False`: a
+    script that never loads it (predict_exported.py), so its start-up is not quieted either."""
 
     def main(argv):
         if len(argv) > 1:
@@ -35,7 +36,8 @@ def main_wrapper(run):
         logging.getLogger("bert_mgpu").setLevel(logging.INFO)
         logging.getLogger("tensorflow").setLevel(logging.WARNING)  # per-step tf.distribute INFO lines
         try:
-            quiet.start_tensorflow_quietly()
+            if tensorflow:
+                quiet.start_tensorflow_quietly()
             run()
         except Interrupted as e:
             print(e, flush=True)

@@ -1,8 +1,10 @@
-"""Predict from an ONNX export with no TensorFlow: raw text through its tokenizer.json (Hugging Face `tokenizers`)
-and model.onnx (ONNX Runtime), the head's usual predictions out.
+"""Predict from an ONNX or LiteRT export with no TensorFlow: raw text through its tokenizer.json (Hugging Face
+`tokenizers`) and model.onnx (ONNX Runtime) or model.tflite (LiteRT's interpreter), the head's usual
+predictions out, and the files `--do_predict` writes (`predict_exported.py`).
 
-Importing this module loads numpy, onnxruntime and tokenizers only, so a server that imports it alone (or
-`bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither TensorFlow nor a GPU.
+Importing this module loads numpy and tokenizers, and the runtime the export needs, only, so a server that
+imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
+TensorFlow nor a GPU.
 Only a classifier's exports are read yet (labels and probabilities, scores for a regression, each label's
 probability for multi-label); a tagger's, a question answerer's and a multiple-choice model's have their
 graph and files (docs/export.md) but no predictor here.
@@ -11,6 +13,7 @@ Example:
     model = bert_mgpu.load_exported("out/export/onnx_int8")
     model.predict(["a gripping film"])          # probabilities [1, labels], as clf.predict
     model.predict_labels(["a gripping film"])   # ["pos"]
+    model.prediction_files(texts)                # {"test_results.tsv": ..., "predict.txt": ..., ...}
 """
 
 import json
@@ -18,43 +21,40 @@ import os
 
 import numpy as np
 
+from bert_mgpu.core import prediction_files
 from bert_mgpu.core.errors import UserError
 
 FACTS = "bert_mgpu.json"  # written by onnx_export.py (which loads TensorFlow; its FACTS is this name)
+GRAPHS = ("model.onnx", "model.tflite")
 
 
 class Exported:
-    """An ONNX export loaded for prediction.
+    """An ONNX or LiteRT export loaded for prediction.
 
     Args:
-        path: the export's directory (`--export_dir/onnx` or `onnx_int8`).
-        threads: ONNX Runtime's intra-op threads (None: its default, every core).
+        path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
+        threads: the runtime's threads (None: its default).
     """
 
     def __init__(self, path, threads=None):
-        import onnxruntime
-
         facts_file = os.path.join(path, FACTS)
-        if not os.path.isfile(facts_file) or not os.path.isfile(os.path.join(path, "model.onnx")):
-            raise UserError(f"{path}: not an ONNX export of bert_mgpu (no {FACTS} and model.onnx); export one with "
-                            "--do_export --export_format=onnx")
+        graph = next((g for g in GRAPHS if os.path.isfile(os.path.join(path, g))), None)
+        if not os.path.isfile(facts_file) or graph is None:
+            raise UserError(f"{path}: not an ONNX or LiteRT export of bert_mgpu (no {FACTS} and model.onnx or "
+                            "model.tflite); export one with --do_export --export_format=onnx (or tflite)")
         with open(facts_file, encoding="utf-8") as f:
             self.facts = json.load(f)
         self.kind, self.task_type = self.facts["kind"], self.facts["task_type"]
         self.labels, self.pairs = list(self.facts["labels"]), bool(self.facts["pairs"])
         if self.kind != "classifier":
-            raise UserError(f"{path}: a {self.kind}'s ONNX export; load_exported predicts with a classifier's only "
+            raise UserError(f"{path}: a {self.kind}'s export; load_exported predicts with a classifier's only "
                             "(the graph and its files are described in docs/export.md)")
         if self.facts["facts"].get("doc_stride") or self.facts["truncation"] not in ("head", "tail"):
             why = "windows over long texts" if self.facts["facts"].get("doc_stride") else "--truncation=head+tail"
             raise UserError(f"{path}: this classifier reads {why}, which load_exported does not do yet; serve its "
                             "saved_model export")
         self.tokenizer = read_tokenizer(path)
-        options = onnxruntime.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        self.session = onnxruntime.InferenceSession(os.path.join(path, "model.onnx"), options,
-                                                    providers=["CPUExecutionProvider"])
+        self.run = (_onnx_runner if graph == "model.onnx" else _litert_runner)(os.path.join(path, graph), threads)
         self.output = "scores" if self.task_type == "regression" else "probabilities"
 
     def predict(self, texts, text_b=None, batch_size=32):
@@ -68,7 +68,7 @@ class Exported:
         for i in range(0, len(texts), batch_size):
             batch = texts[i:i + batch_size] if text_b is None else list(zip(texts[i:i + batch_size],
                                                                              list(text_b)[i:i + batch_size]))
-            out.append(self.session.run([self.output], onnx_inputs(self.tokenizer, batch))[0])
+            out.append(self.run(self.output, onnx_inputs(self.tokenizer, batch)))
         width = (0,) if self.output == "scores" else (0, len(self.labels))
         return np.concatenate(out) if out else np.zeros(width, np.float32)
 
@@ -80,6 +80,42 @@ class Exported:
         if self.task_type == "multi_label":
             return [",".join(label for label, x in zip(self.labels, row) if x >= threshold) for row in p]
         return [self.labels[i] for i in p.argmax(axis=1)]
+
+
+    def prediction_files(self, texts, text_b=None, guids=None, predict_format="label", batch_size=32):
+        """{file name: text}: the test_results.tsv, predict.txt and predictions.tsv that `--do_predict` writes
+        for these texts (`guids`: each row's id, default test-0, test-1, ... as a test file's rows)."""
+        texts = list(texts)
+        guids = [f"test-{i}" for i in range(len(texts))] if guids is None else list(guids)
+        p = self.predict(texts, text_b, batch_size)
+        if self.task_type == "regression":
+            return prediction_files.scores(p, guids)
+        if self.task_type == "multi_label":
+            facts = self.facts["facts"]
+            return prediction_files.label_sets(p, self.labels, guids, facts.get("threshold", 0.5),
+                                               facts.get("label_separator", ","))
+        return prediction_files.classes(p, self.labels, guids, predict_format)
+
+
+def _onnx_runner(path, threads):
+    """(output name, inputs) -> that output, by ONNX Runtime."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    return lambda name, feed: session.run([name], feed)[0]
+
+
+def _litert_runner(path, threads):
+    """(output name, inputs) -> that output, by LiteRT's interpreter (its signature runner sizes the inputs)."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:
+        raise UserError(f"{path}: a LiteRT export needs ai-edge-litert; pip install 'bert_mgpu[tflite]'") from None
+    runner = Interpreter(model_path=path, num_threads=threads).get_signature_runner("serving_default")
+    return lambda name, feed: runner(**feed)[name]
 
 
 def read_tokenizer(path):
@@ -100,5 +136,5 @@ def onnx_inputs(tokenizer, texts):
 
 
 def load_exported(path, threads=None):
-    """The ONNX export in `path`, ready to predict from raw text (see `Exported`)."""
+    """The ONNX or LiteRT export in `path`, ready to predict from raw text (see `Exported`)."""
     return Exported(path, threads)

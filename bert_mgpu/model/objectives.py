@@ -19,7 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from bert_mgpu.core import metrics
+from bert_mgpu.core import metrics, prediction_files
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.kernels import sparse_xent
 
@@ -144,13 +144,7 @@ class SentenceObjective(Objective):
     def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
         """{file name: text}: test_results.tsv (probabilities), predict.txt (a label a line, or its index
         with predict_format="index", bert-ad's two forms) and predictions.tsv (id, label, probabilities)."""
-        chosen = predicted.argmax(axis=1)
-        test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in predicted)
-        lines = "".join(f"{i if predict_format == 'index' else labels[i]}\n" for i in chosen)
-        header = "\t".join(["id", "label"] + [f"p_{name}" for name in labels]) + "\n"
-        table = header + "".join("\t".join([guid, labels[i]] + [f"{p:.8f}" for p in row]) + "\n"
-                                 for guid, i, row in zip(guids, chosen, predicted))
-        return {"test_results.tsv": test, "predict.txt": lines, "predictions.tsv": table}
+        return prediction_files.classes(predicted, labels, guids, predict_format)
 
     def hf_architecture(self, weights):
         return "BertForSequenceClassification"
@@ -224,9 +218,7 @@ class Regression(SentenceObjective):
 
     def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
         """A score a line (test_results.tsv, predict.txt) and predictions.tsv with its id."""
-        lines = "".join(f"{x:.6f}\n" for x in predicted)
-        table = "id\tscore\n" + "".join(f"{guid}\t{x:.6f}\n" for guid, x in zip(guids, predicted))
-        return {"test_results.tsv": lines, "predict.txt": lines, "predictions.tsv": table}
+        return prediction_files.scores(predicted, guids)
 
     def hf_facts(self, labels):
         return {"problem_type": "regression", "id2label": {"0": "score"}, "label2id": {"score": 0}}
@@ -293,13 +285,7 @@ class MultiLabel(SentenceObjective):
     def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
         """Each label's probability (test_results.tsv), the labels above `threshold` joined by the separator
         (predict.txt; an empty line for none), and predictions.tsv."""
-        chosen = [self.separator.join(labels[i] for i in range(len(labels)) if row[i] > threshold)
-                  for row in predicted]
-        test = "".join("\t".join(f"{p:.8f}" for p in row) + "\n" for row in predicted)
-        header = "\t".join(["id", "labels"] + [f"p_{name}" for name in labels]) + "\n"
-        table = header + "".join("\t".join([guid, names] + [f"{p:.8f}" for p in row]) + "\n"
-                                 for guid, names, row in zip(guids, chosen, predicted))
-        return {"test_results.tsv": test, "predict.txt": "".join(c + "\n" for c in chosen), "predictions.tsv": table}
+        return prediction_files.label_sets(predicted, labels, guids, threshold, self.separator)
 
     def serving(self, logits, labels):
         return {"probabilities": tf.sigmoid(logits)}  # each label's own probability

@@ -1,0 +1,106 @@
+"""Predict with an exported classifier (ONNX, int8 ONNX or LiteRT) without TensorFlow: raw text in, the files
+`--do_predict` writes out (test_results.tsv, predict.txt, predictions.tsv).
+
+    python predict_exported.py --model_dir=out/export/onnx_int8 --input_file=test.tsv --output_dir=predicted
+
+--input_file: a TSV or CSV file with a header row (the text in --text_column; a pair task's second text in
+--text_b_column), JSON lines (the same keys), or any other file as one text a line ('text_a ||| text_b' for a
+pair, as extract_features.py reads it). Row i is `test-i`, as a test file's rows are in a run. Loads numpy,
+Hugging Face `tokenizers` and the export's runtime (onnxruntime or ai-edge-litert) only.
+"""
+
+import os
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "The export: --export_dir/onnx, onnx_int8 or tflite of a classifier.")
+flags.DEFINE_string("input_file", None, "The texts: .tsv/.csv with a header, .jsonl, or one text a line.")
+flags.DEFINE_string("output_dir", None, "Where test_results.tsv, predict.txt and predictions.tsv go.")
+flags.DEFINE_string("text_column", None, "The text's column or key (default: text, text_a or sentence).")
+flags.DEFINE_string("text_b_column", None, "A pair task's second text (default: text_b, or sentence2).")
+flags.DEFINE_enum("predict_format", "label", ["label", "index"], "predict.txt: each label, or its index.")
+flags.DEFINE_integer("batch_size", 32, "Texts a call of the runtime.")
+flags.DEFINE_integer("threads", None, "The runtime's threads (default: its own, every core).")
+FILES = ("test_results.tsv", "predict.txt", "predictions.tsv")
+
+
+def read_texts(path, text_column, text_b_column, pairs):
+    """(texts, second texts or None) from `path`, each bad row one line naming the file and line."""
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data.text_files import read_json_lines, read_rows, read_text
+
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".tsv", ".csv", ".jsonl", ".json"):
+        if ext in (".jsonl", ".json"):
+            rows = read_json_lines(path)
+            names = sorted({k for _, row in rows for k in row})
+        else:
+            rows = read_rows(path, "\t" if ext == ".tsv" else ",", None if ext == ".tsv" else '"')
+            if not rows:
+                raise UserError(f"{path}: empty file (a header row is expected)")
+            names, rows = rows[0][1], [(line, dict(zip(rows[0][1], row))) for line, row in rows[1:]]
+        defaults = {"--text_column": ("text", "text_a", "sentence", "sentence1"), "--text_b_column": ("text_b",
+                                                                                                 "sentence2")}
+        given = {"--text_column": text_column, "--text_b_column": text_b_column}
+        columns = {}
+        for flag in ("--text_column", "--text_b_column") if pairs else ("--text_column",):
+            columns[flag] = given[flag] or next((c for c in defaults[flag] if c in names), None)
+            if columns[flag] not in names:
+                what = repr(given[flag]) if given[flag] else f"named {' or '.join(defaults[flag])}; give {flag}"
+                raise UserError(f"{path}: no column {what}; the file has {', '.join(map(str, names))}")
+        text, second = columns["--text_column"], columns.get("--text_b_column")
+        out = ([], [] if pairs else None)
+        for line, row in rows:
+            for column, values in ((text, out[0]), (second, out[1])):
+                if values is None:
+                    continue
+                value = row.get(column)
+                if not isinstance(value, str):
+                    raise UserError(f"{path}:{line}: no text in {column!r}" + (
+                        "" if value is None else f" (a {type(value).__name__})"))
+                values.append(value)
+        return out
+    lines = read_text(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line.rstrip("\r") for line in lines]
+    if not pairs:
+        return lines, None
+    parts = [line.partition(" ||| ") for line in lines]
+    for number, (_, sep, _) in enumerate(parts, 1):
+        if not sep:
+            raise UserError(f"{path}:{number}: this model reads pairs: write 'text_a ||| text_b'")
+    return [a for a, _, _ in parts], [b for _, _, b in parts]
+
+
+def run():
+    from bert_mgpu import cli
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.io.exported import load_exported
+
+    for name in ("model_dir", "input_file", "output_dir"):
+        if not getattr(FLAGS, name):
+            raise UserError(f"--{name} is required")
+    cli.check_numbers(at_least={"batch_size": 1, "threads": 1})
+    model = load_exported(FLAGS.model_dir, FLAGS.threads)
+    os.makedirs(FLAGS.output_dir, exist_ok=True)
+    for name in FILES:
+        cli.check_output_file(os.path.join(FLAGS.output_dir, name), "--output_dir",
+                              [("--input_file", FLAGS.input_file)])
+    texts, second = read_texts(FLAGS.input_file, FLAGS.text_column, FLAGS.text_b_column, model.pairs)
+    files = model.prediction_files(texts, second, predict_format=FLAGS.predict_format, batch_size=FLAGS.batch_size)
+    for name, text in files.items():
+        storage.write_atomic(os.path.join(FLAGS.output_dir, name), text)
+    print(f"predicted {len(texts)} texts with {FLAGS.model_dir} -> {', '.join(files)} in {FLAGS.output_dir}")
+
+
+def _console():
+    from bert_mgpu.cli import main_wrapper
+
+    app.run(main_wrapper(run, tensorflow=False))
+
+
+if __name__ == "__main__":
+    _console()
