@@ -15,7 +15,16 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ROOT, sentiment_rows, start_python, tiny_config, write_google_release, write_tsv, write_vocab
+from conftest import (
+    ROOT,
+    WORDS,
+    sentiment_rows,
+    start_python,
+    tiny_config,
+    write_google_release,
+    write_tsv,
+    write_vocab,
+)
 from test_pretraining_records import write_corpus
 
 TIMEOUT = 300
@@ -314,8 +323,18 @@ def test_a_time_budget_follows_the_chiefs_clock_whatever_the_others_read(job, tm
 
 @pytest.mark.process
 def test_with_a_file_per_worker_each_reads_its_own(job, tmp_path, scratch):
-    """Two corpus files for two workers: each reads, tokenizes and masks one (--input_sharding=auto)."""
-    write_corpus(str(tmp_path / "more.txt"), seed=5)
+    """Two corpus files for two workers: each reads, tokenizes and masks one (--input_sharding=auto). The
+    second file holds every other word of the vocabulary only: the rows of worker 1's part of the input
+    (what the run's dataset reads for it) hold none of the other words but the masking's random ones, and
+    worker 0's hold them in about half their tokens."""
+    from bert_mgpu.data.pretraining_input import PretrainingData
+    from bert_mgpu.data.tokenization import FullTokenizer
+
+    rng = np.random.default_rng(5)
+    kept = sorted(set(WORDS[::2]) - set(WORDS[1::2]))
+    with open(tmp_path / "more.txt", "w") as f:
+        for _ in range(20):
+            f.write("".join(" ".join(rng.choice(kept, rng.integers(4, 12))) + " .\n" for _ in range(24)) + "\n")
     args = [*scratch, f"--input_file={tmp_path}/corpus.txt,{tmp_path}/more.txt", "--num_train_steps=6"]
     results = job.wait(*workers(job, "files", "run_pretraining_mgpu.py", [*args, f"--output_dir={tmp_path}/out"]))
     assert_ok(*results)
@@ -323,6 +342,18 @@ def test_with_a_file_per_worker_each_reads_its_own(job, tmp_path, scratch):
         assert f"input sharded by file: this worker reads 1 of 2 files: {tmp_path / name}\n" in err, err[-2000:]
         assert "pretraining stopped at step 6: reached 6 steps" in out
     assert tf.train.latest_checkpoint(str(tmp_path / "out")).endswith("ckpt-6")
+    tokenizer = FullTokenizer(str(tmp_path / "vocab.txt"))
+    data = PretrainingData("text", [str(tmp_path / "corpus.txt"), str(tmp_path / "more.txt")], tokenizer,
+                           max_seq_length=32, max_predictions_per_seq=5)
+    assert data.by_files(2)
+    others = set(tokenizer.convert_tokens_to_ids(sorted(set(WORDS) - set(kept))))
+    share = []
+    for index in (0, 1):
+        features, _ = next(iter(data.dataset(64, True, 0, part=(index, 2))))
+        ids = features["token_ids"].numpy()
+        real = ids[ids >= 10]  # words: no [PAD], [UNK], [CLS], [SEP], [MASK] or punctuation (write_vocab)
+        share.append(np.isin(real, list(others)).mean())
+    assert share[0] > 0.3 and share[1] < 0.03, share
 
 
 def wait_for_checkpoint(directory, after, proc):
