@@ -128,4 +128,5 @@ SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "
                          "doc_windows", "sweep", "system_metrics", "reporting", "word_segments", "masking",
                          "masked_rows", "mlm_scorer", "mlm_scoring", "clue_tasks", "clue", "suite", "choices",
                          "choice_input", "choice_objectives", "multiple_choice", "tag_serving", "run_checkpoint",
-                         "budget", "agree", "inputs", "onnx_export", "exported", "tflite_export", "prediction_files"}
+                         "budget", "agree", "inputs", "onnx_export", "exported", "tflite_export", "prediction_files",
+                         "words", "windows", "viterbi"}

@@ -14,32 +14,17 @@ Example:
     tags = word_predictions(wins, logits, [len(s.tokens) for s in sentences])  # label ids per word
 """
 
-import dataclasses
-import unicodedata
-
 import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches
-from bert_mgpu.data.tokenization import is_cjk
+from bert_mgpu.data.windows import Window, sentence_windows, spans, word_predictions  # noqa: F401 (as before)
+from bert_mgpu.data.words import split_words  # noqa: F401 (tagging_input.split_words, as before)
 from bert_mgpu.model.tagging_objectives import TokenClassification
 
 IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
-
-
-@dataclasses.dataclass
-class Window:
-    """One model input: `token_ids` ([CLS] pieces [SEP]), `labels` (a label id on each first piece, else
-    IGNORED), `words` (the word index at each first piece, else -1) and `owned` (the word indices this
-    window predicts: those with the most context here)."""
-
-    sentence: int
-    token_ids: list
-    labels: list
-    words: list
-    owned: set
 
 
 def word_pieces(tokenizer, words, chunk=8192):
@@ -48,17 +33,6 @@ def word_pieces(tokenizer, words, chunk=8192):
     for i in range(0, len(words), chunk):
         pieces.extend(ids or [tokenizer.unk_id] for ids in tokenizer.id_lists(words[i:i + chunk]))
     return pieces
-
-
-def spans(length, room, doc_stride):
-    """(start, end) piece spans covering `length` pieces, `room` at most each, starts `doc_stride` apart."""
-    out, start = [], 0
-    while True:
-        end = min(start + room, length)
-        out.append((start, end))
-        if end == length:
-            return out
-        start += doc_stride
 
 
 def spans_in_graph(size, room, doc_stride):
@@ -97,40 +71,10 @@ def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=No
                 raise UserError(f"{s.guid}: tag {unknown[0]!r} is not one of the training tags "
                                 f"({', '.join(label_list)})")
         label_of = [IGNORED] * len(s.tokens) if s.tags is None else [ids[t] for t in s.tags]
-        cuts = spans(len(flat), room, doc_stride)
-        best = {}  # word -> (score, window number): run_squad's most context
-        for w, (start, end) in enumerate(cuts):
-            for p in range(start, end):
-                if first[p] >= 0:
-                    score = min(p - start, end - 1 - p) + 0.01 * (end - start)
-                    if first[p] not in best or score > best[first[p]][0]:
-                        best[first[p]] = (score, w)
-        for w, (start, end) in enumerate(cuts):
-            words_here = first[start:end]
-            windows.append(Window(
-                n, [tokenizer.cls_id, *flat[start:end], tokenizer.sep_id],
-                [IGNORED, *(IGNORED if k < 0 else label_of[k] for k in words_here), IGNORED],
-                [-1, *words_here, -1], {k for k in words_here if k >= 0 and best[k][1] == w}))
+        for w in sentence_windows(n, flat, first, room, doc_stride, tokenizer.cls_id, tokenizer.sep_id):
+            w.labels = [IGNORED, *(IGNORED if k < 0 else label_of[k] for k in w.words[1:-1]), IGNORED]
+            windows.append(w)
     return windows
-
-
-def word_predictions(windows, logits, lengths, decode=None):
-    """Each sentence's label id per word, from the window that owns the word -> [np.ndarray per sentence].
-    `logits`: [windows, positions, labels] (positions at least each window's length), in windows' order.
-    `decode(scores [words, labels]) -> ids [words]`: a window's words decoded together (a CRF's Viterbi);
-    default each word's best label."""
-    out = [np.full(n, -1, np.int64) for n in lengths]
-    for window, scores in zip(windows, logits, strict=True):
-        firsts = [p for p, word in enumerate(window.words) if word >= 0]
-        scores = np.asarray(scores)[firsts]
-        chosen = scores.argmax(-1) if decode is None else decode(scores)
-        for position, label in zip(firsts, chosen):
-            if window.words[position] in window.owned:
-                out[window.sentence][window.words[position]] = label
-    missing = [n for n, tags in enumerate(out) if (tags < 0).any()]
-    if missing:
-        raise RuntimeError(f"sentence {missing[0]}: a word no window predicts")
-    return out
 
 
 def window_arrays(windows, max_seq_length):
@@ -161,30 +105,6 @@ def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, se
     ds = shuffled_rows({"token_ids": ids, "segment_ids": segments, "label": labels}, lengths,
                        {"index": np.arange(len(windows), dtype=np.int32)}, seed)
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, per_token=True)
-
-
-def _stands_alone(char):
-    """Punctuation (google-bert's: ASCII symbols and Unicode P*) and CJK characters are words by themselves."""
-    code = ord(char)
-    return (33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126
-            or unicodedata.category(char).startswith("P") or is_cjk(char))
-
-
-def split_words(text):
-    """A raw text's words with their character offsets -> [(word, start, end)], split as google-bert's
-    BasicTokenizer splits (white space; punctuation and each CJK character apart), so entities found on
-    the words map back to the text."""
-    words, start = [], None
-    for i, char in enumerate([*text, " "]):
-        if char.isspace() or _stands_alone(char):
-            if start is not None:
-                words.append((text[start:i], start, i))
-                start = None
-            if not char.isspace() and i < len(text):
-                words.append((char, i, i + 1))
-        elif start is None:
-            start = i
-    return words
 
 
 # split_words' rules as RE2 patterns, for the SavedModel: white space (Python's str.isspace), and the

@@ -19,16 +19,9 @@ import tensorflow_text as tf_text
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.words import is_cjk  # noqa: F401 (tokenization.is_cjk, as before)
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-
-
-def is_cjk(char):
-    """google-bert's _is_chinese_char: the CJK Unified Ideograph blocks, each character a word."""
-    code = ord(char)
-    return (0x4E00 <= code <= 0x9FFF or 0x3400 <= code <= 0x4DBF or 0x20000 <= code <= 0x2A6DF
-            or 0x2A700 <= code <= 0x2B81F or 0x2B820 <= code <= 0x2CEAF or 0xF900 <= code <= 0xFAFF
-            or 0x2F800 <= code <= 0x2FA1F)
 
 
 def normalize(text, do_lower_case):

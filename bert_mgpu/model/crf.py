@@ -13,8 +13,9 @@ Example:
 """
 
 import keras
-import numpy as np
 import tensorflow as tf
+
+from bert_mgpu.core.viterbi import viterbi  # noqa: F401 (crf.viterbi, as before)
 
 
 class CRF(keras.layers.Layer):
@@ -62,22 +63,6 @@ def log_likelihood(emissions, labels, transitions):
     last = tf.cond(tf.shape(time_major)[0] > 1, lambda: alpha[-1], lambda: time_major[0])
     log_z = tf.reduce_logsumexp(last, axis=1)
     return tf.where(lengths > 0, unary + binary - log_z, 0.0)
-
-
-def viterbi(emissions, transitions):
-    """The best tag path (numpy [n]) of emissions [n, labels] under `transitions`."""
-    emissions, transitions = np.asarray(emissions, np.float64), np.asarray(transitions, np.float64)
-    if len(emissions) == 0:
-        return np.zeros(0, np.int64)
-    score, back = emissions[0], []
-    for emission in emissions[1:]:
-        total = score[:, None] + transitions
-        back.append(total.argmax(0))
-        score = total.max(0) + emission
-    path = [int(score.argmax())]
-    for pointers in reversed(back):
-        path.append(int(pointers[path[-1]]))
-    return np.array(path[::-1], np.int64)
 
 
 def viterbi_tf(emissions, lengths, transitions):

@@ -1,0 +1,76 @@
+"""Long inputs in windows, without TensorFlow: a sentence's WordPieces cut into windows `doc_stride` pieces
+apart (google-bert run_squad's document spans), each word owned by the window where it has the most context,
+and each word's prediction read from its owner. The tagger's training and `predict` use it, and so does a
+tagger's ONNX or LiteRT export, served with no TensorFlow (io/exported.py).
+
+Example:
+    wins = sentence_windows(0, piece_ids, first, room=126, doc_stride=63, cls_id=101, sep_id=102)
+    tags = word_predictions(wins, logits, [len(words)])  # a label id per word
+"""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Window:
+    """One model input: `token_ids` ([CLS] pieces [SEP]), `labels` (a label id on each first piece, else
+    IGNORED), `words` (the word index at each first piece, else -1) and `owned` (the word indices this
+    window predicts: those with the most context here)."""
+
+    sentence: int
+    token_ids: list
+    labels: list
+    words: list
+    owned: set
+
+
+def spans(length, room, doc_stride):
+    """(start, end) piece spans covering `length` pieces, `room` at most each, starts `doc_stride` apart."""
+    out, start = [], 0
+    while True:
+        end = min(start + room, length)
+        out.append((start, end))
+        if end == length:
+            return out
+        start += doc_stride
+
+
+def sentence_windows(sentence, flat, first, room, doc_stride, cls_id, sep_id):
+    """The windows of one sentence: `flat` its piece ids, `first` the word index at each word's first piece
+    (else -1); each window is [CLS] pieces [SEP] and owns the words that have the most context in it
+    (run_squad's `_check_is_max_context`). Its labels are left None, for the caller to set."""
+    cuts = spans(len(flat), room, doc_stride)
+    best = {}  # word -> (score, window number): run_squad's most context
+    for w, (start, end) in enumerate(cuts):
+        for p in range(start, end):
+            if first[p] >= 0:
+                score = min(p - start, end - 1 - p) + 0.01 * (end - start)
+                if first[p] not in best or score > best[first[p]][0]:
+                    best[first[p]] = (score, w)
+    out = []
+    for w, (start, end) in enumerate(cuts):
+        words_here = first[start:end]
+        out.append(Window(sentence, [cls_id, *flat[start:end], sep_id], None, [-1, *words_here, -1],
+                          {k for k in words_here if k >= 0 and best[k][1] == w}))
+    return out
+
+
+def word_predictions(windows, logits, lengths, decode=None):
+    """Each sentence's label id per word, from the window that owns the word -> [np.ndarray per sentence].
+    `logits`: [windows, positions, labels] (positions at least each window's length), in windows' order.
+    `decode(scores [words, labels]) -> ids [words]`: a window's words decoded together (a CRF's Viterbi);
+    default each word's best label."""
+    out = [np.full(n, -1, np.int64) for n in lengths]
+    for window, scores in zip(windows, logits, strict=True):
+        firsts = [p for p, word in enumerate(window.words) if word >= 0]
+        scores = np.asarray(scores)[firsts]
+        chosen = scores.argmax(-1) if decode is None else decode(scores)
+        for position, label in zip(firsts, chosen):
+            if window.words[position] in window.owned:
+                out[window.sentence][window.words[position]] = label
+    missing = [n for n, tags in enumerate(out) if (tags < 0).any()]
+    if missing:
+        raise RuntimeError(f"sentence {missing[0]}: a word no window predicts")
+    return out
