@@ -28,7 +28,8 @@ _HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "Dev
           "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",
           "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad",
           "BertMultipleChoice": "api.multiple_choice", "read_choices": "data.choices",
-          "ChoiceQuestion": "data.choices", "load_exported": "io.exported", "Exported": "io.exported"}
+          "ChoiceQuestion": "data.choices", "load_exported": "io.exported", "Exported": "io.exported",
+          "ExportedTagger": "io.exported_tagger"}
 __all__ = sorted(_HOMES)
 
 
@@ -36,7 +37,8 @@ def __getattr__(name):
     if name not in _HOMES:
         raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
     # The others load TensorFlow: quietly, as scripts do.
-    if _HOMES[name] not in ("core.errors", "model.config", "train.train_config", "io.exported"):
+    if _HOMES[name] not in ("core.errors", "model.config", "train.train_config", "io.exported",
+                            "io.exported_tagger"):
         quiet = importlib.import_module("bert_mgpu.core.quiet")
         quiet.start_tensorflow_quietly()
         quiet.console_logging()

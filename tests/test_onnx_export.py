@@ -127,8 +127,9 @@ def test_load_exported_refuses_what_it_cannot_predict_in_one_line(exported, tmp_
     with pytest.raises(UserError, match=r"not an ONNX or LiteRT export of bert_mgpu \(no bert_mgpu.json and "
                                         r"model.onnx or model.tflite\)"):
         load_exported(str(tmp_path))
-    with pytest.raises(UserError, match=r"a tagger's export; load_exported predicts with a classifier's only"):
-        load_exported(exported["tagger_crf"][1])
+    with pytest.raises(UserError, match=r"a question_answerer's export; load_exported predicts with a "
+                                        r"classifier's or a tagger's"):
+        load_exported(exported["question_answerer"][1])
     regression = load_exported(exported["regression"][1])
     clf = exported["regression"][0]
     np.testing.assert_allclose(regression.predict(TEXTS), clf.predict(TEXTS), atol=1e-5)
@@ -217,3 +218,29 @@ def test_a_missing_onnx_extra_is_one_line(monkeypatch):
     with pytest.raises(UserError, match=r"--export_format=onnx: needs tf2onnx; pip install 'bert_mgpu\[onnx\]'"):
         onnx_export.check_available("onnx")
     onnx_export.check_available("hf")  # other formats need nothing more
+
+
+def test_a_taggers_export_predicts_its_tags_and_entities_without_tensorflow(exported):
+    """load_exported on the CRF tagger's ONNX export: the words of raw texts (and of word lists), their
+    pieces through tokenizer.json, windows 7 pieces apart where a text is longer than the 14 a window holds,
+    Viterbi with the exported transitions: the same tags and entities as the tagger's own predict."""
+    from bert_mgpu.io.exported import load_exported
+
+    tagger, path = exported["tagger_crf"]
+    served = load_exported(path)
+    assert served.doc_stride == 7 and served.transitions is not None
+    texts = TEXTS + ["the film actor story good the movie", "actor " * 25]
+    assert max(len(t.split()) for t in texts) > 20  # several windows
+    assert served.predict_tags(texts) == tagger.predict_tags(texts)
+    assert served.predict(texts) == tagger.predict(texts)
+    words = [["the", "film", "New-York", "\x00", "actor"], ["actor", "story"], []]
+    assert served.predict_tags(words) == tagger.predict_tags(words)
+    assert served.predict(words) == tagger.predict(words)
+    for bad in ([["film", ""]], [3], ["a\udc80b"]):
+        with pytest.raises(UserError, match="input 0: ") as ours:
+            served.predict(bad)
+        with pytest.raises(UserError) as theirs:
+            tagger.predict(bad)
+        assert str(ours.value).split(":")[0] == str(theirs.value).split(":")[0]
+    tags = [t for row in served.predict_tags(texts) for t in row]
+    assert len(set(tags)) >= 3  # random weights and transitions: several tags, so the comparison means something

@@ -140,3 +140,16 @@ def test_predict_exported_writes_the_runs_prediction_files_from_each_export(clas
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [
         f"predict_exported.py: error: {bad}: no column named text or text_a or sentence or sentence1; give "
         "--text_column; the file has label, sentence_x"]
+
+
+def test_a_taggers_litert_export_tags_as_the_tagger_does(exported):
+    """load_exported on the CRF tagger's LiteRT export (windows, Viterbi on the host): int8 weights move the
+    scores by at most INT8, so nearly every word gets the tagger's own tag."""
+    from bert_mgpu.io.exported import load_exported
+
+    tagger, path = exported["tagger_crf"]
+    texts = TEXTS + ["actor " * 25]
+    got, want = load_exported(path).predict_tags(texts), tagger.predict_tags(texts)
+    assert [len(row) for row in got] == [len(row) for row in want]
+    same = [a == b for g, w in zip(got, want) for a, b in zip(g, w)]
+    assert len(same) > 100 and np.mean(same) >= 0.95, np.mean(same)

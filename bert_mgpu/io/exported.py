@@ -5,9 +5,9 @@ predictions out, and the files `--do_predict` writes (`predict_exported.py`).
 Importing this module loads numpy and tokenizers, and the runtime the export needs, only, so a server that
 imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
 TensorFlow nor a GPU.
-Only a classifier's exports are read yet (labels and probabilities, scores for a regression, each label's
-probability for multi-label); a tagger's, a question answerer's and a multiple-choice model's have their
-graph and files (docs/export.md) but no predictor here.
+A classifier's exports are read here (labels and probabilities, scores for a regression, each label's
+probability for multi-label), a tagger's in exported_tagger.py; a question answerer's and a multiple-choice
+model's have their graph and files (docs/export.md) but no predictor yet.
 
 Example:
     model = bert_mgpu.load_exported("out/export/onnx_int8")
@@ -37,24 +37,15 @@ class Exported:
     """
 
     def __init__(self, path, threads=None):
-        facts_file = os.path.join(path, FACTS)
-        graph = next((g for g in GRAPHS if os.path.isfile(os.path.join(path, g))), None)
-        if not os.path.isfile(facts_file) or graph is None:
-            raise UserError(f"{path}: not an ONNX or LiteRT export of bert_mgpu (no {FACTS} and model.onnx or "
-                            "model.tflite); export one with --do_export --export_format=onnx (or tflite)")
-        with open(facts_file, encoding="utf-8") as f:
-            self.facts = json.load(f)
+        self.facts, graph = read_facts(path)
         self.kind, self.task_type = self.facts["kind"], self.facts["task_type"]
         self.labels, self.pairs = list(self.facts["labels"]), bool(self.facts["pairs"])
-        if self.kind != "classifier":
-            raise UserError(f"{path}: a {self.kind}'s export; load_exported predicts with a classifier's only "
-                            "(the graph and its files are described in docs/export.md)")
         if self.facts["facts"].get("doc_stride") or self.facts["truncation"] not in ("head", "tail"):
             why = "windows over long texts" if self.facts["facts"].get("doc_stride") else "--truncation=head+tail"
             raise UserError(f"{path}: this classifier reads {why}, which load_exported does not do yet; serve its "
                             "saved_model export")
         self.tokenizer = read_tokenizer(path)
-        self.run = (_onnx_runner if graph == "model.onnx" else _litert_runner)(os.path.join(path, graph), threads)
+        self.run = runner(path, graph, threads)
         self.output = "scores" if self.task_type == "regression" else "probabilities"
 
     def predict(self, texts, text_b=None, batch_size=32):
@@ -97,6 +88,22 @@ class Exported:
         return prediction_files.classes(p, self.labels, guids, predict_format)
 
 
+def read_facts(path):
+    """(bert_mgpu.json's facts, the graph's file name) of the export in `path`; one line when it is none."""
+    facts_file = os.path.join(path, FACTS)
+    graph = next((g for g in GRAPHS if os.path.isfile(os.path.join(path, g))), None)
+    if not os.path.isfile(facts_file) or graph is None:
+        raise UserError(f"{path}: not an ONNX or LiteRT export of bert_mgpu (no {FACTS} and model.onnx or "
+                        "model.tflite); export one with --do_export --export_format=onnx (or tflite)")
+    with open(facts_file, encoding="utf-8") as f:
+        return json.load(f), graph
+
+
+def runner(path, graph, threads):
+    """(output name, inputs) -> that output, by the runtime of `graph` (a file name in `path`)."""
+    return (_onnx_runner if graph == "model.onnx" else _litert_runner)(os.path.join(path, graph), threads)
+
+
 def _onnx_runner(path, threads):
     """(output name, inputs) -> that output, by ONNX Runtime."""
     import onnxruntime
@@ -136,5 +143,13 @@ def onnx_inputs(tokenizer, texts):
 
 
 def load_exported(path, threads=None):
-    """The ONNX or LiteRT export in `path`, ready to predict from raw text (see `Exported`)."""
-    return Exported(path, threads)
+    """The ONNX or LiteRT export in `path`, ready to predict from raw text: an `Exported` (a classifier's) or
+    an `exported_tagger.ExportedTagger` (a tagger's, with or without a CRF)."""
+    from bert_mgpu.io.exported_tagger import ExportedTagger
+
+    readers = {"classifier": Exported, "tagger": ExportedTagger}
+    kind = read_facts(path)[0]["kind"]
+    if kind not in readers:
+        raise UserError(f"{path}: a {kind}'s export; load_exported predicts with a classifier's or a tagger's "
+                        "(the graph and its files are described in docs/export.md)")
+    return readers[kind](path, threads)
