@@ -127,9 +127,9 @@ def test_load_exported_refuses_what_it_cannot_predict_in_one_line(exported, tmp_
     with pytest.raises(UserError, match=r"not an ONNX or LiteRT export of bert_mgpu \(no bert_mgpu.json and "
                                         r"model.onnx or model.tflite\)"):
         load_exported(str(tmp_path))
-    with pytest.raises(UserError, match=r"a question_answerer's export; load_exported predicts with a "
-                                        r"classifier's or a tagger's"):
-        load_exported(exported["question_answerer"][1])
+    with pytest.raises(UserError, match=r"a multiple_choice's export; load_exported predicts with a "
+                                        r"classifier's, a tagger's or a question answerer's"):
+        load_exported(exported["multiple_choice"][1])
     regression = load_exported(exported["regression"][1])
     clf = exported["regression"][0]
     np.testing.assert_allclose(regression.predict(TEXTS), clf.predict(TEXTS), atol=1e-5)
@@ -244,3 +244,28 @@ def test_a_taggers_export_predicts_its_tags_and_entities_without_tensorflow(expo
         assert str(ours.value).split(":")[0] == str(theirs.value).split(":")[0]
     tags = [t for row in served.predict_tags(texts) for t in row]
     assert len(set(tags)) >= 3  # random weights and transitions: several tags, so the comparison means something
+
+
+def test_a_question_answerers_export_answers_as_it_does_without_tensorflow(google_release, tmp_path):
+    """load_exported on a question answerer's ONNX export (windows of 32 pieces, questions cut to 8, 6 pieces
+    apart): the question's and the context's pieces through tokenizer.json, windows over contexts longer
+    than a window, run_squad's n-best selection: the same answers, offsets and probabilities as the model's
+    own predict."""
+    import bert_mgpu
+    from bert_mgpu.io.exported import load_exported
+
+    qa = bert_mgpu.BertQuestionAnswerer.from_pretrained(
+        google_release, towers=bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2), precision="float32", max_seq_length=32,
+        max_query_length=8, doc_stride=6, max_answer_length=5, n_best_size=4)
+    served = load_exported(export.export_model(qa, str(tmp_path / "onnx"), "onnx"))
+    assert served.settings["doc_stride"] == 6 and served.settings["n_best_size"] == 4
+    questions = [(TEXTS[i] or "film", TEXTS[-1 - i] or "a good film") for i in range(len(TEXTS))]
+    questions += [("who", "Ünïcödé actor, “quotes” 电影 film ! " * 4), {"id": "x", "question": "the plot",
+                                                                         "context": "the plot was dull . " * 6}]
+    got, want = served.predict(questions), qa.predict(questions)
+    assert [g["text"] for g in got] == [w["text"] for w in want] and sum(bool(w["text"]) for w in want) >= 5
+    for g, w in zip(got, want):
+        assert (g["start"], g["end"]) == (w["start"], w["end"])
+        assert g["probability"] == pytest.approx(w["probability"], abs=1e-4)
+    answers = served.answer(questions)
+    assert len(answers.nbest["x"]) > 1 and answers.predictions == qa.answer(questions, verbose=False).predictions

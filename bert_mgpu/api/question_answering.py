@@ -18,9 +18,8 @@ import numpy as np
 
 from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.inputs import check_text, rows_of
-from bert_mgpu.data.squad import Question, metric_for
-from bert_mgpu.data.squad_input import best_answers, make_windows, span_dataset
+from bert_mgpu.data.squad import Question, as_questions, metric_for  # noqa: F401 (as_questions, as before)
+from bert_mgpu.data.squad_input import best_answers, best_of, make_windows, span_dataset
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.model.modeling import build_span_model
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
@@ -29,35 +28,6 @@ from bert_mgpu.train import memory
 
 log = logging.getLogger("bert_mgpu")
 KIND = "question_answerer"  # bert_mgpu.json's kind
-
-
-def as_questions(rows):
-    """`Question`s from Questions, (question, context) pairs, or dicts as Hugging Face's squad datasets give
-    them ({"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}})."""
-    out = []
-    for n, row in enumerate(rows_of(rows)):  # a DataFrame: its rows, as Hugging Face's squad columns
-        if isinstance(row, Question):
-            out.append(row)
-        elif isinstance(row, dict):
-            if "question" not in row or "context" not in row:
-                raise UserError(f"question {row.get('id', n)}: needs \"question\" and \"context\" "
-                                f"(it has {', '.join(map(str, row)) or 'nothing'})")
-            given = row.get("answers") or {}
-            answers = list(zip(given.get("text", []), given.get("answer_start", [])))
-            out.append(Question(str(row.get("id", n)), row["question"], row["context"], answers,
-                                bool(row.get("is_impossible", False))))
-        elif isinstance(row, tuple | list) and len(row) == 2:
-            question, context = row
-            out.append(Question(str(n), question, context, []))
-        else:
-            raise UserError(f"question {n}: expected a Question, a (question, context) pair or a dict, not "
-                            f"{type(row).__name__}")
-    for q in out:
-        check_text(q.question, f"question {q.qid}")
-        check_text(q.context, f"question {q.qid}'s context")
-        if not q.question.strip() or not q.context.strip():
-            raise UserError(f"question {q.qid}: an empty question or context")
-    return out
 
 
 def questions_digest(questions):
@@ -213,14 +183,7 @@ class BertQuestionAnswerer(FineTuned):
         context, end exclusive), "probability"}; a v2 model's no-answer has text "" and no offsets.
         `questions`: (question, context) pairs, `Question`s or Hugging Face squad rows."""
         questions = as_questions(questions)
-        found = self.answer(questions, batch_size, verbose)
-        out = []
-        for q in questions:
-            text = found.predictions[q.qid]
-            best = next((k for k in found.nbest[q.qid] if k["text"] == text), found.nbest[q.qid][0])
-            out.append({"text": text, "start": best["start"] if text else None, "end": best["end"] if text else None,
-                        "probability": best["probability"]})
-        return out
+        return best_of(questions, self.answer(questions, batch_size, verbose))
 
     def evaluate(self, questions, batch_size: int = 8, verbose="auto") -> dict:
         """The official scores (`self.metric`, else told from the data: SQuAD's or CMRC 2018's) and the mean

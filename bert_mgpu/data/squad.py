@@ -19,6 +19,7 @@ import re
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import text_files
+from bert_mgpu.data.inputs import check_text, rows_of
 
 log = logging.getLogger("bert_mgpu")
 _NEAR = 20  # characters an answer may sit from its answer_start and still be taken
@@ -43,6 +44,35 @@ class Question:
             return None
         text, start = self.answers[0]
         return start, start + len(text)
+
+
+def as_questions(rows):
+    """`Question`s from Questions, (question, context) pairs, or dicts as Hugging Face's squad datasets give
+    them ({"id", "question", "context", "answers": {"text": [...], "answer_start": [...]}})."""
+    out = []
+    for n, row in enumerate(rows_of(rows)):  # a DataFrame: its rows, as Hugging Face's squad columns
+        if isinstance(row, Question):
+            out.append(row)
+        elif isinstance(row, dict):
+            if "question" not in row or "context" not in row:
+                raise UserError(f"question {row.get('id', n)}: needs \"question\" and \"context\" "
+                                f"(it has {', '.join(map(str, row)) or 'nothing'})")
+            given = row.get("answers") or {}
+            answers = list(zip(given.get("text", []), given.get("answer_start", [])))
+            out.append(Question(str(row.get("id", n)), row["question"], row["context"], answers,
+                                bool(row.get("is_impossible", False))))
+        elif isinstance(row, tuple | list) and len(row) == 2:
+            question, context = row
+            out.append(Question(str(n), question, context, []))
+        else:
+            raise UserError(f"question {n}: expected a Question, a (question, context) pair or a dict, not "
+                            f"{type(row).__name__}")
+    for q in out:
+        check_text(q.question, f"question {q.qid}")
+        check_text(q.context, f"question {q.qid}'s context")
+        if not q.question.strip() or not q.context.strip():
+            raise UserError(f"question {q.qid}: an empty question or context")
+    return out
 
 
 def _line_of(raw, needle):

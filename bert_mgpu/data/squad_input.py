@@ -11,6 +11,9 @@ characters (what run_squad's `get_final_text` recovers: lower-casing and accent 
 word whose pieces do not spell it character for character (an [UNK], a decomposed accent) gives each
 of its pieces the whole word.
 
+Only `span_dataset` loads TensorFlow, so a question answerer's ONNX or LiteRT export uses the rest where
+TensorFlow is not installed (io/exported_qa.py).
+
 Example:
     wins = make_windows(questions, tokenizer, max_seq_length=384, max_query_length=64, doc_stride=128)
     found = best_answers(questions, wins, logits, n_best_size=20, max_answer_length=30)
@@ -22,8 +25,8 @@ import dataclasses
 import numpy as np
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches
-from bert_mgpu.data.tagging_input import spans, split_words, word_pieces
+from bert_mgpu.data.windows import spans, word_pieces
+from bert_mgpu.data.words import split_words
 
 
 @dataclasses.dataclass
@@ -125,6 +128,8 @@ def span_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=
     """({token_ids, segment_ids, padding_mask}, labels [batch, 2] (start, end), index) over `windows`, as
     tagging_input.tagging_dataset makes them: training shuffled with `seed`, repeated, bucketed by length;
     otherwise every window once, sorted by length."""
+    from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches  # TensorFlow: here only
+
     if not windows:
         raise UserError("no questions")
     lengths = np.array([len(w.token_ids) for w in windows], np.int64)
@@ -212,6 +217,18 @@ def best_answers(questions, windows, logits, cut=None, n_best_size=20, max_answe
         null_odds[q.qid] = diff
         predictions[q.qid] = "" if diff > null_score_diff_threshold else answered["text"]
     return Answers(predictions, nbest, null_odds)
+
+
+def best_of(questions, found):
+    """Each question's best answer from `best_answers`' Answers, in order: {"text", "start", "end"
+    (character offsets, end exclusive), "probability"}; a v2 no-answer has text "" and no offsets."""
+    out = []
+    for q in questions:
+        text = found.predictions[q.qid]
+        best = next((k for k in found.nbest[q.qid] if k["text"] == text), found.nbest[q.qid][0])
+        out.append({"text": text, "start": best["start"] if text else None, "end": best["end"] if text else None,
+                    "probability": best["probability"]})
+    return out
 
 
 def _top(scores, n):

@@ -20,19 +20,17 @@ import tensorflow_text as tf_text
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches
-from bert_mgpu.data.windows import Window, sentence_windows, spans, word_predictions  # noqa: F401 (as before)
+from bert_mgpu.data.windows import (  # noqa: F401 (the names tagging_input had)
+    Window,
+    sentence_windows,
+    spans,
+    word_pieces,
+    word_predictions,
+)
 from bert_mgpu.data.words import split_words  # noqa: F401 (tagging_input.split_words, as before)
 from bert_mgpu.model.tagging_objectives import TokenClassification
 
 IGNORED = TokenClassification.IGNORED  # the label of a piece that is not a word's first
-
-
-def word_pieces(tokenizer, words, chunk=8192):
-    """The WordPiece ids of each word, tokenized in batches of `chunk` words -> [[id, ...], ...]."""
-    pieces = []
-    for i in range(0, len(words), chunk):
-        pieces.extend(ids or [tokenizer.unk_id] for ids in tokenizer.id_lists(words[i:i + chunk]))
-    return pieces
 
 
 def spans_in_graph(size, room, doc_stride):

@@ -1,7 +1,9 @@
 """Long inputs in windows, without TensorFlow: a sentence's WordPieces cut into windows `doc_stride` pieces
 apart (google-bert run_squad's document spans), each word owned by the window where it has the most context,
-and each word's prediction read from its owner. The tagger's training and `predict` use it, and so does a
-tagger's ONNX or LiteRT export, served with no TensorFlow (io/exported.py).
+and each word's prediction read from its owner. The tagger's training and `predict` use it (the question
+answerer its spans and pieces), and so do their ONNX and LiteRT exports, served with no TensorFlow
+(io/exported_tagger.py, io/exported_qa.py). A `tokenizer` here is anything with `id_lists(texts)` and
+`unk_id`: bert_mgpu's FullTokenizer, or an export's tokenizer.json.
 
 Example:
     wins = sentence_windows(0, piece_ids, first, room=126, doc_stride=63, cls_id=101, sep_id=102)
@@ -24,6 +26,14 @@ class Window:
     labels: list
     words: list
     owned: set
+
+
+def word_pieces(tokenizer, words, chunk=8192):
+    """The WordPiece ids of each word, tokenized in batches of `chunk` words -> [[id, ...], ...]."""
+    pieces = []
+    for i in range(0, len(words), chunk):
+        pieces.extend(ids or [tokenizer.unk_id] for ids in tokenizer.id_lists(words[i:i + chunk]))
+    return pieces
 
 
 def spans(length, room, doc_stride):

@@ -6,8 +6,8 @@ Importing this module loads numpy and tokenizers, and the runtime the export nee
 imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
 TensorFlow nor a GPU.
 A classifier's exports are read here (labels and probabilities, scores for a regression, each label's
-probability for multi-label), a tagger's in exported_tagger.py; a question answerer's and a multiple-choice
-model's have their graph and files (docs/export.md) but no predictor yet.
+probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in exported_qa.py; a
+multiple-choice model's has its graph and files (docs/export.md) but no predictor yet.
 
 Example:
     model = bert_mgpu.load_exported("out/export/onnx_int8")
@@ -59,7 +59,7 @@ class Exported:
         for i in range(0, len(texts), batch_size):
             batch = texts[i:i + batch_size] if text_b is None else list(zip(texts[i:i + batch_size],
                                                                              list(text_b)[i:i + batch_size]))
-            out.append(self.run(self.output, onnx_inputs(self.tokenizer, batch)))
+            out.append(self.run([self.output], onnx_inputs(self.tokenizer, batch))[0])
         width = (0,) if self.output == "scores" else (0, len(self.labels))
         return np.concatenate(out) if out else np.zeros(width, np.float32)
 
@@ -100,29 +100,29 @@ def read_facts(path):
 
 
 def runner(path, graph, threads):
-    """(output name, inputs) -> that output, by the runtime of `graph` (a file name in `path`)."""
+    """(output names, inputs) -> those outputs, by the runtime of `graph` (a file name in `path`)."""
     return (_onnx_runner if graph == "model.onnx" else _litert_runner)(os.path.join(path, graph), threads)
 
 
 def _onnx_runner(path, threads):
-    """(output name, inputs) -> that output, by ONNX Runtime."""
+    """(output names, inputs) -> those outputs, by ONNX Runtime."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return lambda name, feed: session.run([name], feed)[0]
+    return lambda names, feed: session.run(list(names), feed)
 
 
 def _litert_runner(path, threads):
-    """(output name, inputs) -> that output, by LiteRT's interpreter (its signature runner sizes the inputs)."""
+    """(output names, inputs) -> those outputs, by LiteRT's interpreter (its signature runner sizes the inputs)."""
     try:
         from ai_edge_litert.interpreter import Interpreter
     except ImportError:
         raise UserError(f"{path}: a LiteRT export needs ai-edge-litert; pip install 'bert_mgpu[tflite]'") from None
     runner = Interpreter(model_path=path, num_threads=threads).get_signature_runner("serving_default")
-    return lambda name, feed: runner(**feed)[name]
+    return lambda names, feed: (lambda out: [out[n] for n in names])(runner(**feed))
 
 
 def read_tokenizer(path):
@@ -143,13 +143,15 @@ def onnx_inputs(tokenizer, texts):
 
 
 def load_exported(path, threads=None):
-    """The ONNX or LiteRT export in `path`, ready to predict from raw text: an `Exported` (a classifier's) or
-    an `exported_tagger.ExportedTagger` (a tagger's, with or without a CRF)."""
+    """The ONNX or LiteRT export in `path`, ready to predict from raw text: an `Exported` (a classifier's), an
+    `exported_tagger.ExportedTagger` (a tagger's, with or without a CRF) or an
+    `exported_qa.ExportedQuestionAnswerer`."""
+    from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer
     from bert_mgpu.io.exported_tagger import ExportedTagger
 
-    readers = {"classifier": Exported, "tagger": ExportedTagger}
+    readers = {"classifier": Exported, "tagger": ExportedTagger, "question_answerer": ExportedQuestionAnswerer}
     kind = read_facts(path)[0]["kind"]
     if kind not in readers:
-        raise UserError(f"{path}: a {kind}'s export; load_exported predicts with a classifier's or a tagger's "
-                        "(the graph and its files are described in docs/export.md)")
+        raise UserError(f"{path}: a {kind}'s export; load_exported predicts with a classifier's, a tagger's or a "
+                        "question answerer's (the graph and its files are described in docs/export.md)")
     return readers[kind](path, threads)

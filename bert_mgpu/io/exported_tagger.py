@@ -64,7 +64,7 @@ class ExportedTagger:
             windows.extend(sentence_windows(n, flat, first, self.room, self.doc_stride, self.cls_id, self.sep_id))
         logits = []
         for i in range(0, len(windows), batch_size):
-            logits.extend(self.run("logits", self._inputs(windows[i:i + batch_size])))
+            logits.extend(self.run(["logits"], self._inputs(windows[i:i + batch_size]))[0])
         decode = None if self.transitions is None else (lambda scores: viterbi(scores, self.transitions))
         ids = word_predictions(windows, logits, [len(row) for row in words], decode)
         return [[self.labels[i] for i in row] for row in ids]

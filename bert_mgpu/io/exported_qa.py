@@ -1,0 +1,87 @@
+"""A question answerer's ONNX or LiteRT export, served without TensorFlow: (question, context) in, the answer's text
+and character offsets out, as `BertQuestionAnswerer.predict` gives them.
+
+The graph gives each piece's start and end scores; the host does what `predict` does, with the same code
+(data/squad_input.py, which loads no TensorFlow but for training's dataset): the context's words and
+their pieces through the export's tokenizer.json, the question cut to `max_query_length` pieces, windows
+`doc_stride` pieces apart, and run_squad's n-best answer selection with the run's `max_answer_length`,
+`n_best_size` and, for SQuAD 2.0, its null score threshold (all in bert_mgpu.json).
+
+Example:
+    qa = bert_mgpu.load_exported("out/export/onnx")
+    qa.predict([("Who wrote it?", "It was written by Ann.")])   # [{"text": "Ann", "start": 18, ...}]
+"""
+
+import numpy as np
+
+from bert_mgpu.data.squad import as_questions
+from bert_mgpu.data.squad_input import best_answers, best_of, make_windows
+from bert_mgpu.io.exported import read_facts, read_tokenizer, runner
+
+
+class Pieces:
+    """What squad_input asks of a tokenizer (`id_lists`, `vocab`, the special ids), from an export's
+    tokenizer.json: each text's WordPieces with no [CLS]/[SEP], truncation or padding."""
+
+    def __init__(self, path):
+        self.tokenizer = read_tokenizer(path)
+        self.tokenizer.no_truncation()
+        self.tokenizer.no_padding()
+        ids = self.tokenizer.get_vocab()
+        self.vocab = [None] * (max(ids.values()) + 1)
+        for token, i in ids.items():
+            self.vocab[i] = token
+        self.unk_id, self.cls_id, self.sep_id, self.pad_id = (ids[t] for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]"))
+
+    def id_lists(self, texts):
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+
+class ExportedQuestionAnswerer:
+    """A question answerer's ONNX or LiteRT export loaded for prediction.
+
+    Args:
+        path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
+        threads: the runtime's threads (None: its default).
+    """
+
+    def __init__(self, path, threads=None):
+        self.facts, graph = read_facts(path)
+        self.kind = self.facts["kind"]
+        self.settings = dict(self.facts["facts"])  # run_squad's: doc_stride, max_query_length, n_best_size, ...
+        self.max_seq_length = int(self.facts["max_seq_length"])
+        self.run = runner(path, graph, threads)
+        self.pieces = Pieces(path)
+
+    def answer(self, questions, batch_size=8):
+        """Every question's answers as run_squad writes them (data/squad_input.Answers: predictions, the
+        n best with their probabilities and offsets, and a v2 model's null odds)."""
+        questions = as_questions(questions)
+        s = self.settings
+        windows, cut = make_windows(questions, self.pieces, self.max_seq_length, s["max_query_length"],
+                                    s["doc_stride"])
+        logits = []
+        for i in range(0, len(windows), batch_size):
+            inputs = self._inputs(windows[i:i + batch_size])
+            logits.extend(np.stack(self.run(["start_logits", "end_logits"], inputs), -1))
+        return best_answers(questions, windows, logits, cut, s["n_best_size"], s["max_answer_length"],
+                            s["version_2_with_negative"], s["null_score_diff_threshold"])
+
+    def predict(self, questions, batch_size=8):
+        """Each question's best answer, in input order: {"text", "start", "end" (character offsets in the
+        context, end exclusive), "probability"}; a v2 model's no-answer has text "" and no offsets.
+        `questions`: (question, context) pairs, `Question`s or Hugging Face squad rows."""
+        questions = as_questions(questions)
+        return best_of(questions, self.answer(questions, batch_size))
+
+    def _inputs(self, windows):
+        """The graph's inputs for a batch of windows, padded to the longest."""
+        width = max(len(w.token_ids) for w in windows)
+        rows = {"input_ids": np.full((len(windows), width), self.pieces.pad_id, np.int64),
+                "attention_mask": np.zeros((len(windows), width), np.int64),
+                "token_type_ids": np.zeros((len(windows), width), np.int64)}
+        for n, w in enumerate(windows):
+            rows["input_ids"][n, :len(w.token_ids)] = w.token_ids
+            rows["attention_mask"][n, :len(w.token_ids)] = 1
+            rows["token_type_ids"][n, :len(w.segment_ids)] = w.segment_ids
+        return rows
