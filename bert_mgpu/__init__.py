@@ -29,7 +29,8 @@ _HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "Dev
           "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad",
           "BertMultipleChoice": "api.multiple_choice", "read_choices": "data.choices",
           "ChoiceQuestion": "data.choices", "load_exported": "io.exported", "Exported": "io.exported",
-          "ExportedTagger": "io.exported_tagger", "ExportedQuestionAnswerer": "io.exported_qa"}
+          "ExportedTagger": "io.exported_tagger", "ExportedQuestionAnswerer": "io.exported_qa",
+          "ExportedMultipleChoice": "io.exported_choice"}
 __all__ = sorted(_HOMES)
 
 
@@ -38,7 +39,7 @@ def __getattr__(name):
         raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
     # The others load TensorFlow: quietly, as scripts do.
     if _HOMES[name] not in ("core.errors", "model.config", "train.train_config", "io.exported",
-                            "io.exported_tagger", "io.exported_qa"):
+                            "io.exported_tagger", "io.exported_qa", "io.exported_choice"):
         quiet = importlib.import_module("bert_mgpu.core.quiet")
         quiet.start_tensorflow_quietly()
         quiet.console_logging()

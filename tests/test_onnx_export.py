@@ -127,9 +127,8 @@ def test_load_exported_refuses_what_it_cannot_predict_in_one_line(exported, tmp_
     with pytest.raises(UserError, match=r"not an ONNX or LiteRT export of bert_mgpu \(no bert_mgpu.json and "
                                         r"model.onnx or model.tflite\)"):
         load_exported(str(tmp_path))
-    with pytest.raises(UserError, match=r"a multiple_choice's export; load_exported predicts with a "
-                                        r"classifier's, a tagger's or a question answerer's"):
-        load_exported(exported["multiple_choice"][1])
+    with pytest.raises(UserError, match=r"a pretrainer's export has no predictions; run its model.onnx"):
+        load_exported(exported["encoder"][1])
     regression = load_exported(exported["regression"][1])
     clf = exported["regression"][0]
     np.testing.assert_allclose(regression.predict(TEXTS), clf.predict(TEXTS), atol=1e-5)
@@ -269,3 +268,40 @@ def test_a_question_answerers_export_answers_as_it_does_without_tensorflow(googl
         assert g["probability"] == pytest.approx(w["probability"], abs=1e-4)
     answers = served.answer(questions)
     assert len(answers.nbest["x"]) > 1 and answers.predictions == qa.answer(questions, verbose=False).predictions
+
+
+def test_a_multiple_choice_export_chooses_as_the_model_does_without_tensorflow(exported):
+    """load_exported on the multiple-choice model's ONNX export: questions of 2 to 4 choices (padded in a
+    batch), a context or none, a CHID blank, texts longer than the 16 pieces a choice holds: the same choices
+    and probabilities as the model's own predict."""
+    from bert_mgpu.io.exported import load_exported
+
+    mc, path = exported["multiple_choice"]
+    served = load_exported(path)
+    questions = [(TEXTS[i], TEXTS[i + 1] or "which", [TEXTS[i + 2] or "a", TEXTS[(i + 3) % 12], "film"][:2 + i % 2])
+                 for i in range(9)]
+    questions += [("", "the film was", ["good", "bad", "dull", "great"]), ("the \x00 was good", "", ["film", "plot"]),
+                  {"context": "a story", "question": "", "choices": ["actor " * 20, "movie"]}]
+    got, want = served.predict(questions, batch_size=5), mc.predict(questions)
+    assert [g["label"] for g in got] == [w["label"] for w in want]
+    for g, w in zip(got, want):
+        assert g["answer"] == w["answer"] and len(g["probabilities"]) == len(w["probabilities"])
+        np.testing.assert_allclose(g["probabilities"], w["probabilities"], atol=1e-5)
+    assert len({g["label"] for g in got}) > 1  # random weights: not one answer for all
+
+
+def test_a_pair_is_cut_as_google_bert_cuts_it():
+    """exported_choice.trim against google-bert's _truncate_seq_pair (pop a piece from the longer text, the
+    second when they are as long) on every pair of lengths up to 12 at budgets 1 to 13."""
+    from bert_mgpu.io.exported_choice import trim
+
+    for budget in range(1, 14):
+        for a in range(13):
+            for b in range(13):
+                na, nb = a, b
+                while na + nb > budget:
+                    if na > nb:
+                        na -= 1
+                    else:
+                        nb -= 1
+                assert trim(a, b, budget) == (na, nb), (a, b, budget)

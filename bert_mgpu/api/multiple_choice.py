@@ -14,13 +14,10 @@ Example:
 import hashlib
 import logging
 
-import numpy as np
-
 from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choice_input import choice_dataset, encode_questions
-from bert_mgpu.data.choices import ChoiceQuestion
-from bert_mgpu.data.inputs import check_text, rows_of
+from bert_mgpu.data.choices import ChoiceQuestion, as_questions, chosen  # noqa: F401 (as before)
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.modeling import build_choice_model
@@ -29,36 +26,6 @@ from bert_mgpu.train import memory
 
 log = logging.getLogger("bert_mgpu")
 KIND = "multiple_choice"  # bert_mgpu.json's kind
-
-
-def as_questions(rows):
-    """`ChoiceQuestion`s from ChoiceQuestions, (context, question, choices[, label]) tuples or dicts
-    ({"context", "question", "choices", "label"}; Hugging Face's swag rows: sent1, sent2, ending0..3, label)."""
-    out = []
-    for n, row in enumerate(rows_of(rows)):  # a DataFrame: its rows, as dicts
-        if isinstance(row, ChoiceQuestion):
-            out.append(row)
-            continue
-        if isinstance(row, dict):
-            if "ending0" in row:
-                endings = [row[f"ending{i}"] for i in range(10) if f"ending{i}" in row]
-                row = {"context": row.get("sent1", ""), "question": row.get("sent2", ""), "choices": endings,
-                       "label": row.get("label")}
-            row = (row.get("context", ""), row.get("question", ""), row.get("choices"), row.get("label"),
-                   row.get("id", n))
-        context, question, choices, *rest = row
-        label = rest[0] if rest else None
-        if not isinstance(choices, (list, tuple)) or len(choices) < 2:
-            raise UserError(f"question {n}: needs a list of at least two choices")
-        if label is not None and not (isinstance(label, (int, np.integer)) and 0 <= label < len(choices)):
-            raise UserError(f"question {n}: label {label!r} is not one of its {len(choices)} choices")
-        out.append(ChoiceQuestion(str(rest[1] if len(rest) > 1 else n), context or "", question or "",
-                                  [str(c) for c in choices], None if label is None else int(label)))
-    for q in out:
-        for what, text in (("context", q.context), ("question", q.question), *(
-                (f"choice {k}", c) for k, c in enumerate(q.choices))):
-            check_text(text, f"question {q.guid}'s {what}")
-    return out
 
 
 def questions_digest(questions):
@@ -182,11 +149,7 @@ class BertMultipleChoice(FineTuned):
         """Each question's choice, in input order: {"label" (its index), "answer" (its text), "probabilities"
         (over its choices)}."""
         questions, scores = self.scores(questions, batch_size, verbose)
-        out = []
-        for q, p in zip(questions, self.objective.predict(scores, [len(q.choices) for q in questions])):
-            k = int(np.argmax(p))
-            out.append({"label": k, "answer": q.choices[k], "probabilities": [float(x) for x in p]})
-        return out
+        return chosen(questions, self.objective.predict(scores, [len(q.choices) for q in questions]))
 
     def evaluate(self, questions, batch_size: int = 8, verbose="auto") -> dict:
         """Accuracy and the mean loss over questions, as eval_<name>."""

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.choices import SLOT
+from bert_mgpu.data.choices import choice_texts  # noqa: F401 (choice_input.choice_texts, as before)
 from bert_mgpu.data.input_pipeline import CHUNK, traced_encode
 
 
@@ -33,16 +33,6 @@ class EncodedChoices:
 
     def __len__(self):
         return len(self.labels)
-
-
-def choice_texts(question, choice):
-    """(first text, second text) of one choice: `context`, `question choice`; a context holding SLOT (a
-    CHID blank) reads the choice there, and the question (if any) second."""
-    if SLOT in question.context:
-        return question.context.replace(SLOT, choice), question.question
-    if not question.context.strip():
-        return (question.question, choice) if question.question.strip() else (choice, "")
-    return question.context, " ".join(t for t in (question.question, choice) if t)
 
 
 def encode_questions(questions, tokenizer, max_seq_length, num_choices=None):

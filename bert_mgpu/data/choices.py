@@ -13,7 +13,10 @@ import json
 import os
 import re
 
+import numpy as np
+
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.inputs import check_text, rows_of
 from bert_mgpu.data.text_files import json_kind, read_json_lines, read_rows, read_text
 
 FORMATS = ("auto", "jsonl", "swag", "c3", "chid")
@@ -234,3 +237,53 @@ def read_split(data_dir, split, data_format="auto", invalid_utf8="error"):
     paths = find_split(data_dir, split)
     questions = [q for path in paths for q in read_choices(path, data_format, invalid_utf8)]
     return questions, paths
+
+
+def as_questions(rows):
+    """`ChoiceQuestion`s from ChoiceQuestions, (context, question, choices[, label]) tuples or dicts
+    ({"context", "question", "choices", "label"}; Hugging Face's swag rows: sent1, sent2, ending0..3, label)."""
+    out = []
+    for n, row in enumerate(rows_of(rows)):  # a DataFrame: its rows, as dicts
+        if isinstance(row, ChoiceQuestion):
+            out.append(row)
+            continue
+        if isinstance(row, dict):
+            if "ending0" in row:
+                endings = [row[f"ending{i}"] for i in range(10) if f"ending{i}" in row]
+                row = {"context": row.get("sent1", ""), "question": row.get("sent2", ""), "choices": endings,
+                       "label": row.get("label")}
+            row = (row.get("context", ""), row.get("question", ""), row.get("choices"), row.get("label"),
+                   row.get("id", n))
+        context, question, choices, *rest = row
+        label = rest[0] if rest else None
+        if not isinstance(choices, (list, tuple)) or len(choices) < 2:
+            raise UserError(f"question {n}: needs a list of at least two choices")
+        if label is not None and not (isinstance(label, (int, np.integer)) and 0 <= label < len(choices)):
+            raise UserError(f"question {n}: label {label!r} is not one of its {len(choices)} choices")
+        out.append(ChoiceQuestion(str(rest[1] if len(rest) > 1 else n), context or "", question or "",
+                                  [str(c) for c in choices], None if label is None else int(label)))
+    for q in out:
+        for what, text in (("context", q.context), ("question", q.question), *(
+                (f"choice {k}", c) for k, c in enumerate(q.choices))):
+            check_text(text, f"question {q.guid}'s {what}")
+    return out
+
+
+def choice_texts(question, choice):
+    """(first text, second text) of one choice: `context`, `question choice`; a context holding SLOT (a
+    CHID blank) reads the choice there, and the question (if any) second."""
+    if SLOT in question.context:
+        return question.context.replace(SLOT, choice), question.question
+    if not question.context.strip():
+        return (question.question, choice) if question.question.strip() else (choice, "")
+    return question.context, " ".join(t for t in (question.question, choice) if t)
+
+
+def chosen(questions, probabilities):
+    """Each question's choice from its probabilities over its own choices: {"label" (the index), "answer"
+    (its text), "probabilities"}, as `BertMultipleChoice.predict` and a served export give them."""
+    out = []
+    for q, p in zip(questions, probabilities):
+        k = int(np.argmax(p))
+        out.append({"label": k, "answer": q.choices[k], "probabilities": [float(x) for x in p]})
+    return out

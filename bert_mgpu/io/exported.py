@@ -6,8 +6,8 @@ Importing this module loads numpy and tokenizers, and the runtime the export nee
 imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
 TensorFlow nor a GPU.
 A classifier's exports are read here (labels and probabilities, scores for a regression, each label's
-probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in exported_qa.py; a
-multiple-choice model's has its graph and files (docs/export.md) but no predictor yet.
+probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in exported_qa.py and a
+multiple-choice model's in exported_choice.py.
 
 Example:
     model = bert_mgpu.load_exported("out/export/onnx_int8")
@@ -145,13 +145,15 @@ def onnx_inputs(tokenizer, texts):
 def load_exported(path, threads=None):
     """The ONNX or LiteRT export in `path`, ready to predict from raw text: an `Exported` (a classifier's), an
     `exported_tagger.ExportedTagger` (a tagger's, with or without a CRF) or an
-    `exported_qa.ExportedQuestionAnswerer`."""
+    `exported_qa.ExportedQuestionAnswerer` or an `exported_choice.ExportedMultipleChoice`."""
+    from bert_mgpu.io.exported_choice import ExportedMultipleChoice
     from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer
     from bert_mgpu.io.exported_tagger import ExportedTagger
 
-    readers = {"classifier": Exported, "tagger": ExportedTagger, "question_answerer": ExportedQuestionAnswerer}
+    readers = {"classifier": Exported, "tagger": ExportedTagger, "question_answerer": ExportedQuestionAnswerer,
+               "multiple_choice": ExportedMultipleChoice}
     kind = read_facts(path)[0]["kind"]
-    if kind not in readers:
-        raise UserError(f"{path}: a {kind}'s export; load_exported predicts with a classifier's, a tagger's or a "
-                        "question answerer's (the graph and its files are described in docs/export.md)")
+    if kind not in readers:  # a pretrained encoder's: its outputs are the graph's (docs/export.md)
+        raise UserError(f"{path}: a {kind}'s export has no predictions; run its model.onnx or model.tflite "
+                        "(docs/export.md)")
     return readers[kind](path, threads)
