@@ -39,6 +39,27 @@ def rows_of(tokenizer, texts, pairs=False, length=16):
     return {"input_ids": ids, "attention_mask": (ids != 0).astype(np.int64), "token_type_ids": segments}
 
 
+def head_rows(model, kind, length=16):
+    """The 12 TEXTS as the head's graph inputs (pairs for the classifier; for multiple choice 3 questions of 4
+    choices, the last question's last choice padding)."""
+    rows = rows_of(model.tokenizer, TEXTS, pairs=kind == "classification", length=length)
+    if kind == "multiple_choice":
+        rows = {k: v.reshape(3, 4, -1) for k, v in rows.items()}
+        for v in rows.values():
+            v[2, 3] = 0
+    return rows
+
+
+def expected_outputs(model, kind, rows):
+    """[(the graph's output name, what the model in memory computes for it)] from the same rows."""
+    want = model_outputs(model, rows)
+    if kind == "encoder":
+        return [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
+    if kind == "question_answerer":
+        return [("start_logits", want[:, :, 0]), ("end_logits", want[:, :, 1])]
+    return [("logits", want)]
+
+
 def model_outputs(model, rows):
     """What the model in memory (its fused encoder) computes from the same rows."""
     features = {"token_ids": tf.constant(rows["input_ids"], tf.int32),
@@ -47,3 +68,16 @@ def model_outputs(model, rows):
     network = model.model.backbone if isinstance(model, bert_mgpu.BertPretrainer) else model.model
     out = network(features, training=False)
     return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
+
+
+def export_each(release, tmp_path_factory, fmt):
+    """{kind: (model, path)}: each head of the tiny release (random heads, non-zero CRF transitions), exported
+    as `fmt` (a module fixture of the graph exports' tests)."""
+    from bert_mgpu.io import export
+
+    out = {}
+    for kind, model in heads(release).items():
+        path = str(tmp_path_factory.mktemp(kind) / fmt)
+        export.export_model(model, path, fmt)
+        out[kind] = (model, path)
+    return out

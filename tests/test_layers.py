@@ -89,6 +89,8 @@ DEFERRED = {
     "cli.suite": "scripts import it to define flags before TensorFlow loads, as cli",
     "model.config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
     "io.outputs": "plot loads matplotlib, an optional dependency",
+    "data.squad_input": "a question answerer's export is served with it where TensorFlow is not installed: only "
+                        "training's dataset loads TensorFlow",
 }
 
 
@@ -129,4 +131,4 @@ SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "
                          "masked_rows", "mlm_scorer", "mlm_scoring", "clue_tasks", "clue", "suite", "choices",
                          "choice_input", "choice_objectives", "multiple_choice", "tag_serving", "run_checkpoint",
                          "budget", "agree", "inputs", "onnx_export", "exported", "tflite_export", "prediction_files",
-                         "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice"}
+                         "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice", "served"}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from conftest import NER_TAGS, WORDS
-from export_heads import TEXTS, heads, model_outputs, rng, rows_of
+from export_heads import TEXTS, expected_outputs, export_each, head_rows, model_outputs, rng, rows_of
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
@@ -21,13 +21,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 @pytest.fixture(scope="module")
 def exported(google_release, tmp_path_factory):
-    """Each head of the tiny release (random heads, non-zero CRF transitions), exported as onnx."""
-    out = {}
-    for kind, model in heads(google_release).items():
-        path = str(tmp_path_factory.mktemp(kind) / "onnx")
-        export.export_model(model, path, "onnx")
-        out[kind] = (model, path)
-    return out
+    return export_each(google_release, tmp_path_factory, "onnx")
 
 
 @pytest.mark.parametrize("kind", ["classification", "regression", "multi_label", "tagger_crf", "question_answerer",
@@ -39,19 +33,9 @@ def test_onnx_runtime_gives_each_heads_outputs(exported, kind):
     assert [i.name for i in session.get_inputs()] == list(onnx_export.INPUTS)
     assert [o.name for o in session.get_outputs()] == facts["outputs"]
     assert facts["max_difference_to_tensorflow"] < 1e-4 and facts["weights"] == "float32"
-    rows = rows_of(model.tokenizer, TEXTS, pairs=kind == "classification")
-    if kind == "multiple_choice":  # 12 texts as 3 questions of 4 choices; the last question's last is padding
-        rows = {k: v.reshape(3, 4, -1) for k, v in rows.items()}
-        for v in rows.values():
-            v[2, 3] = 0
+    rows = head_rows(model, kind)
     got = dict(zip(facts["outputs"], session.run(None, rows)))
-    want = model_outputs(model, rows)
-    if kind == "encoder":
-        pairs = [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
-    elif kind == "question_answerer":
-        pairs = [("start_logits", want[:, :, 0]), ("end_logits", want[:, :, 1])]
-    else:
-        pairs = [("logits", want)]
+    pairs = expected_outputs(model, kind, rows)
     for name, value in pairs:
         assert got[name].shape == value.shape, name
         np.testing.assert_allclose(got[name], value, atol=1e-4, rtol=0, err_msg=name)
@@ -305,3 +289,31 @@ def test_a_pair_is_cut_as_google_bert_cuts_it():
                     else:
                         nb -= 1
                 assert trim(a, b, budget) == (na, nb), (a, b, budget)
+
+
+SERVE_EACH = r"""
+import json, sys
+import bert_mgpu
+
+tagger, mc, qa = (bert_mgpu.load_exported(p) for p in sys.argv[1:4])
+out = {"tags": tagger.predict_tags(["the film actor story"]), "entities": tagger.predict(["the film actor"]),
+       "choice": mc.predict([("a story", "the film was", ["good", "bad"])])[0]["label"], "qa": qa.kind}
+out["loaded"] = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "keras_hub", "torch"))
+print(json.dumps(out))
+"""
+
+
+def test_every_heads_export_is_served_in_a_process_without_tensorflow(exported):
+    """The tagger's, the multiple-choice model's and the question answerer's exports load, and the first two
+    predict, in a process that never imports TensorFlow, Keras or PyTorch."""
+    import subprocess
+    import sys
+
+    paths = [exported[k][1] for k in ("tagger_crf", "multiple_choice", "question_answerer")]
+    done = subprocess.run([sys.executable, "-c", SERVE_EACH, *paths], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["loaded"] == [] and out["qa"] == "question_answerer"
+    assert out["tags"] == exported["tagger_crf"][0].predict_tags(["the film actor story"])
+    assert out["entities"] == exported["tagger_crf"][0].predict(["the film actor"])
+    assert out["choice"] == exported["multiple_choice"][0].predict([("a story", "the film was", ["good", "bad"])])[0][
+        "label"]

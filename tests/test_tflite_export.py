@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 from conftest import NER_TAGS
-from export_heads import TEXTS, heads, model_outputs, rows_of
+from export_heads import TEXTS, expected_outputs, export_each, head_rows
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.io import export, onnx_export
+from bert_mgpu.io import onnx_export
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")  # the tflite extra; `make test` installs it
 KINDS = ["classification", "regression", "multi_label", "tagger_crf", "question_answerer", "multiple_choice",
@@ -20,13 +20,7 @@ INT8 = 0.05  # int8 weights: the tolerance of the onnx_int8 test (test_onnx_expo
 
 @pytest.fixture(scope="module")
 def exported(google_release, tmp_path_factory):
-    """Each head of the tiny release (random heads, non-zero CRF transitions), exported as tflite."""
-    out = {}
-    for kind, model in heads(google_release).items():
-        path = str(tmp_path_factory.mktemp(kind) / "tflite")
-        export.export_model(model, path, "tflite")
-        out[kind] = (model, path)
-    return out
+    return export_each(google_release, tmp_path_factory, "tflite")
 
 
 def _interpreter(path):
@@ -46,19 +40,9 @@ def test_litert_runs_each_heads_graph_with_int8_weights(exported, kind):
     assert sorted(signature["inputs"]) == sorted(onnx_export.INPUTS) and signature["outputs"] == facts["outputs"]
     int8 = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8 and len(t["shape"]) == 2]
     assert len(int8) >= 6 * model.config.num_hidden_layers, [t["name"] for t in int8]
-    rows = rows_of(model.tokenizer, TEXTS, pairs=kind == "classification", length=12)
-    if kind == "multiple_choice":  # 12 texts as 3 questions of 4 choices; the last question's last is padding
-        rows = {k: v.reshape(3, 4, -1) for k, v in rows.items()}
-        for v in rows.values():
-            v[2, 3] = 0
+    rows = head_rows(model, kind, length=12)
     got = interpreter.get_signature_runner("serving_default")(**rows)
-    want = model_outputs(model, rows)
-    if kind == "encoder":
-        pairs = [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
-    elif kind == "question_answerer":
-        pairs = [("start_logits", want[:, :, 0]), ("end_logits", want[:, :, 1])]
-    else:
-        pairs = [("logits", want)]
+    pairs = expected_outputs(model, kind, rows)
     for name, value in pairs:
         assert got[name].shape == value.shape, name
         difference = np.max(np.abs(got[name] - value))

@@ -20,11 +20,11 @@ import numpy as np
 
 from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core import storage
-from bert_mgpu.core.entities import entities
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.inputs import check_text, rows_of
 from bert_mgpu.data.tagged import as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
+from bert_mgpu.data.words import entity_dicts
 from bert_mgpu.io import export, run_checkpoint, run_dir
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
@@ -216,17 +216,7 @@ class BertTagger(FineTuned):
         words = [split_words(r) if isinstance(r, str) else None for r in rows]
         tags = self.predict_tags([[w for w, _, _ in found] if found is not None else r
                                   for found, r in zip(words, rows)], batch_size, verbose)
-        out = []
-        for row, found, sequence in zip(rows, words, tags):
-            found_here = []
-            for kind, start, end in entities(sequence):
-                if found is None:
-                    found_here.append({"type": kind, "text": " ".join(row[start:end]), "start": start, "end": end})
-                else:
-                    first, last = found[start][1], found[end - 1][2]
-                    found_here.append({"type": kind, "text": row[first:last], "start": first, "end": last})
-            out.append(found_here)
-        return out
+        return [entity_dicts(row, found, sequence) for row, found, sequence in zip(rows, words, tags)]
 
     def evaluate(self, sentences, batch_size: int = 8, verbose="auto") -> dict:
         """Entity-level micro precision, recall and F1 (conlleval's rules), token accuracy over words and the

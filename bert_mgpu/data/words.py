@@ -8,6 +8,8 @@ Example:
 
 import unicodedata
 
+from bert_mgpu.core.entities import entities
+
 
 def is_cjk(char):
     """google-bert's _is_chinese_char: the CJK Unified Ideograph blocks, each character a word."""
@@ -39,3 +41,17 @@ def split_words(text):
         elif start is None:
             start = i
     return words
+
+
+def entity_dicts(row, words, tags):
+    """The entities of one input's tags, a word each -> [{"type", "text", "start", "end"}]: for a raw text
+    (`words` its `split_words`), character offsets into it (end exclusive); for a list of tokens (`words`
+    None), token indices, the text the tokens joined by a space."""
+    out = []
+    for kind, start, end in entities(tags):
+        if words is None:
+            out.append({"type": kind, "text": " ".join(row[start:end]), "start": start, "end": end})
+        else:
+            first, last = words[start][1], words[end - 1][2]
+            out.append({"type": kind, "text": row[first:last], "start": first, "end": last})
+    return out

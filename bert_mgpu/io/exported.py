@@ -4,8 +4,7 @@ predictions out, and the files `--do_predict` writes (`predict_exported.py`).
 
 Importing this module loads numpy and tokenizers, and the runtime the export needs, only, so a server that
 imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
-TensorFlow nor a GPU.
-A classifier's exports are read here (labels and probabilities, scores for a regression, each label's
+TensorFlow nor a GPU. A classifier's exports are read here (labels and probabilities, scores for a regression, each label's
 probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in exported_qa.py and a
 multiple-choice model's in exported_choice.py.
 
@@ -16,36 +15,28 @@ Example:
     model.prediction_files(texts)                # {"test_results.tsv": ..., "predict.txt": ..., ...}
 """
 
-import json
-import os
-
 import numpy as np
 
 from bert_mgpu.core import prediction_files
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.io.exported_choice import ExportedMultipleChoice
+from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer
+from bert_mgpu.io.exported_tagger import ExportedTagger
+from bert_mgpu.io.served import FACTS, Pieces, Served, onnx_inputs, read_facts, read_tokenizer  # noqa: F401 (as before)
 
-FACTS = "bert_mgpu.json"  # written by onnx_export.py (which loads TensorFlow; its FACTS is this name)
-GRAPHS = ("model.onnx", "model.tflite")
 
-
-class Exported:
-    """An ONNX or LiteRT export loaded for prediction.
-
-    Args:
-        path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
-        threads: the runtime's threads (None: its default).
-    """
+class Exported(Served):
+    """A classifier's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
     def __init__(self, path, threads=None):
-        self.facts, graph = read_facts(path)
-        self.kind, self.task_type = self.facts["kind"], self.facts["task_type"]
+        super().__init__(path, threads)
+        self.task_type = self.facts["task_type"]
         self.labels, self.pairs = list(self.facts["labels"]), bool(self.facts["pairs"])
         if self.facts["facts"].get("doc_stride") or self.facts["truncation"] not in ("head", "tail"):
             why = "windows over long texts" if self.facts["facts"].get("doc_stride") else "--truncation=head+tail"
             raise UserError(f"{path}: this classifier reads {why}, which load_exported does not do yet; serve its "
                             "saved_model export")
         self.tokenizer = read_tokenizer(path)
-        self.run = runner(path, graph, threads)
         self.output = "scores" if self.task_type == "regression" else "probabilities"
 
     def predict(self, texts, text_b=None, batch_size=32):
@@ -88,68 +79,10 @@ class Exported:
         return prediction_files.classes(p, self.labels, guids, predict_format)
 
 
-def read_facts(path):
-    """(bert_mgpu.json's facts, the graph's file name) of the export in `path`; one line when it is none."""
-    facts_file = os.path.join(path, FACTS)
-    graph = next((g for g in GRAPHS if os.path.isfile(os.path.join(path, g))), None)
-    if not os.path.isfile(facts_file) or graph is None:
-        raise UserError(f"{path}: not an ONNX or LiteRT export of bert_mgpu (no {FACTS} and model.onnx or "
-                        "model.tflite); export one with --do_export --export_format=onnx (or tflite)")
-    with open(facts_file, encoding="utf-8") as f:
-        return json.load(f), graph
-
-
-def runner(path, graph, threads):
-    """(output names, inputs) -> those outputs, by the runtime of `graph` (a file name in `path`)."""
-    return (_onnx_runner if graph == "model.onnx" else _litert_runner)(os.path.join(path, graph), threads)
-
-
-def _onnx_runner(path, threads):
-    """(output names, inputs) -> those outputs, by ONNX Runtime."""
-    import onnxruntime
-
-    options = onnxruntime.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    return lambda names, feed: session.run(list(names), feed)
-
-
-def _litert_runner(path, threads):
-    """(output names, inputs) -> those outputs, by LiteRT's interpreter (its signature runner sizes the inputs)."""
-    try:
-        from ai_edge_litert.interpreter import Interpreter
-    except ImportError:
-        raise UserError(f"{path}: a LiteRT export needs ai-edge-litert; pip install 'bert_mgpu[tflite]'") from None
-    runner = Interpreter(model_path=path, num_threads=threads).get_signature_runner("serving_default")
-    return lambda names, feed: (lambda out: [out[n] for n in names])(runner(**feed))
-
-
-def read_tokenizer(path):
-    """The export's tokenizer.json in Hugging Face `tokenizers`, padding each batch to its longest text."""
-    import tokenizers
-
-    tokenizer = tokenizers.Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
-    tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
-    return tokenizer
-
-
-def onnx_inputs(tokenizer, texts):
-    """The graph's inputs for `texts` (strings, or (a, b) pairs) from `read_tokenizer`'s tokenizer."""
-    rows = tokenizer.encode_batch(list(texts))
-    return {"input_ids": np.array([r.ids for r in rows], np.int64),
-            "attention_mask": np.array([r.attention_mask for r in rows], np.int64),
-            "token_type_ids": np.array([r.type_ids for r in rows], np.int64)}
-
-
 def load_exported(path, threads=None):
     """The ONNX or LiteRT export in `path`, ready to predict from raw text: an `Exported` (a classifier's), an
     `exported_tagger.ExportedTagger` (a tagger's, with or without a CRF) or an
     `exported_qa.ExportedQuestionAnswerer` or an `exported_choice.ExportedMultipleChoice`."""
-    from bert_mgpu.io.exported_choice import ExportedMultipleChoice
-    from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer
-    from bert_mgpu.io.exported_tagger import ExportedTagger
-
     readers = {"classifier": Exported, "tagger": ExportedTagger, "question_answerer": ExportedQuestionAnswerer,
                "multiple_choice": ExportedMultipleChoice}
     kind = read_facts(path)[0]["kind"]

@@ -16,25 +16,15 @@ Example:
 import numpy as np
 
 from bert_mgpu.data.choices import as_questions, choice_texts, chosen
-from bert_mgpu.io.exported import read_facts, read_tokenizer, runner
+from bert_mgpu.io.served import Pieces, Served
 
 
-class ExportedMultipleChoice:
-    """A multiple-choice model's ONNX or LiteRT export loaded for prediction.
-
-    Args:
-        path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
-        threads: the runtime's threads (None: its default).
-    """
+class ExportedMultipleChoice(Served):
+    """A multiple-choice model's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
     def __init__(self, path, threads=None):
-        self.facts, graph = read_facts(path)
-        self.kind = self.facts["kind"]
-        self.run = runner(path, graph, threads)
-        self.tokenizer = read_tokenizer(path)  # each text's pieces: no [CLS]/[SEP], truncation or padding
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
-        self.cls_id, self.sep_id = self.tokenizer.token_to_id("[CLS]"), self.tokenizer.token_to_id("[SEP]")
+        super().__init__(path, threads)
+        self.pieces = Pieces(path)
         self.max_seq_length = int(self.facts["max_seq_length"])
 
     def predict(self, questions, batch_size=8):
@@ -68,12 +58,13 @@ class ExportedMultipleChoice:
     def _encode(self, first, second):
         """(ids, segments) of [CLS] first [SEP] (second [SEP]), cut to max_seq_length (a single text where the
         second is empty, as bert_mgpu encodes it)."""
-        a, b = (e.ids for e in self.tokenizer.encode_batch([first, second], add_special_tokens=False))
+        a, b = self.pieces.id_lists([first, second])
+        cls, sep = self.pieces.cls_id, self.pieces.sep_id
         if not second:
             a = a[:self.max_seq_length - 2]
-            return [self.cls_id, *a, self.sep_id], [0] * (len(a) + 2)
+            return [cls, *a, sep], [0] * (len(a) + 2)
         kept_a, kept_b = trim(len(a), len(b), self.max_seq_length - 3)
-        return ([self.cls_id, *a[:kept_a], self.sep_id, *b[:kept_b], self.sep_id],
+        return ([cls, *a[:kept_a], sep, *b[:kept_b], sep],
                 [0] * (kept_a + 2) + [1] * (kept_b + 1))
 
 

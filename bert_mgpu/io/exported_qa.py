@@ -16,41 +16,16 @@ import numpy as np
 
 from bert_mgpu.data.squad import as_questions
 from bert_mgpu.data.squad_input import best_answers, best_of, make_windows
-from bert_mgpu.io.exported import read_facts, read_tokenizer, runner
+from bert_mgpu.io.served import Pieces, Served
 
 
-class Pieces:
-    """What squad_input asks of a tokenizer (`id_lists`, `vocab`, the special ids), from an export's
-    tokenizer.json: each text's WordPieces with no [CLS]/[SEP], truncation or padding."""
-
-    def __init__(self, path):
-        self.tokenizer = read_tokenizer(path)
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
-        ids = self.tokenizer.get_vocab()
-        self.vocab = [None] * (max(ids.values()) + 1)
-        for token, i in ids.items():
-            self.vocab[i] = token
-        self.unk_id, self.cls_id, self.sep_id, self.pad_id = (ids[t] for t in ("[UNK]", "[CLS]", "[SEP]", "[PAD]"))
-
-    def id_lists(self, texts):
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-
-class ExportedQuestionAnswerer:
-    """A question answerer's ONNX or LiteRT export loaded for prediction.
-
-    Args:
-        path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
-        threads: the runtime's threads (None: its default).
-    """
+class ExportedQuestionAnswerer(Served):
+    """A question answerer's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
     def __init__(self, path, threads=None):
-        self.facts, graph = read_facts(path)
-        self.kind = self.facts["kind"]
+        super().__init__(path, threads)
         self.settings = dict(self.facts["facts"])  # run_squad's: doc_stride, max_query_length, n_best_size, ...
         self.max_seq_length = int(self.facts["max_seq_length"])
-        self.run = runner(path, graph, threads)
         self.pieces = Pieces(path)
 
     def answer(self, questions, batch_size=8):

@@ -14,32 +14,21 @@ Example:
 
 import numpy as np
 
-from bert_mgpu.core.entities import entities
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.core.viterbi import viterbi
 from bert_mgpu.data.inputs import check_text
 from bert_mgpu.data.windows import sentence_windows, word_predictions
-from bert_mgpu.data.words import split_words
-from bert_mgpu.io.exported import read_facts, read_tokenizer, runner
+from bert_mgpu.data.words import entity_dicts, split_words
+from bert_mgpu.io.served import Pieces, Served
 
 
-class ExportedTagger:
-    """A tagger's ONNX or LiteRT export loaded for prediction.
-
-    Args:
-        path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
-        threads: the runtime's threads (None: its default).
-    """
+class ExportedTagger(Served):
+    """A tagger's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
     def __init__(self, path, threads=None):
-        self.facts, graph = read_facts(path)
-        self.kind, self.labels = self.facts["kind"], list(self.facts["labels"])
-        self.run = runner(path, graph, threads)
-        self.pieces = read_tokenizer(path)  # a word's pieces: no [CLS]/[SEP], no truncation, no padding
-        self.pieces.no_truncation()
-        self.pieces.no_padding()
-        ids = {t: self.pieces.token_to_id(t) for t in ("[CLS]", "[SEP]", "[UNK]", "[PAD]")}
-        self.cls_id, self.sep_id, self.unk_id, self.pad_id = (ids[t] for t in ("[CLS]", "[SEP]", "[UNK]", "[PAD]"))
+        super().__init__(path, threads)
+        self.labels = list(self.facts["labels"])
+        self.pieces = Pieces(path)
         self.room = int(self.facts["max_seq_length"]) - 2
         self.doc_stride = int(self.facts["facts"].get("doc_stride") or self.room // 2)
         transitions = self.facts.get("crf_transitions")
@@ -61,7 +50,8 @@ class ExportedTagger:
             for k, ids in enumerate(self._word_pieces(row)):
                 flat.extend(ids)
                 first.extend([k] + [-1] * (len(ids) - 1))
-            windows.extend(sentence_windows(n, flat, first, self.room, self.doc_stride, self.cls_id, self.sep_id))
+            windows.extend(sentence_windows(n, flat, first, self.room, self.doc_stride, self.pieces.cls_id,
+                                              self.pieces.sep_id))
         logits = []
         for i in range(0, len(windows), batch_size):
             logits.extend(self.run(["logits"], self._inputs(windows[i:i + batch_size]))[0])
@@ -77,32 +67,22 @@ class ExportedTagger:
         found = [split_words(t) if isinstance(t, str) else None for t in texts]
         tags = self.predict_tags([[w for w, _, _ in f] if f is not None else t for f, t in zip(found, texts)],
                                  batch_size)
-        out = []
-        for text, words, sequence in zip(texts, found, tags):
-            here = []
-            for kind, start, end in entities(sequence):
-                if words is None:
-                    here.append({"type": kind, "text": " ".join(text[start:end]), "start": start, "end": end})
-                else:
-                    first, last = words[start][1], words[end - 1][2]
-                    here.append({"type": kind, "text": text[first:last], "start": first, "end": last})
-            out.append(here)
-        return out
+        return [entity_dicts(text, words, sequence) for text, words, sequence in zip(texts, found, tags)]
 
     def _word_pieces(self, words):
         """Each word's piece ids (a word that gives none, a control character, is [UNK], as in training)."""
         if not words:
             return []
-        encoded = self.pieces.encode(words, is_pretokenized=True, add_special_tokens=False)
+        encoded = self.pieces.tokenizer.encode(words, is_pretokenized=True, add_special_tokens=False)
         pieces = [[] for _ in words]
         for piece, word in zip(encoded.ids, encoded.word_ids):
             pieces[word].append(piece)
-        return [ids or [self.unk_id] for ids in pieces]
+        return [ids or [self.pieces.unk_id] for ids in pieces]
 
     def _inputs(self, windows):
         """The graph's inputs for a batch of windows, padded to the longest."""
         width = max(len(w.token_ids) for w in windows)
-        ids = np.full((len(windows), width), self.pad_id, np.int64)
+        ids = np.full((len(windows), width), self.pieces.pad_id, np.int64)
         for row, w in zip(ids, windows):
             row[:len(w.token_ids)] = w.token_ids
         mask = np.zeros_like(ids)
