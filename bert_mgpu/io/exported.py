@@ -4,9 +4,9 @@ predictions out, and the files `--do_predict` writes (`predict_exported.py`).
 
 Importing this module loads numpy and tokenizers, and the runtime the export needs, only, so a server that
 imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
-TensorFlow nor a GPU. A classifier's exports are read here (labels and probabilities, scores for a regression, each label's
-probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in exported_qa.py and a
-multiple-choice model's in exported_choice.py.
+TensorFlow nor a GPU. A classifier's exports are read here (labels and probabilities, scores for a regression,
+each label's probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in
+exported_qa.py and a multiple-choice model's in exported_choice.py.
 
 Example:
     model = bert_mgpu.load_exported("out/export/onnx_int8")
