@@ -1,12 +1,15 @@
-"""Predict with an exported classifier (ONNX, int8 ONNX or LiteRT) without TensorFlow: raw text in, the files
-`--do_predict` writes out (test_results.tsv, predict.txt, predictions.tsv).
+"""Predict with an exported classifier or tagger (ONNX, int8 ONNX or LiteRT) without TensorFlow: text in, the
+files `--do_predict` writes out (a classifier's test_results.tsv, predict.txt, predictions.tsv; a tagger's
+predict.txt in CoNLL columns, predictions.jsonl, and test_results.txt when the file has its tags).
 
     python predict_exported.py --model_dir=out/export/onnx_int8 --input_file=test.tsv --output_dir=predicted
+    python predict_exported.py --model_dir=ner/export/tflite --input_file=test.txt --output_dir=predicted
 
---input_file: a TSV or CSV file with a header row (the text in --text_column; a pair task's second text in
---text_b_column), JSON lines (the same keys), or any other file as one text a line ('text_a ||| text_b' for a
-pair, as extract_features.py reads it). Row i is `test-i`, as a test file's rows are in a run. Loads numpy,
-Hugging Face `tokenizers` and the export's runtime (onnxruntime or ai-edge-litert) only.
+A classifier's --input_file: a TSV or CSV file with a header row (the text in --text_column; a pair task's
+second text in --text_b_column), JSON lines (the same keys), or any other file as one text a line
+('text_a ||| text_b' for a pair, as extract_features.py reads it); row i is `test-i`, as a test file's rows
+are in a run. A tagger's: what run_ner_mgpu.py reads (--data_format). Loads numpy, Hugging Face `tokenizers`
+and the export's runtime (onnxruntime or ai-edge-litert) only.
 """
 
 import os
@@ -22,7 +25,10 @@ flags.DEFINE_string("text_b_column", None, "A pair task's second text (default: 
 flags.DEFINE_enum("predict_format", "label", ["label", "index"], "predict.txt: each label, or its index.")
 flags.DEFINE_integer("batch_size", 32, "Texts a call of the runtime.")
 flags.DEFINE_integer("threads", None, "The runtime's threads (default: its own, every core).")
-FILES = ("test_results.tsv", "predict.txt", "predictions.tsv")
+flags.DEFINE_enum("data_format", "auto", ["auto", "conll", "segmented", "cluener", "jsonl"], "A tagger's input, "
+                  "as run_ner_mgpu.py reads it (auto: told from the file).")
+FILES = {"classifier": ("test_results.tsv", "predict.txt", "predictions.tsv"),
+         "tagger": ("predict.txt", "predictions.jsonl", "test_results.txt", "cluener_predict.json")}
 
 
 def read_texts(path, text_column, text_b_column, pairs):
@@ -85,15 +91,34 @@ def run():
             raise UserError(f"--{name} is required")
     cli.check_numbers(at_least={"batch_size": 1, "threads": 1})
     model = load_exported(FLAGS.model_dir, FLAGS.threads)
+    if model.kind not in FILES:
+        raise UserError(f"{FLAGS.model_dir}: a {model.kind}'s export; predict_exported.py writes a classifier's or "
+                        "a tagger's files (bert_mgpu.load_exported predicts with it in Python)")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
-    for name in FILES:
+    for name in FILES[model.kind]:
         cli.check_output_file(os.path.join(FLAGS.output_dir, name), "--output_dir",
                               [("--input_file", FLAGS.input_file)])
-    texts, second = read_texts(FLAGS.input_file, FLAGS.text_column, FLAGS.text_b_column, model.pairs)
-    files = model.prediction_files(texts, second, predict_format=FLAGS.predict_format, batch_size=FLAGS.batch_size)
+    if model.kind == "tagger":
+        count, files = tagger_files(model, FLAGS.input_file, FLAGS.data_format, FLAGS.batch_size)
+    else:
+        texts, second = read_texts(FLAGS.input_file, FLAGS.text_column, FLAGS.text_b_column, model.pairs)
+        count, files = len(texts), model.prediction_files(texts, second, predict_format=FLAGS.predict_format,
+                                                          batch_size=FLAGS.batch_size)
     for name, text in files.items():
         storage.write_atomic(os.path.join(FLAGS.output_dir, name), text)
-    print(f"predicted {len(texts)} texts with {FLAGS.model_dir} -> {', '.join(files)} in {FLAGS.output_dir}")
+    print(f"predicted {count} {'sentences' if model.kind == 'tagger' else 'texts'} with {FLAGS.model_dir} -> "
+          f"{', '.join(files)} in {FLAGS.output_dir}")
+
+
+def tagger_files(model, path, data_format, batch_size):
+    """(sentences, {file name: text}) of a tagger's export on `path`, read as run_ner_mgpu.py reads a test file."""
+    from bert_mgpu.core import prediction_files
+    from bert_mgpu.data.tagged import detect_format, read_tagged
+
+    form = detect_format(path) if data_format == "auto" else data_format
+    sentences = read_tagged(path, form, split="test")
+    predicted = model.predict_tags([s.tokens for s in sentences], batch_size)
+    return len(sentences), prediction_files.tagged(sentences, predicted, form)
 
 
 def _console():

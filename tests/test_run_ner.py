@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import NER_TAGS, learning_release, ner_sentences, run_script
+from conftest import NER_TAGS, ROOT, learning_release, ner_sentences, run_script
 
 
 def run(*args, check=True):
@@ -48,8 +48,27 @@ def trained(data, release, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("out"))
     args = common(data, release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=30",
                   "--learning_rate=5e-3", "--warmup_proportion=0.05", "--eval_every_steps=200",
-                  "--load_best_model_at_end", "--do_export", "--export_format=hf,google,saved_model")
+                  "--load_best_model_at_end", "--do_export", "--export_format=hf,google,saved_model,onnx")
     return out, args, run(*args)
+
+
+def test_predict_exported_writes_the_runs_files_from_its_onnx_export(trained, data, tmp_path):
+    """predict_exported.py on the run's test.txt (sentences of 15-40 words in windows of 14 pieces, 6 apart)
+    with the run's ONNX export, in a process that never loads TensorFlow: the run's own predict.txt and
+    predictions.jsonl, byte for byte."""
+    import subprocess
+    import sys
+
+    out, _, _ = trained
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "predict_exported.py"),
+                           f"--model_dir={os.path.join(out, 'export', 'onnx')}",
+                           f"--input_file={os.path.join(data, 'test.txt')}", f"--output_dir={tmp_path}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "predicted 13 sentences with" in done.stdout
+    assert sorted(os.listdir(tmp_path)) == ["predict.txt", "predictions.jsonl"]  # the test file has no tags
+    for name in ("predict.txt", "predictions.jsonl"):
+        assert (tmp_path / name).read_text() == open(os.path.join(out, name)).read(), name
 
 
 def test_train_evaluate_predict_and_export_write_what_people_read(trained, data):

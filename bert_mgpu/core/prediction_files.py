@@ -1,10 +1,23 @@
-"""A sentence head's prediction files (test_results.tsv, predict.txt, predictions.tsv), from NumPy outputs
-alone: the classifier's objectives write them after `--do_predict`, and `predict_exported.py` writes the same
-files from an ONNX or LiteRT export in a process that never loads TensorFlow.
+"""A head's prediction files, from NumPy outputs alone: a sentence head's (test_results.tsv, predict.txt,
+predictions.tsv) and a tagger's (predict.txt in CoNLL columns, predictions.jsonl, ...). The objectives write
+them after `--do_predict`, and `predict_exported.py` writes the same files from an ONNX or LiteRT export in
+a process that never loads TensorFlow.
 
 Example:
     files = classes(np.array([[0.2, 0.8]]), ["neg", "pos"], ["test-0"])   # {file name: text}
 """
+
+import json
+import logging
+import re
+
+import numpy as np
+
+from bert_mgpu.core.entities import entities, entity_scores
+
+log = logging.getLogger("bert_mgpu")
+SPACE = "[SPACE]"  # a white-space character of a token, in a tagger's predict.txt columns
+_WHITE = re.compile(r"\s")
 
 
 def classes(predicted, labels, guids, predict_format="label"):
@@ -35,3 +48,48 @@ def label_sets(predicted, labels, guids, threshold, separator):
     table = header + "".join("\t".join([guid, names] + [f"{p:.8f}" for p in row]) + "\n"
                              for guid, names, row in zip(guids, chosen, predicted))
     return {"test_results.tsv": test, "predict.txt": "".join(c + "\n" for c in chosen), "predictions.tsv": table}
+
+
+def tagged(sentences, predicted, data_format=None):
+    """A tagger's files for sentences (guid, tokens, tags or None) and their predicted tags (see
+    `TokenClassification.prediction_files`): predict.txt (CoNLL columns), predictions.jsonl, test_results.txt
+    for a tagged test set, cluener_predict.json for CLUENER's data."""
+    columns, found, cluener, spaced = [], [], [], 0
+    for n, (s, tags) in enumerate(zip(sentences, predicted, strict=True)):
+        gold = s.tags or [None] * len(tags)
+        cells = [SPACE.join(_WHITE.split(token)) if _WHITE.search(token) else token for token in s.tokens]
+        spaced += sum(cell != token for cell, token in zip(cells, s.tokens))
+        columns.append("".join(" ".join(c for c in (cell, true, tag) if c is not None) + "\n"
+                               for cell, true, tag in zip(cells, gold, tags)) + "\n")
+        joiner = "" if all(len(t) == 1 for t in s.tokens) else " "
+        starts = np.cumsum([0] + [len(t) + len(joiner) for t in s.tokens])
+        text = joiner.join(s.tokens)
+        spans = []
+        for kind, first, end in entities(tags):
+            begin, stop = int(starts[first]), int(starts[end] - len(joiner))
+            spans.append({"type": kind, "text": text[begin:stop], "start": begin, "end": stop,
+                          "token_start": first, "token_end": end})
+        found.append(json.dumps({"id": s.guid, "text": text, "entities": spans}, ensure_ascii=False) + "\n")
+        label = {}
+        for e in spans:
+            label.setdefault(e["type"], {}).setdefault(e["text"], []).append([e["start"], e["end"] - 1])
+        cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
+    if spaced:
+        log.info("predict.txt: %d token(s) holding white space written with %s (predictions.jsonl keeps "
+                 "the text)", spaced, SPACE)
+    files = {"predict.txt": "".join(columns), "predictions.jsonl": "".join(found)}
+    if sentences and all(s.tags is not None for s in sentences):  # a tagged test set: conlleval's scores
+        results, report = tag_scores([s.tags for s in sentences], predicted)
+        files["test_results.txt"] = "".join(f"test_{k[5:]} = {v}\n" for k, v in sorted(results.items())) + "".join(
+            f"report_{kind}_{name} = {values[name]}\n" for kind, values in report.items()
+            for name in ("precision", "recall", "f1", "support"))
+    if data_format == "cluener":
+        files["cluener_predict.json"] = "".join(cluener)
+    return files
+
+
+def tag_scores(true_tags, predicted_tags):
+    """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report):
+    conlleval's entity-level scores, TokenClassification.evaluate's."""
+    scores = entity_scores(true_tags, predicted_tags)
+    return {f"eval_{k}": scores[k] for k in ("precision", "recall", "f1", "accuracy")}, scores["per_type"]

@@ -7,22 +7,18 @@ Example:
     results, per_type = kind.evaluate(true_tags, predicted_tags)
 """
 
-import json
 import logging
-import re
 
-import numpy as np
 import tensorflow as tf
 
-from bert_mgpu.core.entities import entities, entity_scores, split_tag
+from bert_mgpu.core import prediction_files
+from bert_mgpu.core.entities import split_tag
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.objectives import Objective, label_maps
 
 log = logging.getLogger("bert_mgpu")
-SPACE = "[SPACE]"  # a white-space character of a token, in predict.txt's columns
-_WHITE = re.compile(r"\s")
 
 
 class TokenClassification(Objective):
@@ -74,8 +70,7 @@ class TokenClassification(Objective):
 
     def evaluate(self, true_tags, predicted_tags):
         """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report)."""
-        scores = entity_scores(true_tags, predicted_tags)
-        return {f"eval_{k}": scores[k] for k in ("precision", "recall", "f1", "accuracy")}, scores["per_type"]
+        return prediction_files.tag_scores(true_tags, predicted_tags)
 
     def main_metric(self, task=None):
         return "eval_f1"
@@ -98,38 +93,7 @@ class TokenClassification(Objective):
         character of a token (CLUENER's texts hold spaces, a character a token) is written as [SPACE]:
         a space token would leave its line two columns, which conlleval and the CoNLL reader refuse;
         predictions.jsonl keeps the text as it is."""
-        columns, found, cluener, spaced = [], [], [], 0
-        for n, (s, tags) in enumerate(zip(sentences, predicted, strict=True)):
-            gold = s.tags or [None] * len(tags)
-            cells = [SPACE.join(_WHITE.split(token)) if _WHITE.search(token) else token for token in s.tokens]
-            spaced += sum(cell != token for cell, token in zip(cells, s.tokens))
-            columns.append("".join(" ".join(c for c in (cell, true, tag) if c is not None) + "\n"
-                                   for cell, true, tag in zip(cells, gold, tags)) + "\n")
-            joiner = "" if all(len(t) == 1 for t in s.tokens) else " "
-            starts = np.cumsum([0] + [len(t) + len(joiner) for t in s.tokens])
-            text = joiner.join(s.tokens)
-            spans = []
-            for kind, first, end in entities(tags):
-                begin, stop = int(starts[first]), int(starts[end] - len(joiner))
-                spans.append({"type": kind, "text": text[begin:stop], "start": begin, "end": stop,
-                              "token_start": first, "token_end": end})
-            found.append(json.dumps({"id": s.guid, "text": text, "entities": spans}, ensure_ascii=False) + "\n")
-            label = {}
-            for e in spans:
-                label.setdefault(e["type"], {}).setdefault(e["text"], []).append([e["start"], e["end"] - 1])
-            cluener.append(json.dumps({"id": n, "label": label}, ensure_ascii=False) + "\n")
-        if spaced:
-            log.info("predict.txt: %d token(s) holding white space written with %s (predictions.jsonl keeps "
-                     "the text)", spaced, SPACE)
-        files = {"predict.txt": "".join(columns), "predictions.jsonl": "".join(found)}
-        if sentences and all(s.tags is not None for s in sentences):  # a tagged test set: conlleval's scores
-            results, report = self.evaluate([s.tags for s in sentences], predicted)
-            files["test_results.txt"] = "".join(f"test_{k[5:]} = {v}\n" for k, v in sorted(results.items())) + "".join(
-                f"report_{kind}_{name} = {values[name]}\n" for kind, values in report.items()
-                for name in ("precision", "recall", "f1", "support"))
-        if data_format == "cluener":
-            files["cluener_predict.json"] = "".join(cluener)
-        return files
+        return prediction_files.tagged(sentences, predicted, data_format)
 
 
 class CRFTagging(TokenClassification):
