@@ -1,6 +1,8 @@
-"""Predict with an exported classifier or tagger (ONNX, int8 ONNX or LiteRT) without TensorFlow: text in, the
-files `--do_predict` writes out (a classifier's test_results.tsv, predict.txt, predictions.tsv; a tagger's
-predict.txt in CoNLL columns, predictions.jsonl, and test_results.txt when the file has its tags).
+"""Predict with any head's export (ONNX, int8 ONNX or LiteRT) without TensorFlow: text in, the files
+`--do_predict` writes out (a classifier's test_results.tsv, predict.txt, predictions.tsv; a tagger's
+predict.txt in CoNLL columns, predictions.jsonl, and test_results.txt when the file has its tags; a question
+answerer's predictions.json, nbest_predictions.json and null_odds.json; a multiple-choice model's
+predictions.jsonl, predict.txt and CLUE's submission file).
 
     python predict_exported.py --model_dir=out/export/onnx_int8 --input_file=test.tsv --output_dir=predicted
     python predict_exported.py --model_dir=ner/export/tflite --input_file=test.txt --output_dir=predicted
@@ -8,8 +10,9 @@ predict.txt in CoNLL columns, predictions.jsonl, and test_results.txt when the f
 A classifier's --input_file: a TSV or CSV file with a header row (the text in --text_column; a pair task's
 second text in --text_b_column), JSON lines (the same keys), or any other file as one text a line
 ('text_a ||| text_b' for a pair, as extract_features.py reads it); row i is `test-i`, as a test file's rows
-are in a run. A tagger's: what run_ner_mgpu.py reads (--data_format). Loads numpy, Hugging Face `tokenizers`
-and the export's runtime (onnxruntime or ai-edge-litert) only.
+are in a run. A tagger's, a question answerer's (SQuAD JSON) and a multiple-choice model's: what its script
+reads (--data_format). Loads numpy, Hugging Face `tokenizers` and the export's runtime (onnxruntime or
+ai-edge-litert) only.
 """
 
 import os
@@ -25,10 +28,12 @@ flags.DEFINE_string("text_b_column", None, "A pair task's second text (default: 
 flags.DEFINE_enum("predict_format", "label", ["label", "index"], "predict.txt: each label, or its index.")
 flags.DEFINE_integer("batch_size", 32, "Texts a call of the runtime.")
 flags.DEFINE_integer("threads", None, "The runtime's threads (default: its own, every core).")
-flags.DEFINE_enum("data_format", "auto", ["auto", "conll", "segmented", "cluener", "jsonl"], "A tagger's input, "
-                  "as run_ner_mgpu.py reads it (auto: told from the file).")
+flags.DEFINE_string("data_format", "auto", "A tagger's or multiple-choice model's input, as run_ner_mgpu.py "
+                    "and run_multiple_choice_mgpu.py read it (auto: told from the file).")
 FILES = {"classifier": ("test_results.tsv", "predict.txt", "predictions.tsv"),
-         "tagger": ("predict.txt", "predictions.jsonl", "test_results.txt", "cluener_predict.json")}
+         "tagger": ("predict.txt", "predictions.jsonl", "test_results.txt", "cluener_predict.json"),
+         "question_answerer": ("predictions.json", "nbest_predictions.json", "null_odds.json"),
+         "multiple_choice": ("predictions.jsonl", "predict.txt", "c311_predict.json", "chid11_predict.json")}
 
 
 def read_texts(path, text_column, text_b_column, pairs):
@@ -91,23 +96,20 @@ def run():
             raise UserError(f"--{name} is required")
     cli.check_numbers(at_least={"batch_size": 1, "threads": 1})
     model = load_exported(FLAGS.model_dir, FLAGS.threads)
-    if model.kind not in FILES:
-        raise UserError(f"{FLAGS.model_dir}: a {model.kind}'s export; predict_exported.py writes a classifier's or "
-                        "a tagger's files (bert_mgpu.load_exported predicts with it in Python)")
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     for name in FILES[model.kind]:
         cli.check_output_file(os.path.join(FLAGS.output_dir, name), "--output_dir",
                               [("--input_file", FLAGS.input_file)])
-    if model.kind == "tagger":
-        count, files = tagger_files(model, FLAGS.input_file, FLAGS.data_format, FLAGS.batch_size)
+    if model.kind in HEAD_FILES:
+        count, files = HEAD_FILES[model.kind](model, FLAGS.input_file, FLAGS.data_format, FLAGS.batch_size)
     else:
         texts, second = read_texts(FLAGS.input_file, FLAGS.text_column, FLAGS.text_b_column, model.pairs)
         count, files = len(texts), model.prediction_files(texts, second, predict_format=FLAGS.predict_format,
                                                           batch_size=FLAGS.batch_size)
     for name, text in files.items():
         storage.write_atomic(os.path.join(FLAGS.output_dir, name), text)
-    print(f"predicted {count} {'sentences' if model.kind == 'tagger' else 'texts'} with {FLAGS.model_dir} -> "
-          f"{', '.join(files)} in {FLAGS.output_dir}")
+    print(f"predicted {count} {UNITS.get(model.kind, 'texts')} with {FLAGS.model_dir} -> {', '.join(files)} in "
+          f"{FLAGS.output_dir}")
 
 
 def tagger_files(model, path, data_format, batch_size):
@@ -119,6 +121,31 @@ def tagger_files(model, path, data_format, batch_size):
     sentences = read_tagged(path, form, split="test")
     predicted = model.predict_tags([s.tokens for s in sentences], batch_size)
     return len(sentences), prediction_files.tagged(sentences, predicted, form)
+
+
+def answer_files(model, path, data_format, batch_size):
+    """(questions, run_squad's files) of a question answerer's export on a SQuAD JSON file."""
+    from bert_mgpu.core import prediction_files
+    from bert_mgpu.data.squad import read_squad
+
+    v2 = bool(model.settings["version_2_with_negative"])
+    questions = read_squad(path, v2)[0]
+    return len(questions), prediction_files.answers(model.answer(questions, batch_size), v2)
+
+
+def choice_files(model, path, data_format, batch_size):
+    """(questions, the files of run_multiple_choice_mgpu.py) of a multiple-choice export on one file."""
+    from bert_mgpu.core import prediction_files
+    from bert_mgpu.data.choices import detect_format, read_choices
+
+    form = detect_format(path) if data_format == "auto" else data_format
+    questions = read_choices(path, form)
+    predicted = model.predict(questions, batch_size)
+    return len(questions), prediction_files.choices(questions, [p["probabilities"] for p in predicted], form)
+
+
+HEAD_FILES = {"tagger": tagger_files, "question_answerer": answer_files, "multiple_choice": choice_files}
+UNITS = {"tagger": "sentences", "question_answerer": "questions", "multiple_choice": "questions"}
 
 
 def _console():

@@ -268,8 +268,8 @@ def test_run_multiple_choice_mgpu_on_c3s_layout(tmp_path, release):
     out = tmp_path / "out"
     result = run_script("run_multiple_choice_mgpu.py", f"--data_dir={data}", f"--init_checkpoint={release}",
                         f"--output_dir={out}", "--do_train", "--do_eval", "--do_predict", "--do_export",
-                        "--n_gpus=0", "--towers_per_gpu=2", "--max_seq_length=24", "--train_batch_size=16",
-                        "--learning_rate=1e-3", "--num_train_epochs=20", "--precision=float32")
+                        "--export_format=hf,onnx", "--n_gpus=0", "--towers_per_gpu=2", "--max_seq_length=24",
+                        "--train_batch_size=16", "--learning_rate=1e-3", "--num_train_epochs=20", "--precision=float32")
     assert "eval: accuracy" in result.stdout and "c311_predict.json" in result.stdout, result.stdout
     results = dict(line.split(" = ") for line in (out / "eval_results.txt").read_text().splitlines())
     assert float(results["eval_accuracy"]) >= 0.75, results  # 0.36 without the context
@@ -278,6 +278,17 @@ def test_run_multiple_choice_mgpu_on_c3s_layout(tmp_path, release):
     right = np.mean([s["label"] == q.label for s, q in zip(submitted, test)])
     assert right >= 0.75, right
     assert json.load(open(out / "export" / "hf" / "config.json"))["architectures"] == ["BertForMultipleChoice"]
+    # predict_exported.py with the run's ONNX export, no TensorFlow: the run's own files
+    served = run_script("predict_exported.py", f"--model_dir={out / 'export' / 'onnx'}",
+                        f"--input_file={data / 'test1.1.json'}", f"--output_dir={tmp_path / 'served'}")
+    assert "predicted 21 questions with" in served.stdout
+    for name in ("c311_predict.json", "predict.txt"):
+        assert (tmp_path / "served" / name).read_text() == (out / name).read_text(), name
+    got, want = ([json.loads(line) for line in (where / "predictions.jsonl").read_text().splitlines()]
+                 for where in (tmp_path / "served", out))
+    assert [(g["id"], g["label"]) for g in got] == [(w["id"], w["label"]) for w in want]
+    for g, w in zip(got, want):  # questions of 2 to 4 choices
+        np.testing.assert_allclose(g["probabilities"], w["probabilities"], atol=1e-5)
 
     wrong = word_questions(2, 1)[0]
     (data / "m-dev.json").write_text(_c3(word_questions(2, 1)).replace('"answer": "', '"answer": "not '))

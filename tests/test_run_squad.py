@@ -52,8 +52,25 @@ def trained(data, release, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("out"))
     args = common(data, release, out, "--do_train", "--do_predict", "--num_train_epochs=40", "--learning_rate=2e-3",
                   "--warmup_proportion=0.05", "--eval_every_steps=160", "--load_best_model_at_end", "--do_export",
-                  "--export_format=hf,google,saved_model")
+                  "--export_format=hf,google,saved_model,onnx")
     return out, args, run(*args)
+
+
+def test_predict_exported_writes_run_squads_files_from_the_onnx_export(trained, data, tmp_path):
+    """predict_exported.py on the run's dev file (contexts in several windows) with its ONNX export: the
+    run's own predictions.json, and its n best (texts, offsets; probabilities to 1e-4)."""
+    out, _, _ = trained
+    served = run_script("predict_exported.py", f"--model_dir={os.path.join(out, 'export', 'onnx')}",
+                        f"--input_file={data}/dev-v1.1.json", f"--output_dir={tmp_path}")
+    assert "predicted 24 questions with" in served.stdout
+    assert sorted(os.listdir(tmp_path)) == ["nbest_predictions.json", "predictions.json"]
+    assert json.load(open(tmp_path / "predictions.json")) == json.load(open(os.path.join(out, "predictions.json")))
+    got, want = (json.load(open(os.path.join(where, "nbest_predictions.json"))) for where in (tmp_path, out))
+    assert got.keys() == want.keys()
+    for qid in want:
+        assert [(g["text"], g["start"], g["end"]) for g in got[qid]] == [(w["text"], w["start"], w["end"])
+                                                                        for w in want[qid]]
+        assert [g["probability"] for g in got[qid]] == pytest.approx([w["probability"] for w in want[qid]], abs=1e-4)
 
 
 def test_train_predict_and_score_write_run_squads_files(trained, data):

@@ -93,3 +93,33 @@ def tag_scores(true_tags, predicted_tags):
     conlleval's entity-level scores, TokenClassification.evaluate's."""
     scores = entity_scores(true_tags, predicted_tags)
     return {f"eval_{k}": scores[k] for k in ("precision", "recall", "f1", "accuracy")}, scores["per_type"]
+
+
+def answers(found, version_2_with_negative=False):
+    """A question answerer's files, run_squad's: predictions.json, nbest_predictions.json and (v2)
+    null_odds.json, from `squad_input.Answers`."""
+    files = {"predictions.json": found.predictions, "nbest_predictions.json": found.nbest}
+    if version_2_with_negative:
+        files["null_odds.json"] = found.null_odds
+    return {name: json.dumps(value, indent=4, ensure_ascii=False) + "\n" for name, value in files.items()}
+
+
+def choices(questions, probabilities, submission=None):
+    """A multiple-choice model's files: predictions.jsonl (id, the chosen index and text, every choice's
+    probability), predict.txt (the chosen index a line) and, for CLUE's data, its leaderboard file:
+    c311_predict.json (C3: {"id", "label"} lines) or chid11_predict.json (CHID: {blank: index})."""
+    chosen = [int(np.argmax(p)) for p in probabilities]
+    lines = "".join(json.dumps({"id": q.guid, "label": k, "answer": q.choices[k],
+                                "probabilities": [round(float(x), 8) for x in p]}, ensure_ascii=False) + "\n"
+                    for q, k, p in zip(questions, chosen, probabilities))
+    files = {"predictions.jsonl": lines, "predict.txt": "".join(f"{k}\n" for k in chosen)}
+    if submission == "c3":
+        files["c311_predict.json"] = "".join(json.dumps({"id": _number(q.guid), "label": k}) + "\n"
+                                             for q, k in zip(questions, chosen))
+    elif submission == "chid":
+        files["chid11_predict.json"] = json.dumps({q.guid: k for q, k in zip(questions, chosen)}, indent=2) + "\n"
+    return files
+
+
+def _number(guid):
+    return int(guid) if str(guid).isdigit() else guid

@@ -7,11 +7,11 @@ Example:
     kind.evaluate(scores, labels)                           # {"eval_accuracy", "eval_loss"}
 """
 
-import json
 
 import numpy as np
 import tensorflow as tf
 
+from bert_mgpu.core import prediction_files
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.objectives import Objective
 
@@ -52,24 +52,10 @@ class MultipleChoice(Objective):
         """{file name: text}: predictions.jsonl (id, the chosen index and text, every choice's probability),
         predict.txt (the chosen index a line) and, for CLUE's data, its leaderboard file: c311_predict.json
         (C3: {"id", "label"} lines) or chid11_predict.json (CHID: {blank: index})."""
-        chosen = [int(np.argmax(p)) for p in probabilities]
-        lines = "".join(json.dumps({"id": q.guid, "label": k, "answer": q.choices[k],
-                                    "probabilities": [round(float(x), 8) for x in p]}, ensure_ascii=False) + "\n"
-                        for q, k, p in zip(questions, chosen, probabilities))
-        files = {"predictions.jsonl": lines, "predict.txt": "".join(f"{k}\n" for k in chosen)}
-        if submission == "c3":
-            files["c311_predict.json"] = "".join(json.dumps({"id": _number(q.guid), "label": k}) + "\n"
-                                                 for q, k in zip(questions, chosen))
-        elif submission == "chid":
-            files["chid11_predict.json"] = json.dumps({q.guid: k for q, k in zip(questions, chosen)}, indent=2) + "\n"
-        return files
+        return prediction_files.choices(questions, probabilities, submission)
 
     def hf_architecture(self, weights):
         return "BertForMultipleChoice"
 
     def hf_facts(self, labels):
         return {}
-
-
-def _number(guid):
-    return int(guid) if str(guid).isdigit() else guid

@@ -7,11 +7,10 @@ Example:
     loss, stats = kind.loss(model, features, labels)      # labels [batch, 2]: start and end positions
 """
 
-import json
 
 import tensorflow as tf
 
-from bert_mgpu.core import qa_metrics
+from bert_mgpu.core import prediction_files, qa_metrics
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.objectives import Objective
 
@@ -58,7 +57,4 @@ class SpanExtraction(Objective):
 
     def prediction_files(self, found, version_2_with_negative=False):
         """run_squad's files: predictions.json, nbest_predictions.json and (v2) null_odds.json."""
-        files = {"predictions.json": found.predictions, "nbest_predictions.json": found.nbest}
-        if version_2_with_negative:
-            files["null_odds.json"] = found.null_odds
-        return {name: json.dumps(value, indent=4, ensure_ascii=False) + "\n" for name, value in files.items()}
+        return prediction_files.answers(found, version_2_with_negative)
