@@ -17,7 +17,8 @@ def heads(release):
     towers = bert_mgpu.Towers(**TOWERS)
     common = dict(towers=towers, precision="float32")
     tagger = bert_mgpu.BertTagger.from_pretrained(release, labels=NER_TAGS, max_seq_length=16, crf=True, **common)
-    tagger.model.crf.transitions.assign(rng.normal(0, 2, (len(NER_TAGS),) * 2).astype(np.float32))
+    transitions = np.random.default_rng(7).normal(0, 2, (len(NER_TAGS),) * 2)  # whatever ran before
+    tagger.model.crf.transitions.assign(transitions.astype(np.float32))
     return {
         "classification": bert_mgpu.BertClassifier.from_pretrained(release, labels=["neg", "pos", "mixed"],
                                                                    max_seq_length=16, **common),

@@ -226,7 +226,8 @@ def test_a_taggers_export_predicts_its_tags_and_entities_without_tensorflow(expo
             tagger.predict(bad)
         assert str(ours.value).split(":")[0] == str(theirs.value).split(":")[0]
     tags = [t for row in served.predict_tags(texts) for t in row]
-    assert len(set(tags)) >= 3  # random weights and transitions: several tags, so the comparison means something
+    # random weights and transitions: more than one tag, and entities, so that the comparison means something
+    assert len(set(tags)) >= 2 and sum(map(len, served.predict(texts))) >= 3
 
 
 def test_a_question_answerers_export_answers_as_it_does_without_tensorflow(google_release, tmp_path):
