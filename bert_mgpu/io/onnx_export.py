@@ -11,8 +11,8 @@ bert_mgpu's tokenizer, for Hugging Face `tokenizers` in any language), and `bert
 graph leaves to the host: the labels, the length and truncation, a long text's windows, a CRF's transitions
 (Viterbi decoding stays on the host), and the largest difference between ONNX Runtime and TensorFlow on
 probe texts, measured at export. `onnx_int8` is the same graph after ONNX Runtime's dynamic quantization
-(int8 weights with a scale per output channel, activations quantized as they come): per channel kept the
-demo's dev accuracy within 0.5 pt of float32 where one scale a tensor lost 0.8 (benchmarks/NOTES.md item 77).
+(int8 weights with a scale per output channel, activations quantized as they come): per channel keeps the
+outputs closer to float32 than one scale a tensor (measured in benchmarks/NOTES.md item 77).
 
 Example:
     bert_mgpu.export_model("out", "out/export/onnx", format="onnx")
