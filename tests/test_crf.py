@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from bert_mgpu.model import crf
 from bert_mgpu.model.crf import log_likelihood, viterbi
 
 
@@ -89,3 +90,14 @@ def test_the_graphs_viterbi_equals_the_hosts_on_rows_of_every_length():
             assert got.shape == (rows, width)
             for row in range(rows):
                 assert tuple(got[row, :n[row]]) == tuple(viterbi(part[row, :n[row]], transitions)), (width, row)
+
+
+def test_the_crfs_graphs_transpose_no_integers_or_booleans():
+    """oneDNN's graph pass logs an error line for an integer or boolean Transpose, AVX-512 or not."""
+    emissions = tf.TensorSpec([None, None, 5], tf.float32)
+    graphs = [tf.function(crf.log_likelihood).get_concrete_function(
+                  emissions, tf.TensorSpec([None, None], tf.int32), tf.TensorSpec([5, 5], tf.float32)).graph,
+              tf.function(crf.viterbi_tf).get_concrete_function(
+                  emissions, tf.TensorSpec([None], tf.int32), tf.TensorSpec([5, 5], tf.float32)).graph]
+    transposed = [op.get_attr("T") for g in graphs for op in g.get_operations() if op.type == "Transpose"]
+    assert transposed and set(transposed) == {tf.float32}

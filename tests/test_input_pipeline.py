@@ -2,10 +2,11 @@ import os
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from conftest import write_vocab
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.input_pipeline import make_dataset
+from bert_mgpu.data.input_pipeline import combine, make_dataset
 from bert_mgpu.data.tasks import Example
 from bert_mgpu.data.tokenization import FullTokenizer
 
@@ -194,3 +195,20 @@ def test_truncation_must_be_one_it_knows():
 
     with pytest.raises(UserError, match=r"--truncation=middle: one of head, tail, head\+tail"):
         check_truncation("middle")
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_combine_gives_tf_texts_combined_segments_without_a_transpose(dtype):
+    import tensorflow_text as tf_text
+
+    rng = np.random.default_rng(3)
+    for k in (1, 2, 3):
+        for n in (0, 1, 5):
+            segments = [tf.ragged.constant([list(rng.integers(5, 99, rng.integers(0, 4))) for _ in range(n)],
+                                           dtype=dtype, ragged_rank=1) for _ in range(k)]
+            ours, theirs = combine(segments, 101, 102), tf_text.combine_segments(segments, 101, 102)
+            for a, b in zip(ours, theirs):
+                assert (a.dtype, a.row_splits.dtype, a.to_list()) == (b.dtype, b.row_splits.dtype, b.to_list())
+    graph = tf.function(lambda a, b: combine([a, b], 101, 102)).get_concrete_function(
+        tf.RaggedTensorSpec([None, None], tf.int64), tf.RaggedTensorSpec([None, None], tf.int64)).graph
+    assert not [op for op in graph.get_operations() if op.type == "Transpose"]

@@ -131,4 +131,5 @@ SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "
                          "masked_rows", "mlm_scorer", "mlm_scoring", "clue_tasks", "clue", "suite", "choices",
                          "choice_input", "choice_objectives", "multiple_choice", "tag_serving", "run_checkpoint",
                          "budget", "agree", "inputs", "onnx_export", "exported", "tflite_export", "prediction_files",
-                         "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice", "served"}
+                         "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice", "served",
+                         "demo"}

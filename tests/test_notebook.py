@@ -6,6 +6,8 @@ import os
 import pytest
 from conftest import ROOT
 
+import bert_mgpu
+
 
 @pytest.mark.learning
 def test_the_fine_tuning_notebook_runs_and_learns(minilm_dir, monkeypatch):
@@ -22,6 +24,7 @@ def test_the_fine_tuning_notebook_runs_and_learns(minilm_dir, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs)  # the curves, shown inline
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"bert_mgpu {bert_mgpu.__version__} from {os.path.join(ROOT, 'bert_mgpu')}" in text  # the install cell
     assert "device plan: 2 tower(s) on CPU" in text
     result = json.loads(text.strip().splitlines()[-1])
     labels = [line.split("\t")[0] for line in open(os.path.join(ROOT, "data", "rotten_tomatoes", "dev.tsv"),

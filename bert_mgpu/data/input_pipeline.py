@@ -79,7 +79,30 @@ def encode(tokenizer, text_a, text_b, max_seq_length, pairs, has_b=None, truncat
     if pairs:
         segments.append(tokenizer(text_b))
     segments = trim(segments, max_seq_length - 1 - len(segments), truncation)
-    return tf_text.combine_segments(segments, tokenizer.cls_id, tokenizer.sep_id)
+    return combine(segments, tokenizer.cls_id, tokenizer.sep_id)
+
+
+def combine(segments, cls_id, sep_id):
+    """Ragged segments [batch, (pieces)] -> ([CLS] a [SEP] (b [SEP]), segment ids 0 then 1): tf-text's
+    `combine_segments`, built without its Transpose of int64 row splits. For an integer Transpose, oneDNN's graph
+    pass logs "E0000 ... oneDNN supports DT_INT64 only on platforms with AVX-512" on every run, AVX-512 or not.
+    The pieces a row is made of are stacked row-major (segment-major rows, reordered by an index), then merged."""
+    n = segments[0].nrows(out_type=tf.int32)
+    ids, kinds = [], []
+    for kind, segment in enumerate(segments):
+        ids += [segment, tf.fill([n, 1], tf.cast(sep_id, segment.dtype))]
+        kinds += [tf.zeros_like(segment) + kind, tf.fill([n, 1], tf.cast(kind, segment.dtype))]
+    ids.insert(0, tf.fill([n, 1], tf.cast(cls_id, segments[0].dtype)))
+    kinds.insert(0, tf.zeros([n, 1], segments[0].dtype))
+    k = len(ids)
+    order = tf.range(k * n)
+    order = (order % k) * n + order // k  # piece i of row j is row i * n + j of the stack
+
+    def merged(pieces):
+        stacked = tf.concat([tf.RaggedTensor.from_tensor(p) if isinstance(p, tf.Tensor) else p for p in pieces], 0)
+        return tf.RaggedTensor.from_uniform_row_length(tf.gather(stacked, order), k).merge_dims(1, 2)
+
+    return merged(ids), merged(kinds)
 
 
 def trim(segments, budget, truncation="head"):

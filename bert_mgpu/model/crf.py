@@ -59,7 +59,7 @@ def log_likelihood(emissions, labels, transitions):
         return tf.where(live[:, None], moved, alpha)
 
     time_major = tf.transpose(scores, [1, 0, 2])
-    alpha = tf.scan(forward, (time_major[1:], tf.transpose(steps)[1:]), initializer=time_major[0])
+    alpha = tf.scan(forward, (time_major[1:], _live(lengths, tf.shape(labels)[1])[1:]), initializer=time_major[0])
     last = tf.cond(tf.shape(time_major)[0] > 1, lambda: alpha[-1], lambda: time_major[0])
     log_z = tf.reduce_logsumexp(last, axis=1)
     return tf.where(lengths > 0, unary + binary - log_z, 0.0)
@@ -74,7 +74,7 @@ def viterbi_tf(emissions, lengths, transitions):
     n = tf.shape(emissions)[1]  # 0 or 1 (a batch of texts of 0 or 1 word): padded to 2 for the scans, cut after
     emissions = tf.pad(emissions, [[0, 0], [0, tf.maximum(2 - n, 0)], [0, 0]])
     time_major = tf.transpose(emissions, [1, 0, 2])
-    live = tf.transpose(tf.sequence_mask(lengths, tf.shape(emissions)[1]))
+    live = _live(lengths, tf.shape(emissions)[1])
     stay = tf.range(labels)[None, :]  # a step past a row's end points each tag at itself
 
     def forward(carry, step):
@@ -95,4 +95,17 @@ def viterbi_tf(emissions, lengths, transitions):
         return tf.gather(back, tag, batch_dims=1)
 
     earlier = tf.scan(backward, backs, initializer=best, reverse=True)  # the tag before each later step
-    return tf.transpose(tf.concat([earlier, best[None]], 0))[:, :n]
+    return _rows_first(tf.concat([earlier, best[None]], 0))[:, :n]
+
+
+# Time-major masks and paths without an integer or boolean Transpose: for one, oneDNN's graph pass logs
+# "E0000 ... oneDNN supports DT_BOOL only on platforms with AVX-512" on every run (data/input_pipeline.combine).
+def _live(lengths, n):
+    """[n, rows] bool: position t of row r is within its length."""
+    return tf.range(n)[:, None] < tf.cast(lengths, tf.int32)[None, :]
+
+
+def _rows_first(paths):
+    """[n, rows] -> [rows, n], by a gather."""
+    n, rows = tf.shape(paths)[0], tf.shape(paths)[1]
+    return tf.gather(tf.reshape(paths, [-1]), tf.range(rows)[:, None] + tf.range(n)[None, :] * rows)
