@@ -15,6 +15,8 @@ Prediction gathers every tower's outputs with the example index each row came fr
 input order and none is dropped, whatever the batch, bucketing and tower count.
 """
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -108,7 +110,7 @@ class Trainer:
         self._unread = []  # (loss, stats) of each step since the last read, as device tensors
         # XLA compiles each tower's forward+backward; the all-reduce and update stay outside it.
         # Every tf.function here is traced as written: AutoGraph's rewrite cost ~2 s a process (NOTES item 43).
-        self._grads_fn = (tf.function(self._loss_and_grads, jit_compile=True, autograph=False) if use_xla
+        self._grads_fn = (traced(self._loss_and_grads, jit_compile=True, autograph=False) if use_xla
                           else self._loss_and_grads)
         self._train_fn = self._predict_fn = self._eval_fn = None
         self._probe_fn = None
@@ -182,7 +184,7 @@ class Trainer:
 
             signature = {"input_signature": [self.input_spec]} if self.input_spec is not None else {
                 "reduce_retracing": True}
-            self._train_fn = tf.function(step, autograph=False, **signature)
+            self._train_fn = traced(step, autograph=False, **signature)
         return self._train_fn
 
     def step_graph(self, element_spec):
@@ -246,7 +248,7 @@ class Trainer:
             return loss + tf.cast(tf.reduce_sum(flat), loss.dtype)
 
         if self._probe_fn is None:
-            self._probe_fn = tf.function(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
+            self._probe_fn = traced(lambda b: self.strategy.run(replica, args=(b[0], b[1])),
                                          reduce_retracing=True, autograph=False)
         return self._probe_fn(batch)
 
@@ -286,7 +288,7 @@ class Trainer:
                 total = lambda t: self.strategy.reduce(tf.distribute.ReduceOp.SUM, t, axis=None)  # noqa: E731
                 return tf.nest.map_structure(total, sums), total(n)
 
-            self._eval_fn = tf.function(step, reduce_retracing=True, autograph=False)
+            self._eval_fn = traced(step, reduce_retracing=True, autograph=False)
         totals, count, batches = {}, 0.0, 0
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once
             for batch in distribute.distribute_dataset(self.strategy, dataset):
@@ -316,7 +318,7 @@ class Trainer:
                 gather = lambda v: self.strategy.gather(v, axis=0)  # noqa: E731
                 return gather(logits), gather(labels), gather(index)
 
-            self._predict_fn = tf.function(step, reduce_retracing=True, autograph=False)
+            self._predict_fn = traced(step, reduce_retracing=True, autograph=False)
         with self.strategy.scope(), fused_encoder.frozen_weights(self.model):  # weights cast once a pass
             parts = []
             for batch in dist:
@@ -330,6 +332,15 @@ class Trainer:
         if not np.array_equal(index[order], np.arange(len(index))):
             raise RuntimeError(f"prediction lost or duplicated examples ({len(index)} rows)")
         return logits[order], labels[order]
+
+
+def traced(fn, **options):
+    """tf.function(fn, **options), its traces counted on their own. TensorFlow counts traces by Python code
+    object, so the steps of several models in one process (a GLUE suite's tasks, a notebook's second model),
+    each traced once or twice, add up to its "excessive retracing" warning; a partial has no code object."""
+    own = functools.partial(fn)
+    own.__name__ = getattr(fn, "__name__", "step")  # the traced graph's name; __wrapped__ would share the count
+    return tf.function(own, **options)
 
 
 def _rows_unknown(t):
