@@ -54,8 +54,11 @@ def head_rows(model, kind, length=16):
 def expected_outputs(model, kind, rows):
     """[(the graph's output name, what the model in memory computes for it)] from the same rows."""
     want = model_outputs(model, rows)
-    if kind == "encoder":
-        return [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"])]
+    if kind == "encoder":  # and the pretraining heads, at every position: what a server scores text with
+        every = np.broadcast_to(np.arange(rows["input_ids"].shape[1]), rows["input_ids"].shape)
+        heads = model.model({**_features(rows), "mask_positions": tf.constant(every, tf.int32)}, training=False)
+        return [("last_hidden_state", want["sequence_output"]), ("pooler_output", want["pooled_output"]),
+                ("mlm_logits", np.asarray(heads["mlm_logits"])), ("nsp_logits", np.asarray(heads["nsp_logits"]))]
     if kind == "question_answerer":
         return [("start_logits", want[:, :, 0]), ("end_logits", want[:, :, 1])]
     return [("logits", want)]
@@ -63,12 +66,16 @@ def expected_outputs(model, kind, rows):
 
 def model_outputs(model, rows):
     """What the model in memory (its fused encoder) computes from the same rows."""
-    features = {"token_ids": tf.constant(rows["input_ids"], tf.int32),
-                "segment_ids": tf.constant(rows["token_type_ids"], tf.int32),
-                "padding_mask": tf.constant(rows["attention_mask"] > 0)}
+    features = _features(rows)
     network = model.model.backbone if isinstance(model, bert_mgpu.BertPretrainer) else model.model
     out = network(features, training=False)
     return {k: np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else np.asarray(out)
+
+
+def _features(rows):
+    return {"token_ids": tf.constant(rows["input_ids"], tf.int32),
+            "segment_ids": tf.constant(rows["token_type_ids"], tf.int32),
+            "padding_mask": tf.constant(rows["attention_mask"] > 0)}
 
 
 def export_each(release, tmp_path_factory, fmt):

@@ -8,7 +8,7 @@ from conftest import WORDS, sentiment_rows, tiny_config, write_google_release
 
 import bert_mgpu
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data import doc_windows
+from bert_mgpu.data import doc_windows, windows
 from bert_mgpu.data.tagging_input import spans
 from bert_mgpu.model.objectives import objective
 
@@ -44,7 +44,7 @@ def test_windows_cover_every_piece_as_spans_cuts_them_and_pooling_is_per_text(cl
             assert window == [clf.tokenizer.cls_id, *pieces[a:b], clf.tokenizer.sep_id]
     logits = np.random.default_rng(1).normal(size=(len(cut.lengths), 3))
     for how, reduce in (("mean", np.mean), ("max", np.max)):
-        pooled = doc_windows.pool(logits, cut.doc_of, len(docs), how)
+        pooled = windows.pool(logits, cut.doc_of, len(docs), how)
         want = [reduce(logits[cut.doc_of == d], axis=0) for d in range(len(docs))]
         np.testing.assert_allclose(pooled, want, atol=1e-6)  # pooled in float32
     in_graph = tf.function(lambda t: doc_windows.windows_in_graph(clf.tokenizer, t, LENGTH, STRIDE), autograph=False)
@@ -67,7 +67,7 @@ def test_predict_pools_each_texts_windows_in_input_order_on_every_tower(classifi
                        training=False).numpy()
     for how in ("mean", "max"):
         clf.window_pooling = how
-        want = tf.nn.softmax(doc_windows.pool(logits, cut.doc_of, len(docs), how)).numpy()
+        want = tf.nn.softmax(windows.pool(logits, cut.doc_of, len(docs), how)).numpy()
         np.testing.assert_allclose(clf.predict(docs, batch_size=3), want, atol=1e-5)
     clf.window_pooling = "mean"
     assert max(cut.count) >= 4 and min(cut.count) == 1

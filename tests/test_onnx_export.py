@@ -276,9 +276,9 @@ def test_a_multiple_choice_export_chooses_as_the_model_does_without_tensorflow(e
 
 
 def test_a_pair_is_cut_as_google_bert_cuts_it():
-    """exported_choice.trim against google-bert's _truncate_seq_pair (pop a piece from the longer text, the
+    """windows.pair_counts against google-bert's _truncate_seq_pair (pop a piece from the longer text, the
     second when they are as long) on every pair of lengths up to 12 at budgets 1 to 13."""
-    from bert_mgpu.io.exported_choice import trim
+    from bert_mgpu.data.windows import pair_counts as trim
 
     for budget in range(1, 14):
         for a in range(13):
@@ -318,3 +318,32 @@ def test_every_heads_export_is_served_in_a_process_without_tensorflow(exported):
     assert out["entities"] == exported["tagger_crf"][0].predict(["the film actor"])
     assert out["choice"] == exported["multiple_choice"][0].predict([("a story", "the film was", ["good", "bad"])])[0][
         "label"]
+
+
+LONG = [" ".join(rng.choice(WORDS, n)) for n in (1, 12, 13, 14, 15, 31, 47)] + ["", "电影 film ! " * 9]
+
+
+@pytest.mark.parametrize("settings", [
+    dict(doc_stride=5), dict(doc_stride=3, window_pooling="max", task_type="multi_label"),
+    dict(doc_stride=13, task_type="regression"), dict(truncation="head+tail"), dict(truncation="tail"),
+    dict(truncation="head+tail", task="mrpc"), dict(truncation="head", task="mrpc")],
+    ids=["windows", "max_multi_label", "regression", "head+tail", "tail", "pairs_head+tail", "pairs_head"])
+def test_a_classifier_reads_long_texts_served_as_it_does(google_release, tmp_path, settings):
+    """load_exported on a classifier with windows over long texts (--doc_stride, mean or max pooled) or cut
+    head+tail, single texts or pairs: the windows' and pieces' cuts on the host, the probabilities (scores)
+    the model's own predict gives, for texts of 1 to 47 words in windows of 14 pieces."""
+    import bert_mgpu
+    from bert_mgpu.io.exported import load_exported
+
+    labels = None if settings.get("task_type") == "regression" else ["neg", "pos", "mixed"]
+    clf = bert_mgpu.BertClassifier.from_pretrained(google_release, labels=labels, max_seq_length=16,
+                                                   towers=bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2),
+                                                   precision="float32", **settings)
+    kernel = clf.model.get_layer("classifier").kernel  # a fresh head's outputs barely differ between texts
+    kernel.assign(np.random.default_rng(5).normal(0, 3, kernel.shape).astype(np.float32))
+    served = load_exported(export.export_model(clf, str(tmp_path / "onnx"), "onnx"))
+    pairs = settings.get("task") == "mrpc"
+    text_b = LONG[::-1] if pairs else None
+    want = clf.predict(list(zip(LONG, text_b)) if pairs else LONG)
+    np.testing.assert_allclose(served.predict(LONG, text_b, batch_size=3), want, atol=1e-5)
+    assert np.ptp(want, axis=0).max() > 1e-3  # the texts' outputs differ, by 100 times the tolerance

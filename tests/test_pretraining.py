@@ -4,6 +4,7 @@ import logging
 import os
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 from conftest import tiny_config, write_google_release, write_vocab
@@ -366,3 +367,28 @@ def test_evaluation_with_a_tower_left_empty_by_the_last_batch(text):
     assert set(every) == set(first) and "mlm_loss" in every
     for key in every:
         assert every[key] == pytest.approx((8 * first[key] + ninth[key]) / 9, rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "keras_hub"])
+def test_the_masked_lm_head_gathers_its_positions_as_take_along_axis_does_with_no_integer_transpose(fused):
+    """keras.ops.take_along_axis transposes the int64 positions, and oneDNN's graph pass then logs an error line
+    on every run; the head's per-row gather takes the same rows, forward and backward."""
+    import tensorflow as tf
+
+    model = pretraining_model.build_pretrainer(tiny_config(40), nsp=False, fused=fused)
+    rng = np.random.default_rng(0)
+    inputs = {"token_ids": tf.constant(rng.integers(5, 40, (3, 12)), tf.int32),
+              "segment_ids": tf.zeros((3, 12), tf.int32), "padding_mask": tf.ones((3, 12), tf.bool),
+              "mask_positions": tf.constant(rng.integers(0, 12, (3, 4)), tf.int32)}
+    head = next(layer for layer in model.layers if isinstance(layer, pretraining_model.TiedMaskedLMHead))
+    hidden = tf.constant(rng.normal(size=(3, 12, 32)), tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(hidden)
+        ours = head(hidden, mask_positions=inputs["mask_positions"])
+        theirs = keras_hub.layers.MaskedLMHead.call(head, hidden, inputs["mask_positions"])
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    np.testing.assert_allclose(tape.gradient(ours, hidden), tape.gradient(theirs, hidden), atol=1e-5)
+    graph = tf.function(lambda x: model(x)).get_concrete_function(
+        {k: tf.TensorSpec([None, None], v.dtype) for k, v in inputs.items()}).graph
+    transposed = [op.get_attr("T") for op in graph.get_operations() if op.type == "Transpose"]
+    assert tf.int64 not in transposed and tf.int32 not in transposed

@@ -8,8 +8,8 @@ with the documents' lengths). Evaluation and prediction run every window once an
 logits with `pooling` (mean or max), one row per document in input order.
 
 Example:
-    windows = cut_documents(tokenizer, ["a very long text ...", "another"], 512, 256)
-    pooled = pool(window_logits, windows.doc_of, 2, "mean")
+    cut = cut_documents(tokenizer, ["a very long text ...", "another"], 512, 256)
+    pooled = windows.pool(window_logits, cut.doc_of, 2, "mean")   # bert_mgpu.data.windows
 """
 
 import dataclasses
@@ -99,18 +99,6 @@ def window_dataset(examples, tokenizer, label_list, max_seq_length, doc_stride, 
                        {"label": labels, "index": np.arange(len(labels), dtype=np.int32),
                         "window_weight": weight.astype(np.float32)}, seed)
     return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels), windows
-
-
-def pool(logits, doc_of, documents, pooling="mean"):
-    """Windows' logits [windows, ...] -> documents' [documents, ...]: the mean or the maximum of each one's."""
-    logits = np.asarray(logits)
-    out = np.zeros((documents, *logits.shape[1:]), np.float32)
-    if pooling == "mean":
-        np.add.at(out, doc_of, logits)
-        return out / np.bincount(doc_of, minlength=documents).reshape(-1, *[1] * (logits.ndim - 1))
-    out.fill(-np.inf)
-    np.maximum.at(out, doc_of, logits)
-    return out
 
 
 def windows_in_graph(tokenizer, text, max_seq_length, doc_stride):

@@ -20,6 +20,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.windows import HEAD_SHARE
 from bert_mgpu.model.objectives import Classification
 
 # Up to 128 tokens, one bucket per padded width: lengths 8k-7 .. 8k share a bucket and a width of 8k, so no
@@ -53,9 +54,6 @@ def pair_kind(has_b):
 
 
 TRUNCATIONS = ("head", "tail", "head+tail")
-# head+tail keeps this share of a text's room from its start, the rest from its end: Sun et al. 2019 ("How to
-# Fine-Tune BERT for Text Classification?") found the first 128 and the last 382 pieces best at length 512.
-HEAD_SHARE = (128, 510)
 
 
 def check_truncation(truncation):

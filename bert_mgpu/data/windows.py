@@ -1,8 +1,9 @@
-"""Long inputs in windows, without TensorFlow: a sentence's WordPieces cut into windows `doc_stride` pieces
-apart (google-bert run_squad's document spans), each word owned by the window where it has the most context,
-and each word's prediction read from its owner. The tagger's training and `predict` use it (the question
-answerer its spans and pieces), and so do their ONNX and LiteRT exports, served with no TensorFlow
-(io/exported_tagger.py, io/exported_qa.py). A `tokenizer` here is anything with `id_lists(texts)` and
+"""Long inputs, without TensorFlow: a sentence's WordPieces cut into windows `doc_stride` pieces apart
+(google-bert run_squad's document spans), each word owned by the window where it has the most context, and
+each word's prediction read from its owner; a long text's windows pooled (a classifier's); which pieces of a
+text too long stay (`kept`, `pair_counts`). The tagger's training and `predict` use it (the question
+answerer its spans and pieces, the classifier its cuts and pooling), and so do their ONNX and LiteRT
+exports, served with no TensorFlow (io/exported*.py). A `tokenizer` here is anything with `id_lists(texts)` and
 `unk_id`: bert_mgpu's FullTokenizer, or an export's tokenizer.json.
 
 Example:
@@ -26,6 +27,42 @@ class Window:
     labels: list
     words: list
     owned: set
+
+
+# head+tail keeps this share of a text's room from its start, the rest from its end: Sun et al. 2019 ("How to
+# Fine-Tune BERT for Text Classification?") found the first 128 and the last 382 pieces best at length 512.
+HEAD_SHARE = (128, 510)
+
+
+def pair_counts(a, b, budget):
+    """How many pieces of a pair of `a` and `b` pieces stay in `budget`: the two take a piece in turn, the
+    first first (tf-text's RoundRobinTrimmer, as bert_mgpu encodes; google-bert's _truncate_seq_pair keeps
+    the same counts) -> (kept of a, kept of b)."""
+    if a + b <= budget:
+        return a, b
+    kept_a = min(a, max(budget - b, (budget + 1) // 2))
+    return kept_a, min(b, budget - kept_a)
+
+
+def kept(pieces, keep, truncation="head"):
+    """The `keep` of `pieces` that `truncation` keeps: the first (head), the last (tail), or the first
+    HEAD_SHARE of them and the rest from the end (head+tail); input_pipeline.trim in TensorFlow."""
+    if len(pieces) <= keep:
+        return list(pieces)
+    head = {"head": keep, "tail": 0}.get(truncation, keep * HEAD_SHARE[0] // HEAD_SHARE[1])
+    return [*pieces[:head], *pieces[len(pieces) - (keep - head):]]
+
+
+def pool(logits, doc_of, documents, pooling="mean"):
+    """Windows' logits [windows, ...] -> documents' [documents, ...]: the mean or the maximum of each one's."""
+    logits = np.asarray(logits)
+    out = np.zeros((documents, *logits.shape[1:]), np.float32)
+    if pooling == "mean":
+        np.add.at(out, doc_of, logits)
+        return out / np.bincount(doc_of, minlength=documents).reshape(-1, *[1] * (logits.ndim - 1))
+    out.fill(-np.inf)
+    np.maximum.at(out, doc_of, logits)
+    return out
 
 
 def word_pieces(tokenizer, words, chunk=8192):

@@ -5,8 +5,9 @@ predictions out, and the files `--do_predict` writes (`predict_exported.py`).
 Importing this module loads numpy and tokenizers, and the runtime the export needs, only, so a server that
 imports it alone (or `bert_mgpu.load_exported`, which loads nothing else) starts in a second and needs neither
 TensorFlow nor a GPU. A classifier's exports are read here (labels and probabilities, scores for a regression,
-each label's probability for multi-label), a tagger's in exported_tagger.py, a question answerer's in
-exported_qa.py and a multiple-choice model's in exported_choice.py.
+each label's probability for multi-label; long texts in windows or cut head+tail as the model reads them), a
+tagger's in exported_tagger.py, a question answerer's in exported_qa.py and a multiple-choice model's in
+exported_choice.py.
 
 Example:
     model = bert_mgpu.load_exported("out/export/onnx_int8")
@@ -19,10 +20,19 @@ import numpy as np
 
 from bert_mgpu.core import prediction_files
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.windows import kept, pair_counts, pool, spans
 from bert_mgpu.io.exported_choice import ExportedMultipleChoice
 from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer
 from bert_mgpu.io.exported_tagger import ExportedTagger
-from bert_mgpu.io.served import FACTS, Pieces, Served, onnx_inputs, read_facts, read_tokenizer  # noqa: F401 (as before)
+from bert_mgpu.io.served import (  # noqa: F401 (FACTS: as before)
+    FACTS,
+    Pieces,
+    Served,
+    onnx_inputs,
+    padded,
+    read_facts,
+    read_tokenizer,
+)
 
 
 class Exported(Served):
@@ -32,11 +42,14 @@ class Exported(Served):
         super().__init__(path, threads)
         self.task_type = self.facts["task_type"]
         self.labels, self.pairs = list(self.facts["labels"]), bool(self.facts["pairs"])
-        if self.facts["facts"].get("doc_stride") or self.facts["truncation"] not in ("head", "tail"):
-            why = "windows over long texts" if self.facts["facts"].get("doc_stride") else "--truncation=head+tail"
-            raise UserError(f"{path}: this classifier reads {why}, which load_exported does not do yet; serve its "
-                            "saved_model export")
+        self.max_seq_length, self.truncation = self.facts["max_seq_length"], self.facts["truncation"]
+        self.doc_stride = self.facts["facts"].get("doc_stride")
+        self.pooling = self.facts["facts"].get("window_pooling", "mean")
         self.tokenizer = read_tokenizer(path)
+        # tokenizer.json cuts a single text's head or tail as bert_mgpu does. Windows, head+tail and pairs are
+        # cut here, from its pieces: its LongestFirst gives a pair's odd piece to the second text, and bert_mgpu
+        # (tf-text's round robin, google-bert's _truncate_seq_pair) to the first.
+        self.pieces = Pieces(path) if self.doc_stride or self.truncation == "head+tail" or self.pairs else None
         self.output = "scores" if self.task_type == "regression" else "probabilities"
 
     def predict(self, texts, text_b=None, batch_size=32):
@@ -46,13 +59,53 @@ class Exported(Served):
         if self.pairs != (text_b is not None):
             raise UserError("this classifier reads sentence pairs: give text_b" if self.pairs else
                             "this classifier reads single texts: text_b is not used")
+        if self.doc_stride:
+            return self._windows(texts, batch_size)
         out = []
         for i in range(0, len(texts), batch_size):
             batch = texts[i:i + batch_size] if text_b is None else list(zip(texts[i:i + batch_size],
                                                                              list(text_b)[i:i + batch_size]))
-            out.append(self.run([self.output], onnx_inputs(self.tokenizer, batch))[0])
+            inputs = (onnx_inputs(self.tokenizer, batch) if self.pieces is None else
+                      padded(self._encoded(batch), self.pieces.pad_id))
+            out.append(self.run([self.output], inputs)[0])
         width = (0,) if self.output == "scores" else (0, len(self.labels))
         return np.concatenate(out) if out else np.zeros(width, np.float32)
+
+    def _encoded(self, batch):
+        """(ids, segments) of [CLS] a [SEP] (b [SEP]), each text cut to its share of the room (`pair_counts`) by
+        --truncation (`kept`)."""
+        cls, sep = self.pieces.cls_id, self.pieces.sep_id
+        rows = []
+        if not self.pairs:
+            for a in self.pieces.id_lists(batch):
+                a = kept(a, self.max_seq_length - 2, self.truncation)
+                rows.append(([cls, *a, sep], [0] * (len(a) + 2)))
+            return rows
+        for a, b in zip(self.pieces.id_lists([p[0] for p in batch]), self.pieces.id_lists([p[1] for p in batch])):
+            keep_a, keep_b = pair_counts(len(a), len(b), self.max_seq_length - 3)
+            a, b = kept(a, keep_a, self.truncation), kept(b, keep_b, self.truncation)
+            rows.append(([cls, *a, sep, *b, sep], [0] * (len(a) + 2) + [1] * (len(b) + 1)))
+        return rows
+
+    def _windows(self, texts, batch_size):
+        """A long text's windows (`doc_stride` pieces apart) run, their logits pooled, then the head's outputs."""
+        rows, doc_of = [], []
+        cls, sep = self.pieces.cls_id, self.pieces.sep_id
+        for d, pieces in enumerate(self.pieces.id_lists(texts)):
+            for start, end in spans(len(pieces), self.max_seq_length - 2, self.doc_stride):
+                rows.append(([cls, *pieces[start:end], sep], ()))
+                doc_of.append(d)
+        logits = [self.run(["logits"], padded(rows[i:i + batch_size], self.pieces.pad_id))[0]
+                  for i in range(0, len(rows), batch_size)]
+        width = len(self.labels) if self.task_type != "regression" else 1
+        pooled = pool(np.concatenate(logits) if logits else np.zeros((0, width), np.float32),
+                      np.array(doc_of, np.int64), len(texts), self.pooling)
+        if self.task_type == "regression":
+            return pooled[:, 0]
+        if self.task_type == "multi_label":
+            return 1 / (1 + np.exp(-pooled))
+        e = np.exp(pooled - pooled.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
 
     def predict_labels(self, texts, text_b=None, threshold=0.5):
         """Each text's label (for multi-label: the labels at or over `threshold`, comma-separated)."""

@@ -3,7 +3,7 @@ each question's choice and its probabilities out, as `BertMultipleChoice.predict
 
 Each choice is read with its context as one pair (data/choices.choice_texts: `context`, `question choice`;
 a CHID blank takes the choice in place), each text's pieces by the export's tokenizer.json, a pair too long
-cut as bert_mgpu cuts it (`trim`: tokenizers' LongestFirst gives an odd piece to the other text), a
+cut as bert_mgpu cuts it (`windows.pair_counts`: tokenizers' LongestFirst gives an odd piece to the other text), a
 question's choices one row [choices, length] of the graph's input; a question with fewer choices than the
 widest is padded with empty choices, which the graph scores -1e4. The probabilities are a softmax over the
 question's own choices.
@@ -16,6 +16,7 @@ Example:
 import numpy as np
 
 from bert_mgpu.data.choices import as_questions, choice_texts, chosen
+from bert_mgpu.data.windows import pair_counts
 from bert_mgpu.io.served import Pieces, Served
 
 
@@ -63,16 +64,6 @@ class ExportedMultipleChoice(Served):
         if not second:
             a = a[:self.max_seq_length - 2]
             return [cls, *a, sep], [0] * (len(a) + 2)
-        kept_a, kept_b = trim(len(a), len(b), self.max_seq_length - 3)
+        kept_a, kept_b = pair_counts(len(a), len(b), self.max_seq_length - 3)
         return ([cls, *a[:kept_a], sep, *b[:kept_b], sep],
                 [0] * (kept_a + 2) + [1] * (kept_b + 1))
-
-
-def trim(a, b, budget):
-    """How many pieces of a pair of `a` and `b` pieces stay in `budget`: the two take a piece in turn, the
-    first first (tf-text's RoundRobinTrimmer, as bert_mgpu encodes; google-bert's _truncate_seq_pair keeps
-    the same counts) -> (kept of a, kept of b)."""
-    if a + b <= budget:
-        return a, b
-    kept_a = min(a, max(budget - b, (budget + 1) // 2))
-    return kept_a, min(b, budget - kept_a)

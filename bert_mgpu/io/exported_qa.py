@@ -16,7 +16,7 @@ import numpy as np
 
 from bert_mgpu.data.squad import as_questions
 from bert_mgpu.data.squad_input import best_answers, best_of, make_windows
-from bert_mgpu.io.served import Pieces, Served
+from bert_mgpu.io.served import Pieces, Served, padded
 
 
 class ExportedQuestionAnswerer(Served):
@@ -51,12 +51,4 @@ class ExportedQuestionAnswerer(Served):
 
     def _inputs(self, windows):
         """The graph's inputs for a batch of windows, padded to the longest."""
-        width = max(len(w.token_ids) for w in windows)
-        rows = {"input_ids": np.full((len(windows), width), self.pieces.pad_id, np.int64),
-                "attention_mask": np.zeros((len(windows), width), np.int64),
-                "token_type_ids": np.zeros((len(windows), width), np.int64)}
-        for n, w in enumerate(windows):
-            rows["input_ids"][n, :len(w.token_ids)] = w.token_ids
-            rows["attention_mask"][n, :len(w.token_ids)] = 1
-            rows["token_type_ids"][n, :len(w.segment_ids)] = w.segment_ids
-        return rows
+        return padded([(w.token_ids, w.segment_ids) for w in windows], self.pieces.pad_id)

@@ -19,7 +19,7 @@ from bert_mgpu.core.viterbi import viterbi
 from bert_mgpu.data.inputs import check_text
 from bert_mgpu.data.windows import sentence_windows, word_predictions
 from bert_mgpu.data.words import entity_dicts, split_words
-from bert_mgpu.io.served import Pieces, Served
+from bert_mgpu.io.served import Pieces, Served, padded
 
 
 class ExportedTagger(Served):
@@ -81,11 +81,4 @@ class ExportedTagger(Served):
 
     def _inputs(self, windows):
         """The graph's inputs for a batch of windows, padded to the longest."""
-        width = max(len(w.token_ids) for w in windows)
-        ids = np.full((len(windows), width), self.pieces.pad_id, np.int64)
-        for row, w in zip(ids, windows):
-            row[:len(w.token_ids)] = w.token_ids
-        mask = np.zeros_like(ids)
-        for row, w in zip(mask, windows):
-            row[:len(w.token_ids)] = 1
-        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        return padded([(w.token_ids, ()) for w in windows], self.pieces.pad_id)

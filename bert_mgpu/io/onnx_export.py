@@ -3,8 +3,10 @@
 The graph takes what a Hugging Face BERT takes (`input_ids`, `attention_mask`, `token_type_ids`, int64,
 [batch, length] of any size; [batch, choices, length] for multiple choice) and returns the head's raw scores
 under transformers' names (`logits`; `start_logits` and `end_logits`), plus a classifier's probabilities
-(scores for a regression). It is the reference keras-hub encoder, converted by tf2onnx at opset 17, with
-exact GELU written with `erf`: TensorFlow's own is an `Erfc`, which ONNX Runtime cannot run.
+(scores for a regression); a pretrained encoder's hidden states, and its masked-LM (and NSP) logits where it
+has those heads: a server scores text with them (score_text_mgpu.py's pseudo-log-likelihood). It is the
+reference keras-hub encoder, converted by tf2onnx at opset 17, with exact GELU written with `erf`: TensorFlow's
+own is an `Erfc`, which ONNX Runtime cannot run.
 
 Beside `model.onnx`: `vocab.txt`, Hugging Face's `config.json` (labels) and `tokenizer.json` (the same ids as
 bert_mgpu's tokenizer, for Hugging Face `tokenizers` in any language), and `bert_mgpu.json` with what the
@@ -33,8 +35,10 @@ from bert_mgpu.core import _compat, storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
+from bert_mgpu.io import checkpoints
 from bert_mgpu.io.trained import CHOICE, PROBE_TEXTS, SPAN, build_model
 from bert_mgpu.model.kernels import ACTIVATIONS
+from bert_mgpu.model.pretraining_model import assign_heads, build_pretrainer
 
 log = logging.getLogger("bert_mgpu")
 OPSET = 17  # tf2onnx 1.17 converts at most 18; 17 is what ONNX Runtime releases of the last years all run
@@ -43,6 +47,7 @@ FACTS = "bert_mgpu.json"
 # What each graph format needs beyond TensorFlow, and the extra of setup.py that installs it.
 _ONNX = (("tf2onnx", "onnx", "onnxruntime"), "onnx")
 NEEDS = {"onnx": _ONNX, "onnx_int8": _ONNX, "tflite": (("ai_edge_litert",), "tflite")}
+MLM_HEAD, NSP_HEAD = "cls/predictions/output_bias", "cls/seq_relationship/output_bias"
 TOLERANCE = 1e-3  # a float32 export further than this from TensorFlow is refused (measured: about 1e-6)
 
 
@@ -129,10 +134,22 @@ def _tidy(path, matmul):
 
 def portable_model(trained):
     """The reference keras-hub encoder and head of `trained`, its GELU written with ops every converter takes
-    (tf2onnx, LiteRT's): TensorFlow's exact GELU is an `Erfc`."""
-    model = build_model(trained)
+    (tf2onnx, LiteRT's): TensorFlow's exact GELU is an `Erfc`. A pretrainer with its masked-LM head keeps its
+    heads (`.mlm_head`, `.nsp_head`), for scoring."""
+    model = _pretrainer(trained) if trained.head is None and MLM_HEAD in trained.weights else build_model(trained)
+    portable = ACTIVATIONS[trained.config.hidden_act].portable
     for layer in model.backbone.transformer_layers if hasattr(model, "backbone") else model.transformer_layers:
-        _compat.transformer_parts(layer).intermediate.activation = ACTIVATIONS[trained.config.hidden_act].portable
+        _compat.transformer_parts(layer).intermediate.activation = portable
+    if hasattr(model, "mlm_head"):  # its transform's activation is the encoder's
+        _compat.masked_lm_parts(model.mlm_head).dense.activation = portable
+    return model
+
+
+def _pretrainer(trained):
+    """The unfused pretraining model of `trained` (a pretrainer's weights, heads included)."""
+    model = build_pretrainer(trained.config, nsp=NSP_HEAD in trained.weights, fused=False)
+    checkpoints.assign_encoder(model.backbone, trained.weights, "export")
+    assign_heads(model, trained.weights, "export")
     return model
 
 
@@ -148,9 +165,16 @@ def ids_graph(trained, model):
     def outputs(input_ids, attention_mask, token_type_ids):
         features = {"token_ids": tf.cast(input_ids, tf.int32), "segment_ids": tf.cast(token_type_ids, tf.int32),
                     "padding_mask": attention_mask > 0}
+        if head is None:  # a pretrained encoder, and its pretraining heads at every position where it has them
+            out = getattr(model, "backbone", model)(features, training=False)
+            named = {"last_hidden_state": out["sequence_output"], "pooler_output": out["pooled_output"]}
+            if hasattr(model, "mlm_head"):
+                every = tf.broadcast_to(tf.range(tf.shape(input_ids)[1])[None], tf.shape(input_ids))
+                named["mlm_logits"] = model.mlm_head(out["sequence_output"], mask_positions=every)
+                if model.nsp_head is not None:
+                    named["nsp_logits"] = model.nsp_head(out["pooled_output"])
+            return named
         out = model(features, training=False)
-        if head is None:  # a pretrained encoder
-            return {"last_hidden_state": out["sequence_output"], "pooler_output": out["pooled_output"]}
         if trained.kind == SPAN:
             return {"start_logits": out[:, :, 0], "end_logits": out[:, :, 1]}
         if trained.kind == "classifier":  # the SavedModel's numeric outputs too (probabilities, or scores)

@@ -86,6 +86,19 @@ class Pieces:
         return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
+def padded(rows, pad_id):
+    """The graph's inputs for rows of (ids, segment ids), padded to the longest."""
+    width = max(len(ids) for ids, _ in rows)
+    out = {"input_ids": np.full((len(rows), width), pad_id, np.int64),
+           "attention_mask": np.zeros((len(rows), width), np.int64),
+           "token_type_ids": np.zeros((len(rows), width), np.int64)}
+    for n, (ids, segments) in enumerate(rows):
+        out["input_ids"][n, :len(ids)] = ids
+        out["attention_mask"][n, :len(ids)] = 1
+        out["token_type_ids"][n, :len(segments)] = segments
+    return out
+
+
 def read_tokenizer(path):
     """The export's tokenizer.json in Hugging Face `tokenizers`, padding each batch to its longest text."""
     import tokenizers

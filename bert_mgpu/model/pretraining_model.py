@@ -33,12 +33,14 @@ class TiedMaskedLMHead(keras_hub.layers.MaskedLMHead):
     """keras-hub's MaskedLMHead, projecting onto the word embeddings with one `transpose_b` matmul.
 
     keras-hub's reverse embedding transposes the [vocab, hidden] table in every forward pass and the
-    gradient back in every backward pass; the matmul reads the table as it is stored
+    gradient back in every backward pass; the matmul reads the table as it is stored.
     Same variables, same result.
     """
 
     def call(self, inputs, mask_positions):
-        x = keras.ops.take_along_axis(inputs, keras.ops.expand_dims(mask_positions, -1), axis=1)
+        # A gather per row, as keras.ops.take_along_axis computes it without its Transpose of the int64
+        # positions, for which oneDNN's graph pass logs an error line on every run (data/input_pipeline.combine).
+        x = tf.gather(inputs, mask_positions, batch_dims=1)
         parts = _compat.masked_lm_parts(self)
         x = parts.norm(parts.dense(x))
         table = tf.cast(self.token_embedding.embeddings, self.compute_dtype)
