@@ -113,3 +113,49 @@ def test_pretraining_loss_is_googles_on_the_real_predictions_and_names_its_resul
     assert kind.hf_architecture({"cls/seq_relationship/output_weights": 0}) == "BertForPreTraining"
     assert kind.hf_architecture({"cls/predictions/output_bias": 0}) == "BertForMaskedLM"
     assert objective("classification").hf_architecture({}) == "BertForSequenceClassification"
+
+
+def _softmax_xent(logits, labels):
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return -np.take_along_axis(log_p, labels[..., None], -1)[..., 0], np.exp(log_p)
+
+
+@pytest.mark.parametrize("weights, gamma", [((0.5, 2.0, 1.0), 0.0), (None, 2.0), ((3.0, 0.25, 1.0), 1.5)])
+def test_class_weights_and_focal_loss_equal_a_numpy_reference(weights, gamma):
+    """Lin et al. 2017: -(1 - p)^gamma log p times the label's weight, a mean over the batch, for the classifier
+    (rows) and the tagger (labelled tokens; -1 elsewhere)."""
+    from bert_mgpu.model.tagging_objectives import TokenClassification
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (6, 3)).astype(np.float32)
+    labels = rng.integers(0, 3, 6).astype(np.int32)
+    per, p = _softmax_xent(logits.astype(np.float64), labels)
+    scale = (1 - np.take_along_axis(p, labels[:, None], 1)[:, 0]) ** gamma * (
+        np.asarray(weights)[labels] if weights else 1.0)
+    obj = objective("classification").reweighted(weights, gamma)
+    got = obj.example_losses(tf.constant(logits), tf.constant(labels)).numpy()
+    np.testing.assert_allclose(got, per * scale, rtol=1e-5)
+    assert objective("classification").class_weights is None  # reweighted is a copy
+
+    tokens = rng.normal(0, 3, (2, 5, 3)).astype(np.float32)
+    tags = rng.integers(0, 3, (2, 5)).astype(np.int32)
+    tags[0, 3:] = tags[1, 0] = -1
+    known = tags >= 0
+    per, p = _softmax_xent(tokens.astype(np.float64), np.where(known, tags, 0))
+    pt = np.take_along_axis(p, np.where(known, tags, 0)[..., None], -1)[..., 0]
+    scale = (1 - pt) ** gamma * (np.asarray(weights)[np.where(known, tags, 0)] if weights else 1.0)
+    loss, _ = TokenClassification().reweighted(weights, gamma).token_stats(tf.constant(tokens), tf.constant(tags))
+    assert float(loss) == pytest.approx((per * scale)[known].sum() / known.sum(), rel=1e-5)
+
+
+def test_auto_class_weights_are_sklearns_balanced_and_other_heads_refuse_them():
+    from bert_mgpu.model.objectives import label_weights
+    from bert_mgpu.model.tagging_objectives import CRFTagging
+
+    assert label_weights([6, 2, 0, 4]) == pytest.approx((12 / 24, 12 / 8, 1.0, 12 / 16))
+    for obj, why in ((objective("regression"), "not a regression head's loss"),
+                     (objective("multi_label"), "not a multi_label head's loss"),
+                     (CRFTagging(), "a CRF's loss is the whole path's likelihood")):
+        with pytest.raises(UserError, match=why):
+            obj.reweighted((1.0, 2.0), 0.0)

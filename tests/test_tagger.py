@@ -270,3 +270,29 @@ def test_the_served_chunking_equals_conllevals_on_random_tag_sequences():
         assert row_of[a] == row_of[b]
         got[row_of[a]].append((types[k], int(a - starts[row_of[a]]), int(b - starts[row_of[a]]) + 1))
     assert got == [entities(row) for row in rows]
+
+
+def test_a_taggers_auto_class_weights_count_the_tags_its_loss_reads_and_a_crf_refuses_them(google_release, tmp_path):
+    """--class_weights=auto on a tagger: each tag's count over the labelled first pieces of the training
+    windows (a word in two windows twice, as the loss reads it), scikit-learn's balanced weights from them."""
+    import bert_mgpu
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.train.train_config import TrainConfig
+
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1)
+    sentences = [(["paris", "is", "big"], ["B-LOC", "O", "O"]), (["bob", "smith", "ran"], ["B-PER", "I-PER", "O"]),
+                 (["film"] * 20, ["O"] * 20)]  # 20 words in windows of 14 pieces, 7 apart: 6 words counted twice
+    tagger = bert_mgpu.BertTagger.from_pretrained(google_release, labels=["O", "B-LOC", "B-PER", "I-PER"],
+                                                  max_seq_length=16, doc_stride=7, towers=towers, precision="float32")
+    windows, _, _ = tagger._training_data(sentences)
+    counts = tagger._label_counts(windows)
+    films = sum(sum(1 for word in w.words if word >= 0) for w in windows[2:])
+    assert films > 20 and list(counts) == [3 + films, 1, 1, 1]
+    loss = tagger._training_loss(TrainConfig(class_weights="auto"), windows)
+    assert tagger.objective.class_weights is None  # evaluation keeps the plain loss
+    assert loss.__self__.class_weights == pytest.approx(tuple(counts.sum() / (4 * c) for c in counts))
+    crf = bert_mgpu.BertTagger.from_pretrained(google_release, labels=["O", "B-LOC"], max_seq_length=16, crf=True,
+                                               towers=towers, precision="float32")
+    with pytest.raises(UserError, match="a CRF's loss is the whole path's likelihood"):
+        crf.fit([(["paris"], ["B-LOC"])], str(tmp_path / "crf"), class_weights="auto", epochs=1, train_batch_size=1)
+    assert not os.path.exists(tmp_path / "crf")  # refused before anything was written

@@ -197,6 +197,10 @@ class BertClassifier(FineTuned):
                  self.max_seq_length, self.doc_stride)
         return (examples, windows), len(windows.lengths), examples_digest(examples)
 
+    def _label_counts(self, data):
+        ids = {label: i for i, label in enumerate(self.labels)}
+        return np.bincount([ids[e.label] for e in data[0] if e.label in ids], minlength=len(self.labels))
+
     def _train_dataset(self, data, global_batch, seed):
         examples, windows = data
         kwargs = {"windows": windows} if windows is not None else {}

@@ -17,12 +17,13 @@ from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
+from bert_mgpu.model.objectives import label_weights
 from bert_mgpu.parallel import agree
 from bert_mgpu.train import memory, optimization
 from bert_mgpu.train.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
 from bert_mgpu.train.loop import interactive
 from bert_mgpu.train.session import Session
-from bert_mgpu.train.train_config import TrainConfig
+from bert_mgpu.train.train_config import TrainConfig, check_class_weights
 from bert_mgpu.train.training import Trainer
 
 log = logging.getLogger("bert_mgpu")
@@ -115,6 +116,28 @@ class FineTuned:
         """bert_mgpu.json, bert_config.json and vocab.txt: what makes output_dir a loadable checkpoint."""
         raise NotImplementedError
 
+    def _label_counts(self, data):
+        """How often each of `self.labels` is a training target in `data` (`_training_data`'s)."""
+        raise NotImplementedError
+
+    def _training_loss(self, config, data):
+        """The objective's training loss, weighted by label (`config.class_weights`) and focused
+        (`config.focal_gamma`) where the config asks; evaluation keeps the plain loss."""
+        if config.class_weights is None and not config.focal_gamma:
+            return self.objective.loss
+        self.objective.reweighted()  # one line for a head whose loss is no softmax, before the counting
+        weights = config.class_weights
+        if weights == "auto":
+            weights = label_weights(self._label_counts(data))
+        elif weights is not None:
+            weights = check_class_weights(weights)
+            if len(weights) != len(self.labels):
+                raise UserError(f"--class_weights: {len(weights)} weights for {len(self.labels)} labels "
+                                f"({', '.join(self.labels)})")
+        if weights is not None:
+            log.info("class weights: %s", ", ".join(f"{label} {w:.4g}" for label, w in zip(self.labels, weights)))
+        return self.objective.reweighted(weights, config.focal_gamma).loss
+
     def evaluate(self, examples, batch_size=8, verbose="auto"):
         raise NotImplementedError
 
@@ -157,6 +180,7 @@ class FineTuned:
         config = TrainConfig.make(config, **keywords)
         config.check()
         data, rows, digest = self._training_data(examples)
+        loss = self._training_loss(config, data)
         dev = None if dev is None else self._as_dev(dev)
         per_tower, accum = int(config.train_batch_size or self.train_batch_size), config.gradient_accumulation_steps
         global_batch = self.towers.batch(per_tower) * accum
@@ -193,7 +217,7 @@ class FineTuned:
         warmup = config.warmup_steps(num_steps)
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16",
-            layerwise_lr_decay=config.layerwise_lr_decay), self.objective.loss,
+            layerwise_lr_decay=config.layerwise_lr_decay), loss,
             accum, config.use_xla, recompute=config.recompute, seed=config.seed)
         start = session.start
         if session.restored:

@@ -155,6 +155,10 @@ class BertTagger(FineTuned):
         windows = self._windows(sentences)
         return windows, len(windows), sentences_digest(sentences)
 
+    def _label_counts(self, windows):
+        """Each tag's count over the tokens the loss reads: a word in two windows counts twice, as it trains."""
+        return np.bincount([t for w in windows for t in w.labels if t >= 0], minlength=len(self.labels))
+
     def _train_dataset(self, windows, global_batch, seed):
         return tagging_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=True, seed=seed)
 

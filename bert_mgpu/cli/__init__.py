@@ -327,7 +327,8 @@ def train_config():
         eval_batch_size=f.eval_batch_size, metric_for_best_model=f.metric_for_best_model,
         greater_is_better=f.greater_is_better, load_best_model_at_end=f.load_best_model_at_end,
         early_stopping_patience=f.early_stopping_patience, early_stopping_threshold=f.early_stopping_threshold,
-        layerwise_lr_decay=f.layerwise_lr_decay, **_loop_flags())
+        layerwise_lr_decay=f.layerwise_lr_decay, class_weights=f.class_weights, focal_gamma=f.focal_gamma,
+        **_loop_flags())
 
 
 def pretrain_config():

@@ -42,6 +42,11 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
     flags.DEFINE_float("layerwise_lr_decay", 1.0, "Layer-wise learning-rate decay (Sun et al. 2019): each encoder "
                        "layer learns at the rate of the one above it times this, the embeddings lowest, the head at "
                        "--learning_rate; e.g. 0.95. 1: one rate for all.")
+    flags.DEFINE_string("class_weights", None, "Each label's weight in the training loss, for skewed labels: "
+                        "'auto' (examples / (labels x the label's count)) or one number a label in --labels' order, "
+                        "comma-separated. Classification, and a tagger without --crf (a weight a tag).")
+    flags.DEFINE_float("focal_gamma", 0.0, "Focal loss (Lin et al. 2017): each example's (a tagger: each token's) "
+                       "cross-entropy times (1 - p)^gamma, p its label's probability; e.g. 2. 0: cross-entropy.")
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
     flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")

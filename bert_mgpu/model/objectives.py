@@ -15,6 +15,8 @@ Example:
     files = obj.prediction_files(obj.predict(logits), labels=["a", "b"], guids=["test-0"], threshold=0.5)
 """
 
+import copy
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -55,6 +57,11 @@ class Objective:
     def settings(self):
         """What a resumed run compares for the head kind (run_dir.Run's settings)."""
         return {"task_type": self.name}
+
+    def reweighted(self, class_weights=None, focal_gamma=0.0):
+        """This objective with its training loss weighted by label and focused (`focal`); a softmax's only."""
+        raise UserError(f"--class_weights and --focal_gamma weigh a softmax over classes (classification, a tagger "
+                        f"without --crf); not a {self.name} head's loss")
 
     def hf_architecture(self, weights):
         """transformers' class for a model with these weights ({google-bert name: array})."""
@@ -163,10 +170,37 @@ class SentenceObjective(Objective):
         return tf.nn.softmax(logits)
 
 
+def focal(per, labels, class_weights=None, focal_gamma=0.0):
+    """Cross-entropies `per` (of the labels `labels`) weighted by their label's weight and focused (Lin et al.
+    2017): per x (1 - p)^gamma x weight, p = exp(-per) the label's probability. Each row keeps its place in
+    the caller's mean, so the towers' losses average as before."""
+    if focal_gamma:  # 1 - p as -expm1(-per): exact where p is near 1; kept off 0, where (.)^gamma has no slope
+        per = per * tf.pow(tf.maximum(-tf.math.expm1(-per), 1e-12), tf.cast(focal_gamma, per.dtype))
+    if class_weights is not None:
+        per = per * tf.gather(tf.constant(class_weights, per.dtype), labels)
+    return per
+
+
+def label_weights(counts):
+    """--class_weights=auto from each label's training count: examples / (labels x count), scikit-learn's
+    "balanced" (a label never seen: 1)."""
+    counts = np.asarray(counts, np.float64)
+    return tuple(float(counts.sum() / (len(counts) * c)) if c else 1.0 for c in counts)
+
+
 class Classification(SentenceObjective):
     """One class an example (softmax over the labels): google-bert's run_classifier."""
 
     name, problem_type = "classification", "single_label_classification"
+    class_weights, focal_gamma = None, 0.0
+
+    def reweighted(self, class_weights=None, focal_gamma=0.0):
+        out = copy.copy(self)
+        out.class_weights, out.focal_gamma = class_weights, focal_gamma
+        return out
+
+    def example_losses(self, logits, labels):
+        return focal(super().example_losses(logits, labels), labels, self.class_weights, self.focal_gamma)
 
     def settings(self):
         return {}  # what run directories recorded before the other kinds existed: resumed as they were

@@ -7,6 +7,7 @@ Example:
     results, per_type = kind.evaluate(true_tags, predicted_tags)
 """
 
+import copy
 import logging
 
 import tensorflow as tf
@@ -16,7 +17,7 @@ from bert_mgpu.core.entities import split_tag
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Objective, label_maps
+from bert_mgpu.model.objectives import Objective, focal, label_maps
 
 log = logging.getLogger("bert_mgpu")
 
@@ -27,6 +28,13 @@ class TokenClassification(Objective):
 
     name = "token_classification"
     IGNORED = -1
+    class_weights, focal_gamma = None, 0.0
+
+    def reweighted(self, class_weights=None, focal_gamma=0.0):
+        """Each token's cross-entropy weighted by its tag's weight and focused (objectives.focal)."""
+        out = copy.copy(self)
+        out.class_weights, out.focal_gamma = class_weights, focal_gamma
+        return out
 
     def loss(self, model, features, labels, training=True):
         """(mean cross-entropy over labelled positions, {"token_accuracy"}); a batch without one gives 0."""
@@ -37,7 +45,8 @@ class TokenClassification(Objective):
         labels = tf.reshape(labels, [-1])
         flat = tf.reshape(logits, [-1, tf.shape(logits)[-1]])
         weight = tf.cast(labels != self.IGNORED, tf.float32)
-        per = sparse_xent(tf.where(labels == self.IGNORED, 0, labels), flat)
+        known = tf.where(labels == self.IGNORED, 0, labels)
+        per = focal(sparse_xent(known, flat), known, self.class_weights, self.focal_gamma)
         count = tf.maximum(tf.reduce_sum(weight), 1.0)
         right = tf.cast(tf.equal(tf.argmax(flat, -1, output_type=labels.dtype), labels), tf.float32)
         return tf.reduce_sum(per * weight) / count, {"token_accuracy": tf.reduce_sum(right * weight) / count}
@@ -110,6 +119,10 @@ class CRFTagging(TokenClassification):
 
     def settings(self):
         return {**super().settings(), "crf": True}
+
+    def reweighted(self, class_weights=None, focal_gamma=0.0):
+        raise UserError("--class_weights and --focal_gamma weigh each token's softmax; a CRF's loss is the whole "
+                        "path's likelihood: train without --crf")
 
     def decoder(self, model):
         """Each window's best path under the model's transitions as they are now."""

@@ -75,6 +75,20 @@ class LoopConfig:
         return dataclasses.asdict(self)
 
 
+def check_class_weights(value):
+    """--class_weights as "auto", None or a tuple of positive floats (from a comma-separated string or a
+    sequence), or UserError."""
+    if value is None or value == "auto":
+        return value
+    try:
+        weights = tuple(float(w) for w in (value.split(",") if isinstance(value, str) else value))
+    except (TypeError, ValueError):
+        raise UserError(f"--class_weights={value}: 'auto' or one number a label, comma-separated") from None
+    if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise UserError(f"--class_weights={value}: each weight must be a finite number above 0")
+    return weights
+
+
 def check_layerwise_lr_decay(value):
     """--layerwise_lr_decay as a float, or UserError: a rate above the layer's own would grow downwards."""
     if not 0 < value <= 1:
@@ -101,6 +115,10 @@ class TrainConfig(LoopConfig):
             threshold before the run stops.
         layerwise_lr_decay: each encoder layer learns at the rate of the one above it times this, the
             embeddings lowest, the head at learning_rate (optimization.layerwise_rates); 1: one rate.
+        class_weights: each label's weight in the training loss, for skewed labels: "auto" (examples /
+            (labels x the label's count), scikit-learn's "balanced"), one number a label, or None (all 1).
+        focal_gamma: the focal loss's gamma (Lin et al. 2017): each example's (or token's) cross-entropy times
+            (1 - p)^gamma, p its label's probability; 0: plain cross-entropy.
     """
 
     epochs: float = 3.0
@@ -118,10 +136,15 @@ class TrainConfig(LoopConfig):
     early_stopping_patience: int | None = None
     early_stopping_threshold: float = 0.0
     layerwise_lr_decay: float = 1.0
+    class_weights: str | tuple | None = None
+    focal_gamma: float = 0.0
 
     def check(self):
         super().check()
         check_layerwise_lr_decay(self.layerwise_lr_decay)
+        check_class_weights(self.class_weights)
+        if not (math.isfinite(self.focal_gamma) and self.focal_gamma >= 0):
+            raise UserError(f"--focal_gamma={self.focal_gamma}: must be a finite number, 0 or more")
         if int(self.gradient_accumulation_steps) < 1:
             raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -154,7 +177,10 @@ class TrainConfig(LoopConfig):
                 "per_tower_batch": per_tower_batch, "seed": self.seed,
                 **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
                    if self.gradient_accumulation_steps > 1 else {}),
-                **({"layerwise_lr_decay": self.layerwise_lr_decay} if self.layerwise_lr_decay != 1.0 else {})}
+                **({"layerwise_lr_decay": self.layerwise_lr_decay} if self.layerwise_lr_decay != 1.0 else {}),
+                **({"class_weights": self.class_weights if isinstance(self.class_weights, str) else
+                    list(check_class_weights(self.class_weights))} if self.class_weights is not None else {}),
+                **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {})}
 
 
 @dataclasses.dataclass
