@@ -1,5 +1,5 @@
 """The package's layers are its subpackages, lowest first: a module imports only from its own layer or lower
-ones, and no import cycle exists (function-level imports count too). The README's "Layout" lists them."""
+ones, and no import cycle exists (function-level imports count too). docs/architecture.md lists them."""
 
 import ast
 import os

@@ -1,4 +1,5 @@
-"""The two READMEs name flags the scripts have, and the Chinese one names no flag the English one does not."""
+"""The READMEs and docs/ pages name flags the scripts have, the Chinese README no flag the English pages do not,
+and every link between the pages reaches its file and heading."""
 
 import ast
 import os
@@ -50,7 +51,53 @@ def test_every_flag_the_readmes_name_is_a_scripts_flag():
 
 
 def test_the_chinese_readme_names_the_flags_the_english_one_does():
-    zh, en = mentioned("README.zh-CN.md"), mentioned("README.md")
+    zh = mentioned("README.zh-CN.md")
+    en = set().union(*(mentioned(page) for page in _pages() if page != "README.zh-CN.md"))  # README and docs/
     assert len(zh) > 40
-    assert not zh - en, f"README.zh-CN.md names flags README.md does not: {sorted(zh - en)}"
+    assert not zh - en, f"README.zh-CN.md names flags the English pages do not: {sorted(zh - en)}"
     assert "README.zh-CN.md" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+
+
+def _anchor(heading):
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _pages():
+    docs = os.path.join(ROOT, "docs")
+    return ["README.md", "README.zh-CN.md"] + [os.path.join("docs", f) for f in sorted(os.listdir(docs))
+                                               if f.endswith(".md")]
+
+
+def test_every_link_between_the_pages_reaches_a_file_and_heading():
+    """README.md, README.zh-CN.md and docs/*.md: each relative link names a file of the repository, and each
+    #anchor a heading of its page."""
+    broken = []
+    for page in _pages():
+        text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"https?:|mailto:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            full = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path else \
+                os.path.join(ROOT, page)
+            if not os.path.exists(full):
+                broken.append(f"{page}: {target} (no such file)")
+            elif anchor and full.endswith(".md"):
+                body = re.sub(r"```.*?```", "", open(full, encoding="utf-8").read(), flags=re.S)
+                headings = {_anchor(h) for h in re.findall(r"^#+ (.+)$", body, flags=re.M)}
+                if anchor not in headings:
+                    broken.append(f"{page}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_documentation_pages_name_only_the_scripts_flags_and_the_readme_lists_every_page():
+    flags, patterns = defined_flags()
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert len(readme.splitlines()) <= 300  # a user's page; the rest is in docs/
+    for page in _pages()[2:]:
+        unknown = {f for f in mentioned(page) - flags - OTHERS if not any(re.fullmatch(p, f) for p in patterns)}
+        assert not unknown, f"{page} names flags no script has: {sorted(unknown)}"
+        if os.path.basename(page) != "README.md":
+            assert f"({page})" in readme, f"README.md does not link {page}"
