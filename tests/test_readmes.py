@@ -101,3 +101,15 @@ def test_the_documentation_pages_name_only_the_scripts_flags_and_the_readme_list
         assert not unknown, f"{page} names flags no script has: {sorted(unknown)}"
         if os.path.basename(page) != "README.md":
             assert f"({page})" in readme, f"README.md does not link {page}"
+
+
+def test_the_notes_index_lists_every_item():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("notes_index", os.path.join(ROOT, "benchmarks", "notes_index.py"))
+    notes_index = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(notes_index)
+    text = open(notes_index.NOTES, encoding="utf-8").read()
+    numbers = [n for n, _, _ in notes_index.items(text)]
+    assert len(numbers) > 70 and len(set(numbers)) == len(numbers)
+    assert notes_index.with_index(text) == text, "run `python benchmarks/notes_index.py`"
