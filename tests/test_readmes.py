@@ -33,7 +33,8 @@ def defined_flags():
 
 
 # Flags of other programs the English README shows: srun, saved_model_cli, mlflow, a benchmark's.
-OTHERS = {"backend", "dir", "gpus", "model", "ntasks", "resv", "signature_def", "tag_set"}  # srun, saved_model_cli, ...
+OTHERS = {"backend", "dir", "gpus", "model", "ntasks", "resv", "signature_def", "tag_set",  # srun, saved_model_cli, ...
+          "helpfull"}  # absl's
 
 
 def mentioned(readme):
@@ -113,3 +114,15 @@ def test_the_notes_index_lists_every_item():
     numbers = [n for n, _, _ in notes_index.items(text)]
     assert len(numbers) > 70 and len(set(numbers)) == len(numbers)
     assert notes_index.with_index(text) == text, "run `python benchmarks/notes_index.py`"
+
+
+def test_the_flags_reference_is_the_scripts_own_help():
+    """docs/flags.md is what `python -m bert_mgpu.cli.flags_reference` writes from the flags' definitions."""
+    from bert_mgpu.cli.flags_reference import SCRIPTS, reference
+
+    assert set(SCRIPTS) == set(SCRIPTS_WITH_FLAGS)
+    with open(os.path.join(ROOT, "docs", "flags.md"), encoding="utf-8") as f:
+        assert f.read() == reference(), "run `python -m bert_mgpu.cli.flags_reference > docs/flags.md`"
+
+
+SCRIPTS_WITH_FLAGS = SCRIPTS + ["run_multiple_choice_mgpu.py"]
