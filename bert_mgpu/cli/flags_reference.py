@@ -18,8 +18,9 @@ SCRIPTS = ("run_classifier_mgpu.py", "run_ner_mgpu.py", "run_squad_mgpu.py", "ru
 def flags_of(script):
     """[(flag, default, help)] of a script: its own and bert_mgpu's, as its --helpfull lists them (absl's
     and TensorFlow's left out)."""
-    text = subprocess.run([sys.executable, script, "--helpfull"], capture_output=True, text=True,
-                          cwd=ROOT).stdout  # absl exits 1 after the help
+    env = {**os.environ, "COLUMNS": "100000"}  # one line a flag: the same text whatever the terminal
+    text = subprocess.run([sys.executable, script, "--helpfull"], capture_output=True, text=True, cwd=ROOT,
+                          env=env).stdout  # absl exits 1 after the help
     out, current, ours, seen = [], None, False, set()
     for line in text.splitlines():
         module = re.match(r"^([A-Za-z_][\w.]*(?:\.py)?):$", line)
