@@ -89,6 +89,11 @@ def check_class_weights(value):
     return weights
 
 
+def _recorded(weights):
+    """Class weights as a run records them, however given ("1,2" or (1, 2)): "auto" or a list of floats."""
+    return weights if weights == "auto" else list(weights)
+
+
 def check_layerwise_lr_decay(value):
     """--layerwise_lr_decay as a float, or UserError: a rate above the layer's own would grow downwards."""
     if not 0 < value <= 1:
@@ -178,8 +183,8 @@ class TrainConfig(LoopConfig):
                 **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
                    if self.gradient_accumulation_steps > 1 else {}),
                 **({"layerwise_lr_decay": self.layerwise_lr_decay} if self.layerwise_lr_decay != 1.0 else {}),
-                **({"class_weights": self.class_weights if isinstance(self.class_weights, str) else
-                    list(check_class_weights(self.class_weights))} if self.class_weights is not None else {}),
+                **({"class_weights": _recorded(check_class_weights(self.class_weights))}
+                   if self.class_weights is not None else {}),
                 **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {})}
 
 
