@@ -69,8 +69,6 @@ def test_settings_keep_the_keys_and_values_old_run_directories_recorded(kind):
 
 def test_class_weights_are_recorded_the_same_however_given():
     """A script's "1,2" and a notebook's (1, 2) are one setting: a resume from either is the same run."""
-    from bert_mgpu.train.train_config import TrainConfig
-
     recorded = [TrainConfig(class_weights=w, focal_gamma=g).settings(8) for w, g in (("1,2", 2), ((1, 2.0), 2.0))]
     assert recorded[0] == recorded[1] and recorded[0]["class_weights"] == [1.0, 2.0]
     assert TrainConfig(class_weights="auto").settings(8)["class_weights"] == "auto"
