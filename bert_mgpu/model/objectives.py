@@ -58,10 +58,17 @@ class Objective:
         """What a resumed run compares for the head kind (run_dir.Run's settings)."""
         return {"task_type": self.name}
 
+    weighable = False  # a softmax over classes: its training loss takes class weights and a focal gamma
+    class_weights, focal_gamma = None, 0.0
+
     def reweighted(self, class_weights=None, focal_gamma=0.0):
-        """This objective with its training loss weighted by label and focused (`focal`); a softmax's only."""
-        raise UserError(f"--class_weights and --focal_gamma weigh a softmax over classes (classification, a tagger "
-                        f"without --crf); not a {self.name} head's loss")
+        """A copy of this objective whose training loss is weighted by label and focused (`focal`)."""
+        if not self.weighable:
+            raise UserError(f"--class_weights and --focal_gamma weigh a softmax over classes (classification, a "
+                            f"tagger without --crf); not a {self.name} head's loss")
+        out = copy.copy(self)
+        out.class_weights, out.focal_gamma = class_weights, focal_gamma
+        return out
 
     def hf_architecture(self, weights):
         """transformers' class for a model with these weights ({google-bert name: array})."""
@@ -192,12 +199,7 @@ class Classification(SentenceObjective):
     """One class an example (softmax over the labels): google-bert's run_classifier."""
 
     name, problem_type = "classification", "single_label_classification"
-    class_weights, focal_gamma = None, 0.0
-
-    def reweighted(self, class_weights=None, focal_gamma=0.0):
-        out = copy.copy(self)
-        out.class_weights, out.focal_gamma = class_weights, focal_gamma
-        return out
+    weighable = True
 
     def example_losses(self, logits, labels):
         return focal(super().example_losses(logits, labels), labels, self.class_weights, self.focal_gamma)

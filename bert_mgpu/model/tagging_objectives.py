@@ -7,7 +7,6 @@ Example:
     results, per_type = kind.evaluate(true_tags, predicted_tags)
 """
 
-import copy
 import logging
 
 import tensorflow as tf
@@ -28,13 +27,7 @@ class TokenClassification(Objective):
 
     name = "token_classification"
     IGNORED = -1
-    class_weights, focal_gamma = None, 0.0
-
-    def reweighted(self, class_weights=None, focal_gamma=0.0):
-        """Each token's cross-entropy weighted by its tag's weight and focused (objectives.focal)."""
-        out = copy.copy(self)
-        out.class_weights, out.focal_gamma = class_weights, focal_gamma
-        return out
+    weighable = True  # each token's cross-entropy, weighted by its tag and focused (objectives.focal)
 
     def loss(self, model, features, labels, training=True):
         """(mean cross-entropy over labelled positions, {"token_accuracy"}); a batch without one gives 0."""
