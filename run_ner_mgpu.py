@@ -64,14 +64,16 @@ def run():
     cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
     tag_map = _tag_map()
-    from bert_mgpu.io.export import TAGGER_FORMATS
+    from bert_mgpu.io.heads import head_for
+
+    formats = head_for("tagger").formats
 
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
         if FLAGS.crf and fmt == "hf":
             raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; export "
                             "google or saved_model")
-        if fmt not in TAGGER_FORMATS:  # before any training
-            raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {', '.join(TAGGER_FORMATS)} "
+        if fmt not in formats:  # before any training
+            raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {', '.join(formats)} "
                             "(keras-hub has no token classifier)")
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,

@@ -72,7 +72,9 @@ def run():
     from bert_mgpu.data.squad import metric_for, read_squad
     from bert_mgpu.data.squad_input import check_lengths
     from bert_mgpu.io import outputs
-    from bert_mgpu.io.export import SPAN_FORMATS
+    from bert_mgpu.io.heads import head_for
+
+    formats = head_for("question_answerer").formats
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
@@ -86,8 +88,8 @@ def run():
     if not math.isfinite(FLAGS.null_score_diff_threshold):  # nan compares false: every question answered
         raise UserError(f"--null_score_diff_threshold={FLAGS.null_score_diff_threshold}: must be a finite number")
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if fmt not in SPAN_FORMATS:  # before any training
-            raise UserError(f"--export_format={fmt}: run_squad_mgpu.py exports {', '.join(SPAN_FORMATS)} "
+        if fmt not in formats:  # before any training
+            raise UserError(f"--export_format={fmt}: run_squad_mgpu.py exports {', '.join(formats)} "
                             "(keras-hub has no span head)")
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("output_dir",), lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))

@@ -31,7 +31,7 @@ def test_huggingface_safetensors_match_transformers(reference, minilm, minilm_di
     import transformers
 
     pre, ours, _ = minilm
-    assert pre.kind == "huggingface" and pre.do_lower_case is True
+    assert pre.layout == "huggingface" and pre.do_lower_case is True
     ref_model = transformers.BertModel.from_pretrained(minilm_dir).eval()
     with torch.no_grad():
         ref = ref_model(input_ids=torch.tensor(TOKENS).long(), token_type_ids=torch.tensor(SEGMENTS).long(),
@@ -50,9 +50,9 @@ def test_google_release_of_same_weights_loads_to_same_outputs(minilm, tmp_path):
     pre.config.to_json_file(str(directory / "bert_config.json"))
     (directory / "vocab.txt").write_bytes(open(pre.vocab_file, "rb").read())
     g_pre, g_out, _ = sequence_output(str(directory / "bert_model.ckpt"))
-    assert g_pre.kind == "google" and len(g_pre.weights) == len(pre.weights) == 103
+    assert g_pre.layout == "google" and len(g_pre.weights) == len(pre.weights) == 103
     assert np.abs(g_out - ours).max() <= 1e-5
-    assert sequence_output(str(directory))[0].kind == "google"  # the directory works too
+    assert sequence_output(str(directory))[0].layout == "google"  # the directory works too
 
 
 def test_keras_hub_preset_saved_from_it_loads_to_same_outputs(minilm, tmp_path):
@@ -64,7 +64,7 @@ def test_keras_hub_preset_saved_from_it_loads_to_same_outputs(minilm, tmp_path):
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=pre.vocab_file, lowercase=True)
     tokenizer.save_to_preset(preset)
     k_pre, k_out, _ = sequence_output(preset)
-    assert k_pre.kind == "keras_hub" and k_pre.do_lower_case is True
+    assert k_pre.layout == "keras_hub" and k_pre.do_lower_case is True
     # keras-hub presets record no activation; bert_mgpu reads them as keras-hub's own tanh-GELU BERT
     assert k_pre.config.hidden_act == "gelu_new"
     native = keras_hub.models.BertBackbone.from_preset(preset)  # what keras-hub itself computes

@@ -85,7 +85,7 @@ def test_an_hfl_roberta_wwm_ext_release_loads_and_predicts_as_transformers_bert(
     release = tmp_path / "chinese_roberta_wwm_ext_L-3_H-64_A-4"
     weights = hfl_release(release)
     pre = checkpoints.load_pretrained(str(release))
-    assert pre.kind == "google" and pre.config.vocab_size == 21128 and pre.config.num_hidden_layers == 3
+    assert pre.layout == "google" and pre.config.vocab_size == 21128 and pre.config.num_hidden_layers == 3
     tok = FullTokenizer(str(release / "vocab.txt"), do_lower_case=True)
     texts = ["使用语言模型来预测下一个词。", "今天天气很好！"]
     rows = [[tok.cls_id, *ids, tok.sep_id] for ids in tok.id_lists(texts)]

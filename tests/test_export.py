@@ -190,7 +190,7 @@ def test_google_export_has_googles_names_and_reads_back(trained):
                 "type_vocab_size", "initializer_range"):
         assert key in config
     pre = checkpoints.load_pretrained(str(path))
-    assert pre.kind == "google" and pre.labels == ["neg", "pos"]
+    assert pre.layout == "google" and pre.labels == ["neg", "pos"]
     ours = export.from_classifier(clf).weights
     assert set(pre.weights) == set(ours)
     assert max(np.abs(pre.weights[k] - ours[k]).max() for k in ours) == 0.0

@@ -75,7 +75,7 @@ def test_a_classifier_trains_evaluates_predicts_and_resumes_on_ram(google_releas
     np.testing.assert_allclose(again.predict(train[:5]), probs, atol=1e-6)
     again.fit(train, out, epochs=1, learning_rate=1e-3, save_checkpoints_steps=2, verbose=False)  # resumes: done
     assert again.global_step == 4
-    assert checkpoints.load_pretrained(out).kind == "bert_mgpu"
+    assert checkpoints.load_pretrained(out).layout == "bert_mgpu"
 
 
 def test_pretraining_writes_its_checkpoints_and_fine_tune_markers_on_ram(text):  # noqa: F811

@@ -141,10 +141,9 @@ class BertClassifier(FineTuned):
         """
         opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
                                  max_seq_length, config_alone=True)
-        pre, run = opened.pretrained, opened.pretrained.run or {}
-        own = pre.kind == "bert_mgpu" and run.get("kind", "classifier") == "classifier"
-        if not own:  # another head's run (a tagger's, a pretrainer's) gives its encoder alone
-            run = {}
+        pre = opened.pretrained
+        own = pre.run_of("classifier") is not None  # another head's run (a tagger's, ...): its encoder alone
+        run = pre.run if own else {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         kind = objective(task_type)
         labels = list(labels or run.get("labels") or pre.labels or []) if kind.has_classes else []
@@ -157,11 +156,11 @@ class BertClassifier(FineTuned):
                         "pretrained BERT to learn much; run_pretraining_mgpu.py makes one", pre.path)
         if unused:
             log.info("not used by a classifier: %s", ", ".join(unused))
-        if pre.kind == "bert_mgpu" and run.get("labels") == labels and \
+        if pre.layout == "bert_mgpu" and run.get("labels") == labels and \
                 run.get("task_type", "classification") == task_type:
             run_checkpoint.restore_head(model, pre.ckpt_prefix)
             log.info("classifier head restored from %s", pre.ckpt_prefix)
-        elif pre.kind != "bert_mgpu" and _head_fits(pre.weights, model.head):
+        elif pre.layout != "bert_mgpu" and _head_fits(pre.weights, model.head):
             # As google-bert's run_classifier and transformers do: a head of the right shape is loaded.
             model.head.kernel.assign(pre.weights["output_weights"].T)
             model.head.bias.assign(pre.weights["output_bias"])

@@ -57,7 +57,7 @@ def open_head(kind, init_checkpoint, build, max_seq_length=None, default_length=
     model, unused = opened.build(build)
     if not opened.has_weights:
         log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
-    own = pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == kind
+    own = pre.run_of(kind) is not None
     return Opening(opened, model, unused, own, before if own_run else {}, max_seq_length)
 
 

@@ -109,8 +109,7 @@ class BertPretrainer:
         if fresh:
             log.warning("not in %s, initialized fresh: %s", init_checkpoint, ", ".join(fresh))
         self.fresh_heads = fresh
-        if pre.kind == "bert_mgpu" and (pre.run or {}).get("kind") == "pretraining" and \
-                pre.checkpoint_step is not None:
+        if pre.run_of("pretraining") is not None and pre.checkpoint_step is not None:
             self.global_step = pre.checkpoint_step
         return self
 

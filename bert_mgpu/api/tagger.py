@@ -85,9 +85,8 @@ class BertTagger(FineTuned):
 
     def __init__(self, model, tokenizer, labels, config, towers, policy, max_seq_length, fused_encoder=True,
                  doc_stride=None):
-        crf = getattr(model, "crf", None) is not None
         super().__init__(model, tokenizer, labels, config, towers, policy, max_seq_length,
-                         CRFTagging() if crf else TokenClassification(), fused_encoder)
+                         CRFTagging() if model.crf is not None else TokenClassification(), fused_encoder)
         self.doc_stride = doc_stride
 
     @classmethod
@@ -108,7 +107,7 @@ class BertTagger(FineTuned):
                                  max_seq_length, config_alone=True)
         pre = opened.pretrained
         run = pre.run or {}
-        own = pre.kind == "bert_mgpu" and run.get("kind") == "tagger"
+        own = pre.run_of("tagger") is not None
         labels = list(labels or (run.get("labels") if own else pre.labels) or [])
         if not labels:
             raise UserError("no labels: give the tags (from the training data, or --labels)")

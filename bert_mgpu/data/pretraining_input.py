@@ -274,7 +274,7 @@ class PretrainingData:
         if sharding not in ("auto", "files", "examples"):
             raise UserError(f"--input_sharding={sharding}: expected auto, files or examples")
         self.sharding = sharding
-        self.kind, self.tokenizer, self.seed = kind, tokenizer, seed
+        self.records, self.tokenizer, self.seed = kind == "records", tokenizer, seed
         self.max_seq_length, self.max_predictions_per_seq = max_seq_length, max_predictions_per_seq
         self.masked_lm_prob = masked_lm_prob
         if ref_files and word_segmenter not in (None, "none"):
@@ -298,7 +298,7 @@ class PretrainingData:
 
     @property
     def has_nsp(self):
-        return self.kind == "records"
+        return self.records
 
     def by_files(self, workers):
         """Whether each of `workers` reads files of its own (`dataset(part=...)`) rather than its rows of
@@ -315,7 +315,7 @@ class PretrainingData:
         """Batches of `batch_size` from example `start`; `rows` keeps some examples before they are
         parsed or masked (one worker's rows: distribute.worker_rows); `part` = (index, workers) reads
         only this worker's files."""
-        if self.kind == "records":
+        if self.records:
             return record_dataset(self.input_files, batch_size, self.max_seq_length, self.max_predictions_per_seq,
                                   training, self.seed, start, rows=rows, part=part)
         return text_dataset(self.input_files, self.tokenizer, batch_size, self.max_seq_length,
@@ -333,7 +333,7 @@ class PretrainingData:
     def count(self):
         """Sequences in one pass over the data (one read; needed only for epoch-based validation)."""
         if self._count is None:
-            if self.kind == "records":
+            if self.records:
                 ds = tf.data.TFRecordDataset(self.input_files)
             else:
                 ds = packed_sequences(self.input_files, self.tokenizer, self.max_seq_length)

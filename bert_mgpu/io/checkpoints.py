@@ -146,7 +146,7 @@ def write_google_checkpoint(weights, prefix):
 class Pretrained:
     """What --init_checkpoint points to, read into one shape."""
 
-    kind: str  # "google", "huggingface", "keras_hub", "bert_mgpu", or "config" (a config alone: no weights)
+    layout: str  # "google", "huggingface", "keras_hub", "bert_mgpu", or "config" (a config alone: no weights)
     path: str
     config: BertConfig
     vocab_file: str
@@ -156,6 +156,13 @@ class Pretrained:
     ckpt_prefix: str = None  # bert_mgpu checkpoint prefix, to restore head and optimizer
     labels: list = None  # the classifier head's labels, where the checkpoint names them
     task_type: str = None  # "classification" or "regression", where the checkpoint says
+
+    def run_of(self, kind):
+        """bert_mgpu.json when this is a bert_mgpu run of the head `kind` ("classifier", "tagger", ...; a
+        classifier's older runs recorded none), else None: another layout, or another head's run, which
+        gives its encoder alone."""
+        run = self.run or {}
+        return run if self.layout == "bert_mgpu" and run.get("kind", "classifier") == kind else None
 
     @property
     def checkpoint_step(self):
@@ -264,14 +271,14 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=F
     """Detect the checkpoint format from what is on disk and read it. UserError when nothing fits, when a
     tensor holds NaN or infinity (a damaged file, a diverged run: found before training, not after), or
     when a bert_mgpu run directory is given a --bert_config_file or --vocab_file other than its own.
-    `config_alone`: no `path` but a config and a vocabulary give a Pretrained of kind "config", no weights."""
+    `config_alone`: no `path` but a config and a vocabulary give a Pretrained of layout "config", no weights."""
     pre = _load_pretrained(path, bert_config_file, vocab_file, config_alone)
     bad = sorted(name for name, value in pre.weights.items()
                  if np.issubdtype(np.asarray(value).dtype, np.floating) and not np.isfinite(value).all())
     if bad:
         raise UserError(f"{path}: {len(bad)} tensor(s) hold NaN or infinity ({', '.join(bad[:3])}"
                         f"{', ...' if len(bad) > 3 else ''}): a damaged checkpoint or a diverged run")
-    if pre.kind == "bert_mgpu":
+    if pre.layout == "bert_mgpu":
         if bert_config_file:  # the shape the file gives must be the run's (flags may set the rest, as pre-LN)
             BertConfig.from_json_file(bert_config_file)  # a missing or bad file is refused as such
             given, own = storage.read_json(bert_config_file), pre.config.to_dict()

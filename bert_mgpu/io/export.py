@@ -22,6 +22,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
 from bert_mgpu.io import checkpoints, onnx_export, tflite_export, weight_names
+from bert_mgpu.io.heads import ALL_FORMATS
 from bert_mgpu.io.serving import write_saved_model
 from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_classifier, ... as before)
     PROBE_TEXTS,
@@ -35,13 +36,10 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_cl
     from_tagger,
     read_trained,
 )
-from bert_mgpu.model.objectives import MaskedLanguageModel, objective
+from bert_mgpu.model.objectives import MaskedLanguageModel
 
 log = logging.getLogger("bert_mgpu")
-FORMATS = ("saved_model", "hf", "google", "keras_hub", "onnx", "onnx_int8", "tflite")
-TAGGER_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8", "tflite")
-SPAN_FORMATS = ("saved_model", "hf", "google", "onnx", "onnx_int8", "tflite")  # keras-hub has no span head either
-CHOICE_FORMATS = ("hf", "google", "onnx", "onnx_int8", "tflite")  # no SavedModel: it would take choices, not yet
+FORMATS = ALL_FORMATS  # each head's own: heads.py
 GRAPH_FORMATS = ("saved_model", "onnx", "onnx_int8", "tflite")  # graphs, which express a pre-LN encoder too
 
 
@@ -98,14 +96,7 @@ def check_format(trained, format):
     if format not in GRAPH_FORMATS and trained.config.encoder_ln_mode == "pre-ln":
         raise UserError(f"--export_format={format}: this model's encoder is pre-LN, which {format} cannot "
                         "express (its BERT is post-LN); export it as saved_model or onnx")
-    if trained.kind == "tagger" and format not in TAGGER_FORMATS:
-        raise UserError(f"--export_format={format}: a token classifier exports as {' or '.join(TAGGER_FORMATS)} "
-                        "(keras-hub has no token classifier)")
-    if trained.kind == "question_answerer" and format not in SPAN_FORMATS:
-        raise UserError(f"--export_format={format}: a question answerer exports as {' or '.join(SPAN_FORMATS)} "
-                        "(keras-hub has no span head)")
-    if trained.kind == "multiple_choice" and format not in CHOICE_FORMATS:
-        raise UserError(f"--export_format={format}: a multiple-choice model exports as {' or '.join(CHOICE_FORMATS)}")
+    trained.spec.check_format(format)
     if format == "hf" and trained.head is not None:
         trained.head.hf_architecture(trained.weights)  # a head transformers has no class for (a CRF) says so
 
@@ -176,7 +167,8 @@ def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
     """
     import keras_hub
 
-    if trained.kind == "classifier" and not allow_approximate and (
+    classifier = trained.spec.keras_hub_task  # keras-hub's BertTextClassifier; a BertBackbone otherwise
+    if classifier and not allow_approximate and (
             trained.truncation != "head" or trained.facts.get("doc_stride")):
         how = "windows (--doc_stride)" if trained.facts.get("doc_stride") else f"{trained.truncation} (--truncation)"
         raise UserError(f"--export_format=keras_hub: keras-hub's preprocessor keeps the head of a long text; this "
@@ -189,7 +181,6 @@ def write_keras_hub(trained, directory, allow_approximate=False, texts=None):
     checkpoints.assign_encoder(backbone, trained.weights, "export")
     tokenizer = keras_hub.models.BertTokenizer(vocabulary=read_vocab(trained.vocab_file),
                                                lowercase=trained.do_lower_case)
-    classifier = trained.kind == "classifier"
     if classifier:
         preprocessor = keras_hub.models.BertTextClassifierPreprocessor(tokenizer,
                                                                        sequence_length=trained.max_seq_length)
@@ -235,11 +226,11 @@ def _keras_hub_difference(trained, directory, texts):
     features = {"token_ids": ids.to_tensor(0), "segment_ids": segments.to_tensor(0)}
     features["padding_mask"] = tf.not_equal(features["token_ids"], 0)
     ours = build_model(trained)
-    if trained.kind == "classifier":
+    if trained.spec.keras_hub_task:
         theirs = keras_hub.models.BertTextClassifier.from_preset(directory)
         a, b = ours(features, training=False), theirs.predict(texts, verbose=0)
-        kind = objective(trained.task_type)
-        a, b = kind.outputs(a), kind.outputs(b)
+        head = trained.head
+        a, b = head.outputs(a), head.outputs(b)
     else:
         theirs = keras_hub.models.BertBackbone.from_preset(directory)
         tok = keras_hub.models.BertTokenizer.from_preset(directory)

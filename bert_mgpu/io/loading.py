@@ -45,7 +45,7 @@ class Opened:
 
     @property
     def has_weights(self):
-        return self.pretrained is not None and self.pretrained.kind != "config"
+        return self.pretrained is not None and self.pretrained.layout != "config"
 
     def build(self, make, encoder=lambda model: model.backbone):
         """`make(config, policy)` built in the towers' strategy scope, the checkpoint's encoder assigned to
@@ -55,7 +55,7 @@ class Opened:
         if not self.has_weights:
             return model, []
         unused = checkpoints.assign_encoder(encoder(model), self.weights, self.pretrained.path)
-        log.info("loaded %s checkpoint %s (%d encoder tensors)", self.pretrained.kind, self.pretrained.path,
+        log.info("loaded %s checkpoint %s (%d encoder tensors)", self.pretrained.layout, self.pretrained.path,
                  len(encoder(model).weights))
         return model, unused
 

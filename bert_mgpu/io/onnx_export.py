@@ -36,7 +36,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
 from bert_mgpu.io import checkpoints
-from bert_mgpu.io.trained import CHOICE, PROBE_TEXTS, SPAN, build_model
+from bert_mgpu.io.trained import PROBE_TEXTS, build_model
 from bert_mgpu.model.kernels import ACTIVATIONS
 from bert_mgpu.model.pretraining_model import assign_heads, build_pretrainer
 
@@ -154,7 +154,7 @@ def _pretrainer(trained):
 
 
 def specs(trained):
-    shape = [None, None, None] if trained.kind == CHOICE else [None, None]
+    shape = [None] * (trained.spec.input_rank)
     return [tf.TensorSpec(shape, tf.int64, name=n) for n in INPUTS]
 
 
@@ -174,13 +174,7 @@ def ids_graph(trained, model):
                 if model.nsp_head is not None:
                     named["nsp_logits"] = model.nsp_head(out["pooled_output"])
             return named
-        out = model(features, training=False)
-        if trained.kind == SPAN:
-            return {"start_logits": out[:, :, 0], "end_logits": out[:, :, 1]}
-        if trained.kind == "classifier":  # the SavedModel's numeric outputs too (probabilities, or scores)
-            served = head.serving(out, tf.constant(trained.labels or [""]))
-            return {"logits": out, **{k: v for k, v in served.items() if v.dtype.is_floating}}
-        return {"logits": out}
+        return trained.spec.outputs(trained, model(features, training=False))
 
     return tf.function(outputs, input_signature=specs(trained), autograph=False)
 
@@ -194,7 +188,7 @@ def probe_inputs(trained, texts):
     ids, segments = ids.to_tensor(tokenizer.pad_id).numpy(), segments.to_tensor(0).numpy()
     mask = (ids != tokenizer.pad_id).astype(np.int64)
     rows = {"input_ids": ids.astype(np.int64), "attention_mask": mask, "token_type_ids": segments.astype(np.int64)}
-    if trained.kind == CHOICE:  # the texts as two questions' choices
+    if trained.spec.input_rank == 3:  # the texts as two questions' choices
         half = len(texts) // 2
         rows = {k: v[:2 * half].reshape(2, half, -1) for k, v in rows.items()}
     return rows
@@ -216,9 +210,7 @@ def write_files(trained, directory, graph_facts):
     """Beside a graph (ONNX or LiteRT): vocab.txt, config.json, tokenizer.json and bert_mgpu.json, the last with
     what the graph leaves to the host and `graph_facts` (its outputs, weights and measured difference)."""
     storage.write_atomic(os.path.join(directory, "vocab.txt"), storage.read_bytes(trained.vocab_file))
-    head = trained.head  # a CRF tagger's graph gives BertForTokenClassification's emissions
-    architecture = ("BertModel" if head is None else "BertForTokenClassification" if trained.kind == "tagger"
-                    else head.hf_architecture(trained.weights))
+    architecture = trained.spec.graph_architecture(trained)
     storage.write_atomic(os.path.join(directory, "config.json"),
                          json.dumps(trained.hf_config(architecture), indent=2) + "\n")
     storage.write_atomic(os.path.join(directory, "tokenizer.json"), json.dumps(tokenizer_json(trained)) + "\n")

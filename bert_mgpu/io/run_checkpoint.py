@@ -8,6 +8,7 @@ import os
 from bert_mgpu.core import storage
 from bert_mgpu.io.checkpoints import RUN_FILE
 from bert_mgpu.io.weight_names import google_name
+from bert_mgpu.model.modeling import head_variables
 
 
 def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
@@ -29,10 +30,7 @@ def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
 
 
 def _head(model):
-    head = {"kernel": model.head.kernel, "bias": model.head.bias}
-    if getattr(model, "crf", None) is not None:  # a tagger's CRF transitions go with its head
-        head["transitions"] = model.crf.transitions
-    return head
+    return head_variables(model)  # a tagger's CRF transitions go with its head
 
 
 def restore_head(model, prefix):

@@ -27,14 +27,8 @@ from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer
 from bert_mgpu.io import weight_names
 from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
-from bert_mgpu.io.span_serving import span_endpoint
-from bert_mgpu.io.tag_serving import tagger_endpoint
+from bert_mgpu.io.heads import SQUAD_DEFAULTS  # noqa: F401 (serving.SQUAD_DEFAULTS, as before)
 from bert_mgpu.io.trained import build_model
-from bert_mgpu.model.objectives import objective
-
-# run_squad's defaults, for a question answerer whose run did not record its own.
-SQUAD_DEFAULTS = {"max_query_length": 64, "doc_stride": 128, "n_best_size": 20, "max_answer_length": 30,
-                  "version_2_with_negative": False, "null_score_diff_threshold": 0.0}
 
 
 def _text_specs(pairs):
@@ -55,25 +49,15 @@ def write_saved_model(trained, path, precision="float32"):
     `serving_ids` (`token_ids` and `segment_ids`, [CLS] ... [SEP] as training packs them, 0 = [PAD]).
     """
     tokenizer = FullTokenizer(trained.vocab_file, trained.do_lower_case)
-    classifier = trained.kind in ("classifier", "tagger", "question_answerer")
+    spec = trained.spec  # the head kind: its outputs and its raw-text endpoint (heads.py)
     model = build_model(trained, precision)
-    backbone = model.backbone if classifier else model
+    backbone = getattr(model, "backbone", model)
     labels = tf.constant(trained.labels or [""])
     pad = tokenizer.pad_id
 
     def run(ids, segments):
         features = {"token_ids": ids, "segment_ids": segments, "padding_mask": tf.not_equal(ids, pad)}
-        out = model(features, training=False)
-        if not classifier:
-            mask = tf.cast(features["padding_mask"], tf.float32)[:, :, None]
-            sequence = tf.cast(out["sequence_output"], tf.float32)
-            return {"pooled_output": tf.cast(out["pooled_output"], tf.float32), "sequence_output": sequence,
-                    "mean_pooled": tf.reduce_sum(sequence * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)}
-        if trained.kind == "tagger":
-            return {"logits": out}
-        if trained.kind == "question_answerer":
-            return {"start_logits": out[:, :, 0], "end_logits": out[:, :, 1]}
-        return objective(trained.task_type).serving(out, labels)
+        return spec.served(trained, model(features, training=False), features)
 
     def from_text(text_a, text_b=None):
         if trained.facts.get("doc_stride"):  # a long text's windows, their logits pooled (data/doc_windows.py)
@@ -81,38 +65,27 @@ def write_saved_model(trained, path, precision="float32"):
                                                            trained.facts["doc_stride"])
             out = model({"token_ids": ids, "segment_ids": segments, "padding_mask": real}, training=False)
             pooled = pool_in_graph(out, doc_of, tf.shape(text_a)[0], trained.facts.get("window_pooling", "mean"))
-            return objective(trained.task_type).serving(pooled, labels)
+            return trained.head.serving(pooled, labels)
         ids, segments = encode(tokenizer, text_a, text_b, trained.max_seq_length, text_b is not None,
                                truncation=trained.truncation)
         return run(ids.to_tensor(pad), segments.to_tensor(0))
+
+    def text_endpoint(pairs):
+        if pairs:
+            return _text_specs(True), lambda text_a, text_b: from_text(text_a, text_b)
+        return _text_specs(False), lambda text: from_text(text)
 
     # The model is not `track`ed: under TensorFlow a Keras variable and the tf.Variable inside it are two
     # trackables that SavedModel saves apart, so every weight was stored twice (issue 68 item 1). The endpoints
     # track the tf.Variables they read, and the weights' collection below names those same objects.
     archive = keras.export.ExportArchive()
-    crf = None
-    if trained.kind == "question_answerer":
-        text_specs = [tf.TensorSpec([None], tf.string, name=n) for n in ("question", "context")]
-        facts = {**SQUAD_DEFAULTS, **trained.facts}
-        archive.add_endpoint("serving_default", span_endpoint(tokenizer, model, trained.max_seq_length, **facts),
-                             text_specs)
-    elif trained.kind == "tagger":
-        text_specs = _text_specs(False)
-        if "crf/transitions" in trained.weights:  # kept as a variable: the export reads back as a CRF tagger
-            crf = tf.Variable(trained.weights["crf/transitions"], trainable=False, name="crf_transitions")
-            archive.add_variable_collection("crf", [crf])
-        archive.add_endpoint("serving_default", tagger_endpoint(trained, tokenizer, model, crf), text_specs)
-    elif trained.pairs:
-        text_specs = _text_specs(True)
-        archive.add_endpoint("serving_default", lambda text_a, text_b: from_text(text_a, text_b), text_specs)
-    else:
-        text_specs = _text_specs(False)
-        archive.add_endpoint("serving_default", lambda text: from_text(text), text_specs)
+    text_specs, endpoint, extra = spec.endpoint(trained, tokenizer, model, text_endpoint)
+    for name, variable in extra.items():  # a weight the endpoint reads besides the model's (a CRF's)
+        archive.add_variable_collection(name.split("/")[0], [variable])
+    archive.add_endpoint("serving_default", endpoint, text_specs)
     archive.add_endpoint("serving_ids", run, _id_specs())
     # Every weight, its Google name in the meta file: what `read_saved_model` reads back.
-    named = _named_variables(model, backbone)
-    if crf is not None:
-        named["crf/transitions"] = crf
+    named = {**_named_variables(model, backbone), **extra}
     archive.add_variable_collection("bert_weights", [_tf_variable(v) for v in named.values()])
     archive.write_out(path, verbose=False)
     storage.makedirs(os.path.join(path, EXTRA))

@@ -10,23 +10,17 @@ import numpy as np
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints
+from bert_mgpu.io.heads import CRF_WEIGHT, head_for, head_of_weights
 from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.config import BertConfig
-from bert_mgpu.model.modeling import (
-    build_backbone,
-    build_choice_model,
-    build_classifier,
-    build_span_model,
-    build_tagger,
-)
+from bert_mgpu.model.modeling import head_variables
 from bert_mgpu.model.objectives import objective
 from bert_mgpu.model.pretraining_model import head_weights
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
-from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
+from bert_mgpu.model.tagging_objectives import TokenClassification
 
 SPAN = "question_answerer"  # the kind of a span head (SQuAD)
 CHOICE = "multiple_choice"  # the kind of a multiple-choice head (SWAG, C3)
-ONE_HEAD = ("classifier", "tagger", CHOICE)  # the kinds with a head under output_weights / output_bias
 
 # Texts an export is checked on against the model, besides any the caller gives.
 PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
@@ -92,15 +86,14 @@ class Trained:
         return config
 
     @property
+    def spec(self):
+        """Its head kind (`heads.Head`): what each export asks of it."""
+        return head_for(self.kind)
+
+    @property
     def head(self):
         """The head's objective (None for a pretrainer): what its labels mean in an export."""
-        if self.kind == "tagger":
-            return CRFTagging() if "crf/transitions" in self.weights else TokenClassification()
-        if self.kind == SPAN:
-            return SpanExtraction()
-        if self.kind == CHOICE:
-            return MultipleChoice()
-        return objective(self.task_type) if self.kind == "classifier" else None
+        return self.spec.objective(self)
 
 
 def _with_head(model, weights):
@@ -120,8 +113,9 @@ def from_classifier(clf):
 def from_tagger(tagger):
     """A `BertTagger`'s weights as they are now."""
     weights = _with_head(tagger.model, checkpoints.encoder_weights(tagger.model.backbone))
-    if getattr(tagger.model, "crf", None) is not None:
-        weights["crf/transitions"] = np.asarray(tagger.model.crf.transitions.numpy(), np.float32)
+    transitions = head_variables(tagger.model).get("transitions")
+    if transitions is not None:
+        weights[CRF_WEIGHT] = np.asarray(transitions.numpy(), np.float32)
     return Trained("tagger", tagger.config, tagger.tokenizer.vocab_file, tagger.tokenizer.do_lower_case, weights,
                    list(tagger.labels), TokenClassification.name, tagger.max_seq_length,
                    facts={"doc_stride": tagger._stride()})
@@ -154,27 +148,24 @@ def read_trained(path):
     """Any model `--init_checkpoint` reads (a bert_mgpu run directory above all) as a `Trained`."""
     pre = checkpoints.load_pretrained(path)
     run = pre.run or {}
-    kind = run.get("kind", "classifier") if pre.kind == "bert_mgpu" else (
-        "classifier" if "output_weights" in pre.weights else SPAN if GOOGLE_HEAD[0] in pre.weights else "pretrainer")
-    classifier = kind in ONE_HEAD
-    if pre.kind == "bert_mgpu" and (classifier or kind == SPAN):  # the head from its checkpoint
+    own = pre.layout == "bert_mgpu"
+    spec = head_for(run.get("kind", "classifier")) if own else head_of_weights(pre.weights)
+    if own and spec.weights:  # the head from its checkpoint
         head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
         kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
         bias = [v for k, v in head.items() if k.startswith("head/bias")]
         if not (kernel and bias):
-            raise UserError(f"{path}: holds no trained {'span' if kind == SPAN else 'classifier'} head")
-        names = GOOGLE_HEAD if kind == SPAN else ("output_weights", "output_bias")
-        pre.weights.update({names[0]: kernel[0].T, names[1]: bias[0]})
+            raise UserError(f"{path}: holds no trained {'span' if spec.weights == GOOGLE_HEAD else 'classifier'} head")
+        pre.weights.update({spec.weights[0]: kernel[0].T, spec.weights[1]: bias[0]})
         transitions = [v for k, v in head.items() if k.startswith("head/transitions")]
         if transitions:  # a tagger's CRF
-            pre.weights["crf/transitions"] = transitions[0]
+            pre.weights[CRF_WEIGHT] = transitions[0]
     task_type = run.get("task_type") or pre.task_type or "classification"
     labels = list(run.get("labels") or pre.labels or [])
-    if kind in ("classifier", "tagger") and not labels and objective(task_type).has_classes:
-        labels = [str(i) for i in range(pre.weights["output_weights"].shape[0])]
+    if spec.labelled and not labels and objective(task_type).has_classes:  # a head's rows, unnamed
+        labels = [str(i) for i in range(pre.weights[spec.weights[0]].shape[0])]
     settings = run.get("settings") or {}
-    return Trained(kind if classifier or kind == SPAN else "pretrainer", pre.config, pre.vocab_file, pre.lower_case(),
-                   pre.weights,
+    return Trained(spec.name, pre.config, pre.vocab_file, pre.lower_case(), pre.weights,
                    labels, task_type, int(run.get("max_seq_length") or settings.get("max_seq_length") or 128),
                    bool(run.get("pairs", False)),
                    run.get("squad") or {k: run[k] for k in ("doc_stride", "window_pooling") if run.get(k)},
@@ -182,26 +173,8 @@ def read_trained(path):
 
 
 def build_model(trained, precision="float32"):
-    """The reference (unfused) Keras model of `trained` with its weights: the classifier, or the encoder."""
-    if trained.kind == SPAN:
-        model = build_span_model(trained.config, precision, fused=False)
-        checkpoints.assign_encoder(model.backbone, trained.weights, "export")
-        model.head.kernel.assign(trained.weights[GOOGLE_HEAD[0]].T)
-        model.head.bias.assign(trained.weights[GOOGLE_HEAD[1]])
-        return model
-    if trained.kind == CHOICE:
-        model = build_choice_model(trained.config, precision, fused=False)
-    elif trained.kind not in ("classifier", "tagger"):
-        backbone = build_backbone(trained.config, precision)
-        checkpoints.assign_encoder(backbone, trained.weights, "export")
-        return backbone
-    else:
-        build = build_tagger if trained.kind == "tagger" else build_classifier
-        model = build(trained.config, max(len(trained.labels), 1), precision, fused=False)
-    checkpoints.assign_encoder(model.backbone, trained.weights, "export")
-    model.head.kernel.assign(trained.weights["output_weights"].T)
-    model.head.bias.assign(trained.weights["output_bias"])
-    return model
+    """The reference (unfused) Keras model of `trained` with its weights: the head's model, or the encoder."""
+    return trained.spec.build(trained, precision)
 
 
 def as_trained(source):

@@ -67,6 +67,15 @@ def build_tagger(config, num_labels, policy="float32", dropout=None, fused=True,
     return with_crf
 
 
+def head_variables(model):
+    """A head model's own variables by their checkpoint names: the dense head's kernel and bias, and a CRF
+    tagger's transitions."""
+    variables = {"kernel": model.head.kernel, "bias": model.head.bias}
+    if model.crf is not None:
+        variables["transitions"] = model.crf.transitions
+    return variables
+
+
 def build_span_model(config, policy="float32", fused=True):
     """Functional Keras model: features -> float32 [batch, length, 2], a start and an end score a position
     (google-bert's run_squad head, cls/squad/output_weights; transformers' qa_outputs). No dropout before
@@ -108,7 +117,7 @@ def build_choice_model(config, policy="float32", dropout=None, fused=True):
     scores = _ChoiceScores(dtype="float32", name="choice_scores")(inner(_Choices(name="choice_rows")(inputs)),
                                                                  inputs["padding_mask"])
     model = keras.Model(inputs, scores, name="bert_multiple_choice")
-    model.backbone, model.head = inner.backbone, inner.head
+    model.backbone, model.head, model.crf = inner.backbone, inner.head, None
     return model
 
 
@@ -131,6 +140,6 @@ def _with_head(config, num_labels, policy, dropout, fused, output, name):
         name="classifier",
     )
     model = keras.Model(inputs, head(hidden), name=name)
-    model.backbone, model.head = backbone, head
+    model.backbone, model.head, model.crf = backbone, head, None  # a CRF tagger's .crf: build_tagger
     return model
 

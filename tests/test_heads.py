@@ -1,0 +1,92 @@
+"""The head seam (issue 67 item 1): each head kind is one object the io layer asks; no io module compares a
+kind's string."""
+
+import ast
+import os
+
+import numpy as np
+import pytest
+from conftest import tiny_config
+
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import checkpoints, heads
+from bert_mgpu.io.trained import Trained
+from bert_mgpu.model.modeling import build_backbone
+
+IO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bert_mgpu", "io")
+
+
+def test_no_io_module_compares_a_kind_or_looks_for_a_crf_attribute():
+    """`trained.kind == "tagger"` and `getattr(model, "crf")` were the switches a new head had to extend."""
+    found = []
+    for name in sorted(os.listdir(IO)):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(IO, name)).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "kind":
+                found.append(f"{name}:{node.lineno}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and \
+                    any(isinstance(a, ast.Constant) and a.value == "crf" for a in node.args):
+                found.append(f"{name}:{node.lineno}")
+    assert found == []
+
+
+def test_every_kind_a_run_or_export_records_has_one_head_and_an_unknown_one_is_refused():
+    assert [h.name for h in heads.HEADS.values()] == ["classifier", "tagger", "question_answerer", "multiple_choice",
+                                                     "pretrainer"]
+    assert heads.head_for("pretraining") is heads.head_for("pretrainer")  # a pretraining run's bert_mgpu.json
+    with pytest.raises(UserError, match="unknown head kind 'ranker'; expected one of classifier, tagger"):
+        heads.head_for("ranker")
+    for head in heads.HEADS.values():  # a head's formats are export's, and every one can be exported somehow
+        assert head.formats and set(head.formats) <= set(heads.ALL_FORMATS) and head.noun.startswith("a")
+
+
+def test_a_checkpoint_from_elsewhere_is_read_as_the_head_its_weight_names_hold():
+    assert heads.head_of_weights({"output_weights": 0, "bert/pooler/dense/kernel": 0}).name == "classifier"
+    assert heads.head_of_weights({"cls/squad/output_weights": 0}).name == "question_answerer"
+    assert heads.head_of_weights({"bert/pooler/dense/kernel": 0}).name == "pretrainer"
+
+
+@pytest.mark.parametrize("kind, formats", [
+    ("classifier", heads.ALL_FORMATS),
+    ("tagger", ("saved_model", "hf", "google", "onnx", "onnx_int8", "tflite")),
+    ("question_answerer", ("saved_model", "hf", "google", "onnx", "onnx_int8", "tflite")),
+    ("multiple_choice", ("hf", "google", "onnx", "onnx_int8", "tflite")),
+])
+def test_each_head_refuses_the_formats_it_cannot_be_written_in_with_its_reason(kind, formats):
+    head = heads.head_for(kind)
+    assert head.formats == formats
+    for fmt in heads.ALL_FORMATS:
+        if fmt in formats:
+            head.check_format(fmt)
+        else:
+            with pytest.raises(UserError, match=f"--export_format={fmt}: {head.noun} exports as "
+                                                f"{' or '.join(formats)}"):
+                head.check_format(fmt)
+
+
+@pytest.mark.parametrize("kind, width, shape", [("classifier", 3, (2, 3)), ("tagger", 3, (2, 5, 3)),
+                                                ("question_answerer", 2, (2, 5, 2)),
+                                                ("multiple_choice", 1, (2, 4))])
+def test_each_heads_reference_model_carries_the_weights_it_is_built_from(kind, width, shape):
+    """`Head.build` (what every export writes from): the head's kernel and bias under its Google names, the
+    input rank and output width its outputs say."""
+    config = tiny_config(40)
+    head = heads.head_for(kind)
+    rng = np.random.default_rng(0)
+    weights = {head.weights[0]: rng.normal(size=(width, config.hidden_size)).astype(np.float32),
+               head.weights[1]: rng.normal(size=width).astype(np.float32)}
+    labels = [f"l{i}" for i in range(width)] if head.labelled else []
+    weights.update(checkpoints.encoder_weights(build_backbone(config)))
+    trained = Trained(kind, config, "vocab.txt", True, weights, labels)
+    model = head.build(trained)
+    np.testing.assert_array_equal(model.head.kernel.numpy(), weights[head.weights[0]].T)
+    np.testing.assert_array_equal(model.head.bias.numpy(), weights[head.weights[1]])
+    ids = np.full((2,) + (4,) * (head.input_rank - 2) + (5,), 5, np.int32)
+    out = model({"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": ids > 0}, training=False)
+    assert tuple(out.shape) == shape
+    named = head.outputs(trained, out)
+    assert all(v.shape[0] == 2 for v in named.values()) and set(named) == {
+        "classifier": {"logits", "probabilities"}, "tagger": {"logits"}, "multiple_choice": {"logits"},
+        "question_answerer": {"start_logits", "end_logits"}}[kind]
