@@ -274,7 +274,8 @@ def test_the_served_chunking_equals_conllevals_on_random_tag_sequences():
 
 def test_a_taggers_auto_class_weights_count_the_tags_its_loss_reads_and_a_crf_refuses_them(google_release, tmp_path):
     """--class_weights=auto on a tagger: each tag's count over the labelled first pieces of the training
-    windows (a word in two windows twice, as the loss reads it), scikit-learn's balanced weights from them."""
+    windows (a word in two windows twice, as the loss reads it), scikit-learn's balanced weights from them.
+    A CRF refuses them, and R-Drop (a softmax's divergence) too."""
     import bert_mgpu
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.train.train_config import TrainConfig
@@ -295,4 +296,7 @@ def test_a_taggers_auto_class_weights_count_the_tags_its_loss_reads_and_a_crf_re
                                                towers=towers, precision="float32")
     with pytest.raises(UserError, match="a CRF's loss is the whole path's likelihood"):
         crf.fit([(["paris"], ["B-LOC"])], str(tmp_path / "crf"), class_weights="auto", epochs=1, train_batch_size=1)
+    with pytest.raises(UserError, match="--rdrop_alpha compares two passes' softmax over each token's tags; a CRF"):
+        crf.fit([(["paris"], ["B-LOC"])], str(tmp_path / "crf"), rdrop_alpha=4.0, epochs=1, train_batch_size=1)
     assert not os.path.exists(tmp_path / "crf")  # refused before anything was written
+    assert tagger._training_loss(TrainConfig(rdrop_alpha=4.0), windows).__qualname__ == "with_rdrop.<locals>.loss"

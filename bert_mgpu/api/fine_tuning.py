@@ -18,6 +18,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
 from bert_mgpu.model.objectives import label_weights
+from bert_mgpu.model.rdrop import with_rdrop
 from bert_mgpu.parallel import agree
 from bert_mgpu.train import memory, optimization
 from bert_mgpu.train.evaluation import BEST_DIR, BestModel, DevEvaluation, evaluation_every
@@ -121,8 +122,16 @@ class FineTuned:
         raise NotImplementedError
 
     def _training_loss(self, config, data):
-        """The objective's training loss, weighted by label (`config.class_weights`) and focused
-        (`config.focal_gamma`) where the config asks; evaluation keeps the plain loss."""
+        """The objective's training loss, weighted by label (`config.class_weights`), focused
+        (`config.focal_gamma`) and with R-Drop's second pass (`config.rdrop_alpha`) where the config asks;
+        evaluation keeps the plain loss."""
+        loss = self._weighted_loss(config, data)
+        if not config.rdrop_alpha:
+            return loss
+        self.objective.check_rdrop()  # one line for a head without a softmax over classes, before any step
+        return with_rdrop(loss, self.objective.divergence, config.rdrop_alpha)
+
+    def _weighted_loss(self, config, data):
         if config.class_weights is None and not config.focal_gamma:
             return self.objective.loss
         self.objective.reweighted()  # one line for a head whose loss is no softmax, before the counting

@@ -47,6 +47,9 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
                         "comma-separated. Classification, and a tagger without --crf (a weight a tag).")
     flags.DEFINE_float("focal_gamma", 0.0, "Focal loss (Lin et al. 2017): each example's (a tagger: each token's) "
                        "cross-entropy times (1 - p)^gamma, p its label's probability; e.g. 2. 0: cross-entropy.")
+    flags.DEFINE_float("rdrop_alpha", 0.0, "R-Drop (Liang et al. 2021): each batch through the model twice, their "
+                       "losses averaged plus alpha / 4 x the two passes' symmetric KL divergence, as bert4keras; "
+                       "e.g. 4. Classification, and a tagger without --crf. 0: one pass.")
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
     flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")

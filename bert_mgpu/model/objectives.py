@@ -24,6 +24,7 @@ import tensorflow as tf
 from bert_mgpu.core import metrics, prediction_files
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.kernels import sparse_xent
+from bert_mgpu.model.rdrop import symmetric_kl
 
 
 def label_maps(labels):
@@ -69,6 +70,19 @@ class Objective:
         out = copy.copy(self)
         out.class_weights, out.focal_gamma = class_weights, focal_gamma
         return out
+
+    softmax_outputs = False  # a softmax over classes: R-Drop compares two passes' (rdrop.py)
+
+    def check_rdrop(self):
+        """UserError unless R-Drop's `divergence` is defined for this head's outputs."""
+        if not self.softmax_outputs:
+            raise UserError(f"--rdrop_alpha compares two passes' softmax over classes (classification, a tagger "
+                            f"without --crf); not a {self.name} head's outputs")
+
+    def divergence(self, first, second, labels):
+        """R-Drop's term (rdrop.py): the mean over examples of the symmetric KL divergence between two passes'
+        outputs."""
+        raise NotImplementedError
 
     def hf_architecture(self, weights):
         """transformers' class for a model with these weights ({google-bert name: array})."""
@@ -199,10 +213,13 @@ class Classification(SentenceObjective):
     """One class an example (softmax over the labels): google-bert's run_classifier."""
 
     name, problem_type = "classification", "single_label_classification"
-    weighable = True
+    weighable = softmax_outputs = True
 
     def example_losses(self, logits, labels):
         return focal(super().example_losses(logits, labels), labels, self.class_weights, self.focal_gamma)
+
+    def divergence(self, first, second, labels):
+        return tf.reduce_mean(symmetric_kl(first, second))
 
     def settings(self):
         return {}  # what run directories recorded before the other kinds existed: resumed as they were

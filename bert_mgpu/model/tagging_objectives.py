@@ -17,6 +17,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.objectives import Objective, focal, label_maps
+from bert_mgpu.model.rdrop import symmetric_kl
 
 log = logging.getLogger("bert_mgpu")
 
@@ -28,6 +29,7 @@ class TokenClassification(Objective):
     name = "token_classification"
     IGNORED = -1
     weighable = True  # each token's cross-entropy, weighted by its tag and focused (objectives.focal)
+    softmax_outputs = True  # R-Drop compares each labelled token's two softmaxes
 
     def loss(self, model, features, labels, training=True):
         """(mean cross-entropy over labelled positions, {"token_accuracy"}); a batch without one gives 0."""
@@ -43,6 +45,14 @@ class TokenClassification(Objective):
         count = tf.maximum(tf.reduce_sum(weight), 1.0)
         right = tf.cast(tf.equal(tf.argmax(flat, -1, output_type=labels.dtype), labels), tf.float32)
         return tf.reduce_sum(per * weight) / count, {"token_accuracy": tf.reduce_sum(right * weight) / count}
+
+    def divergence(self, first, second, labels):
+        """The mean symmetric KL over the labelled positions (each word's first piece), as the loss's mean."""
+        labels = tf.reshape(labels, [-1])
+        width = tf.shape(first)[-1]
+        per = symmetric_kl(tf.reshape(first, [-1, width]), tf.reshape(second, [-1, width]))
+        weight = tf.cast(labels != self.IGNORED, tf.float32)
+        return tf.reduce_sum(per * weight) / tf.maximum(tf.reduce_sum(weight), 1.0)
 
     def decoder(self, model):
         """How a window's word scores become label ids: None, each word's best label."""
@@ -101,6 +111,12 @@ class TokenClassification(Objective):
 class CRFTagging(TokenClassification):
     """Token classification with a linear-chain CRF over each window's words (crf.py): the loss is the
     negative log-likelihood of the true tag path, averaged over windows; prediction is the Viterbi path."""
+
+    softmax_outputs = False  # it scores whole paths
+
+    def check_rdrop(self):
+        raise UserError("--rdrop_alpha compares two passes' softmax over each token's tags; a CRF scores whole "
+                        "paths: train without --crf")
 
     def loss(self, model, features, labels, training=True):
         """(mean negative log-likelihood over windows with a label, {"token_accuracy"} of the scores alone)."""

@@ -124,6 +124,8 @@ class TrainConfig(LoopConfig):
             (labels x the label's count), scikit-learn's "balanced"), one number a label, or None (all 1).
         focal_gamma: the focal loss's gamma (Lin et al. 2017): each example's (or token's) cross-entropy times
             (1 - p)^gamma, p its label's probability; 0: plain cross-entropy.
+        rdrop_alpha: R-Drop (Liang et al. 2021; model/rdrop.py): each batch through the model twice, the
+            two passes' losses averaged plus alpha / 4 x their symmetric KL divergence; 0: one pass.
     """
 
     epochs: float = 3.0
@@ -143,6 +145,7 @@ class TrainConfig(LoopConfig):
     layerwise_lr_decay: float = 1.0
     class_weights: str | tuple | None = None
     focal_gamma: float = 0.0
+    rdrop_alpha: float = 0.0
 
     def check(self):
         super().check()
@@ -150,6 +153,8 @@ class TrainConfig(LoopConfig):
         check_class_weights(self.class_weights)
         if not (math.isfinite(self.focal_gamma) and self.focal_gamma >= 0):
             raise UserError(f"--focal_gamma={self.focal_gamma}: must be a finite number, 0 or more")
+        if not (math.isfinite(self.rdrop_alpha) and self.rdrop_alpha >= 0):
+            raise UserError(f"--rdrop_alpha={self.rdrop_alpha}: must be a finite number, 0 or more")
         if int(self.gradient_accumulation_steps) < 1:
             raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -185,7 +190,8 @@ class TrainConfig(LoopConfig):
                 **({"layerwise_lr_decay": self.layerwise_lr_decay} if self.layerwise_lr_decay != 1.0 else {}),
                 **({"class_weights": _recorded(check_class_weights(self.class_weights))}
                    if self.class_weights is not None else {}),
-                **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {})}
+                **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {}),
+                **({"rdrop_alpha": self.rdrop_alpha} if self.rdrop_alpha else {})}
 
 
 @dataclasses.dataclass
