@@ -26,6 +26,7 @@ from bert_mgpu.data.tagged import as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
 from bert_mgpu.data.words import entity_dicts
 from bert_mgpu.io import export, run_checkpoint, run_dir
+from bert_mgpu.io.heads import CRF_WEIGHT  # the CRF's transitions under Google's names (a google export holds them)
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
@@ -33,7 +34,6 @@ from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train import memory
 
 log = logging.getLogger("bert_mgpu")
-CRF_WEIGHT = "crf/transitions"  # the CRF's transitions under Google's names (a google export holds them)
 
 
 def sentences_digest(sentences):

@@ -36,6 +36,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.input_pipeline import encode
 from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
 from bert_mgpu.io import checkpoints
+from bert_mgpu.io.heads import CRF_WEIGHT
 from bert_mgpu.io.trained import PROBE_TEXTS, build_model
 from bert_mgpu.model.kernels import ACTIVATIONS
 from bert_mgpu.model.pretraining_model import assign_heads, build_pretrainer
@@ -217,8 +218,8 @@ def write_files(trained, directory, graph_facts):
     facts = {"kind": trained.kind, "task_type": trained.task_type, "labels": trained.labels,
              "max_seq_length": trained.max_seq_length, "truncation": trained.truncation, "pairs": trained.pairs,
              "do_lower_case": trained.do_lower_case, "facts": trained.facts, "inputs": list(INPUTS), **graph_facts}
-    if "crf/transitions" in trained.weights:  # decoded on the host: transitions[i, j] scores tag i then tag j
-        facts["crf_transitions"] = np.asarray(trained.weights["crf/transitions"], np.float64).tolist()
+    if CRF_WEIGHT in trained.weights:  # decoded on the host: transitions[i, j] scores tag i then tag j
+        facts["crf_transitions"] = np.asarray(trained.weights[CRF_WEIGHT], np.float64).tolist()
     storage.write_atomic(os.path.join(directory, FACTS), json.dumps(facts, indent=2) + "\n")
 
 
