@@ -104,7 +104,7 @@ class ClassifierHead(Head):
         return modeling.build_classifier(trained.config, self.num_outputs(trained), precision, fused=False)
 
     def outputs(self, trained, out):  # the SavedModel's numeric outputs too (probabilities, or scores)
-        served = self.objective(trained).serving(out, tf.constant(trained.labels or [""]))
+        served = self.served(trained, out, None)
         return {"logits": out, **{k: v for k, v in served.items() if v.dtype.is_floating}}
 
     def served(self, trained, out, features):

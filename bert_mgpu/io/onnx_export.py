@@ -155,7 +155,7 @@ def _pretrainer(trained):
 
 
 def specs(trained):
-    shape = [None] * (trained.spec.input_rank)
+    shape = [None] * trained.spec.input_rank
     return [tf.TensorSpec(shape, tf.int64, name=n) for n in INPUTS]
 
 
