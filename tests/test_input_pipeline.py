@@ -163,6 +163,32 @@ def kept(tokens, room, truncation):
     return tokens[:head] + tokens[len(tokens) - (room - head):]
 
 
+def test_training_batches_follow_the_shuffled_order_unless_length_buckets_are_asked(tok):
+    """Where length goes with the label (long texts "a", short ones "b"), buckets give single-label batches;
+    the default takes each epoch's shuffled order as it comes: every example once an epoch, mixed batches,
+    each padded to its own longest row rounded up to 8, and the same batches again from the same seed."""
+    examples = [Example(str(i), words(3 if i % 2 else 20, i), None, "ab"[i % 2]) for i in range(64)]
+
+    def epoch(buckets, seed=5):
+        ds = make_dataset(examples, tok, ["a", "b"], 32, 8, training=True, seed=seed, buckets=buckets)
+        return [(f["token_ids"].numpy(), f["padding_mask"].numpy(), label.numpy(), index.numpy())
+                for f, label, index in ds.take(8)]
+
+    batches = epoch(buckets=False)
+    assert sorted(np.concatenate([index for *_, index in batches]).tolist()) == list(range(64))
+    assert sum(len(set(label.tolist())) == 2 for _, _, label, _ in batches) >= 6  # P(one label) = 2 x 0.5^8
+    for ids, mask, label, index in batches:
+        assert ids.shape == (8, -(-mask.sum(1).max() // 8) * 8)
+        np.testing.assert_array_equal(label, index % 2)  # "b" (1) for the odd, short ones
+        np.testing.assert_array_equal(mask.sum(1), np.where(index % 2, 5, 22))  # [CLS] + words + [SEP]
+    again = epoch(buckets=False)
+    assert all((a[0] == b[0]).all() and (a[3] == b[3]).all() for a, b in zip(batches, again))
+    assert [b[3].tolist() for b in epoch(buckets=False, seed=6)] != [b[3].tolist() for b in batches]
+    bucketed = epoch(buckets=True)
+    assert all(len(set(label.tolist())) == 1 for _, _, label, _ in bucketed)
+    assert {ids.shape[1] for ids, *_ in bucketed} == {8, 24}
+
+
 @pytest.mark.parametrize("truncation", ["tail", "head+tail"])
 @pytest.mark.parametrize("training", [False, True])
 def test_truncation_keeps_the_pieces_it_names_with_google_bert_counts(tok, truncation, training):
@@ -175,7 +201,7 @@ def test_truncation_keeps_the_pieces_it_names_with_google_bert_counts(tok, trunc
     for features, _, index in (ds.take(40) if training else ds):
         for ids, i in zip(features["token_ids"].numpy(), index.numpy()):
             rows[int(i)] = ids[ids != 0].tolist()
-    # Training batches come from buckets of a width; the few very short rows rarely fill theirs.
+    # 40 training batches of 8 from 48 examples: nearly every one seen.
     assert len(rows) >= 44 if training else sorted(rows) == list(range(48))
     for i, ids in rows.items():
         e = examples[i]

@@ -117,9 +117,17 @@ def test_prediction_returns_every_example_in_order(n, per_batch):
 
 
 def test_warmup_then_linear_decay():
+    """google-bert's line from step 0 (the rate falls to 90% of the peak as 10% warmup ends), and, from
+    the warmup's end, transformers' get_linear_schedule_with_warmup: peak x (total - step) / (total - warmup)."""
     s = schedules.WarmupLinearDecay(1e-3, total_steps=100, warmup_steps=10)
     got = [float(s(i)) for i in (0, 5, 10, 55, 100, 120)]
     np.testing.assert_allclose(got, [0.0, 5e-4, 9e-4, 4.5e-4, 0.0, 0.0], atol=1e-9)
+    s = schedules.WarmupLinearDecay(1e-3, total_steps=100, warmup_steps=10, from_warmup=True)
+    steps = np.arange(0, 121)
+    want = 1e-3 * np.where(steps < 10, steps / 10, np.maximum(0.0, (100 - steps) / 90))
+    np.testing.assert_allclose([float(s(i)) for i in steps], want, rtol=1e-5, atol=1e-12)  # float32
+    assert float(s(10)) == np.float32(1e-3) and float(s(9)) < float(s(10))  # the peak, where warmup ends
+    assert float(schedules.WarmupLinearDecay(1e-3, 100, 0, from_warmup=True)(0)) == np.float32(1e-3)
 
 
 def test_float16_models_all_reduce_in_float16_and_still_match():

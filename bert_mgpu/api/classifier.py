@@ -200,10 +200,11 @@ class BertClassifier(FineTuned):
         ids = {label: i for i, label in enumerate(self.labels)}
         return np.bincount([ids[e.label] for e in data[0] if e.label in ids], minlength=len(self.labels))
 
-    def _train_dataset(self, data, global_batch, seed):
+    def _train_dataset(self, data, global_batch, seed, buckets=False):
         examples, windows = data
         kwargs = {"windows": windows} if windows is not None else {}
-        return self._data(examples, global_batch, training=True, seed=seed, source="train", **kwargs)[0]
+        return self._data(examples, global_batch, training=True, seed=seed, source="train", buckets=buckets,
+                          **kwargs)[0]
 
     def _as_dev(self, dev):
         return as_examples(dev)

@@ -97,8 +97,9 @@ class FineTuned:
         """The training rows as the head reads them -> (data for `_train_dataset`, rows an epoch, sha256)."""
         raise NotImplementedError
 
-    def _train_dataset(self, data, global_batch, seed):
-        """Training batches (features, labels, index) of `data`, shuffled with `seed`, repeated."""
+    def _train_dataset(self, data, global_batch, seed, buckets=False):
+        """Training batches (features, labels, index) of `data`, shuffled with `seed`, repeated; `buckets`:
+        batches of similar lengths (`input_pipeline.length_batches`)."""
         raise NotImplementedError
 
     def _as_dev(self, dev):
@@ -188,6 +189,8 @@ class FineTuned:
         """
         config = TrainConfig.make(config, **keywords)
         config.check()
+        if not config.overwrite:  # a run written by an older version resumes with the recipe it began with
+            config = config.resuming((run_dir.read_run(output_dir) or {}).get("settings"))
         data, rows, digest = self._training_data(examples)
         loss = self._training_loss(config, data)
         dev = None if dev is None else self._as_dev(dev)
@@ -226,7 +229,8 @@ class FineTuned:
         warmup = config.warmup_steps(num_steps)
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16",
-            layerwise_lr_decay=config.layerwise_lr_decay), loss,
+            epsilon=config.adam_epsilon, layerwise_lr_decay=config.layerwise_lr_decay,
+            decay_from_warmup=config.lr_schedule == "linear"), loss,
             accum, config.use_xla, recompute=config.recompute, seed=config.seed)
         start = session.start
         if session.restored:
@@ -251,7 +255,7 @@ class FineTuned:
             self.global_step = self.trained_steps = start
             run.close()
             return self._finish(hooks, config.load_best_model_at_end, [])
-        dataset = self._train_dataset(data, global_batch, config.seed).skip(start)
+        dataset = self._train_dataset(data, global_batch, config.seed, config.length_buckets).skip(start)
         loop = session.loop(global_batch, config, hooks, callbacks)
         try:
             session.train(loop, dataset, until_step=num_steps)

@@ -108,7 +108,7 @@ class BertMultipleChoice(FineTuned):
             raise UserError(f"{unlabelled.where or 'question ' + unlabelled.guid}: a training question needs a label")
         return self._encode(questions), len(questions), questions_digest(questions)
 
-    def _train_dataset(self, rows, global_batch, seed):
+    def _train_dataset(self, rows, global_batch, seed, buckets=False):  # a question's choices: no length buckets
         return choice_dataset(rows, self.max_seq_length, global_batch, training=True, seed=seed)
 
     def _as_dev(self, dev):

@@ -134,8 +134,9 @@ class BertQuestionAnswerer(FineTuned):
         windows, _ = self._windows(questions)
         return windows, len(windows), questions_digest(questions)
 
-    def _train_dataset(self, windows, global_batch, seed):
-        return span_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=True, seed=seed)
+    def _train_dataset(self, windows, global_batch, seed, buckets=False):
+        return span_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=True, seed=seed,
+                            buckets=buckets)
 
     def _as_dev(self, dev):
         return as_questions(dev)

@@ -158,8 +158,9 @@ class BertTagger(FineTuned):
         """Each tag's count over the tokens the loss reads: a word in two windows counts twice, as it trains."""
         return np.bincount([t for w in windows for t in w.labels if t >= 0], minlength=len(self.labels))
 
-    def _train_dataset(self, windows, global_batch, seed):
-        return tagging_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=True, seed=seed)
+    def _train_dataset(self, windows, global_batch, seed, buckets=False):
+        return tagging_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=True, seed=seed,
+                               buckets=buckets)
 
     def _as_dev(self, dev):
         return as_sentences(dev, split_words)

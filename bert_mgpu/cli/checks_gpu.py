@@ -356,8 +356,8 @@ def worker(task_index, worker_hosts):
 
 
 def _text_pipeline(global_batch, seq, directory):
-    """The fine-tuning input pipeline (input_pipeline.make_dataset: tokenizing in tf.data, bucketing by
-    length) over made-up texts of 130 to 200 words, so every batch is `seq` tokens wide, as
+    """The fine-tuning input pipeline (input_pipeline.make_dataset: tokenizing in tf.data, batches in
+    shuffled order) over made-up texts of 130 to 200 words, so every batch is `seq` tokens wide, as
     docs/gpu_scaling.md's model assumes (and no step compiles kernels for a new width)."""
     from bert_mgpu.data import input_pipeline, tasks, tokenization
 

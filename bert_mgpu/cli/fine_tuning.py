@@ -51,6 +51,12 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
                        "losses averaged plus alpha / 4 x the two passes' symmetric KL divergence, as bert4keras; "
                        "e.g. 4. Classification, and a tagger without --crf. 0: one pass.")
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
+    flags.DEFINE_enum("lr_schedule", "linear", ["linear", "google-bert"], "After warmup: linear decay from the peak "
+                      "to 0 (linear, transformers'), or google-bert's line from step 0, which starts below the peak.")
+    flags.DEFINE_bool("length_buckets", False, "Batch training rows of similar lengths together: faster steps, "
+                      "but each batch leans to the labels of its lengths (3.7 points lost on news titles, "
+                      "benchmarks/NOTES.md). Default: batches in shuffled order.")
+    flags.DEFINE_float("adam_eps", 1e-8, "AdamW's epsilon (google-bert's: 1e-6).")
     flags.DEFINE_integer("save_checkpoints_steps", 1000, "Checkpoint every this many steps.")
     flags.DEFINE_integer("iterations_per_loop", 1000, "Accepted for google-bert compatibility; unused.")
     flags.DEFINE_bool("use_tpu", False, "Accepted for compatibility; must be false.")

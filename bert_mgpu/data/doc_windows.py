@@ -82,7 +82,7 @@ def _pieces(tokenizer, texts, chunk=4096):
 
 
 def window_dataset(examples, tokenizer, label_list, max_seq_length, doc_stride, batch_size, training, seed=None,
-                   source="data", encode_labels=None, rows_multiple=None, windows=None):
+                   source="data", encode_labels=None, rows_multiple=None, windows=None, buckets=False):
     """As input_pipeline.make_dataset, over the examples' windows (`windows`: already cut): training
     shuffles them (each with its document's label and `window_weight`), otherwise every window once with
     its position among the windows as `index` -> (dataset, Windows)."""
@@ -98,7 +98,7 @@ def window_dataset(examples, tokenizer, label_list, max_seq_length, doc_stride, 
     ds = shuffled_rows({"token_ids": windows.ids, "segment_ids": windows.segments}, windows.lengths,
                        {"label": labels, "index": np.arange(len(labels), dtype=np.int32),
                         "window_weight": weight.astype(np.float32)}, seed)
-    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels), windows
+    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, buckets=buckets), windows
 
 
 def windows_in_graph(tokenizer, text, max_seq_length, doc_stride):

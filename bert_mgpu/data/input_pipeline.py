@@ -5,10 +5,11 @@ max_seq_length: every distinct batch width costs a trace and an XLA compile of t
 tensor cores want multiples of 8. Pairs are truncated as google-bert's `_truncate_seq_pair` (always
 shorten the longer segment), which is what tf-text's RoundRobinTrimmer computes.
 
-Training tokenizes inside tf.data in parallel (ragged tensors, no Python per example) and buckets by
-length. Evaluation and prediction tokenize the whole set first, with one traced function kept per
-tokenizer, then sort it by length and cut it into batches: a tf.data iterator instantiates its functions
-anew, recompiling the tokenizer's regular expressions, which costs more than tokenizing the set.
+Training tokenizes inside tf.data in parallel (ragged tensors, no Python per example) and batches in
+shuffled order (by length only with `buckets`: `length_batches`). Evaluation and prediction tokenize the
+whole set first, with one traced function kept per tokenizer, then sort it by length and cut it into
+batches: a tf.data iterator instantiates its functions anew, recompiling the tokenizer's regular
+expressions, which costs more than tokenizing the set.
 Every element carries its input position (`index`) so evaluation and prediction put outputs
 back in input order whatever the sorting, batch and tower count.
 """
@@ -125,11 +126,13 @@ def trim(segments, budget, truncation="head"):
 
 
 def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, training, seed=None,
-                 source="data", pad_to_multiple=8, rows_multiple=None, encode_labels=None, truncation="head"):
+                 source="data", pad_to_multiple=8, rows_multiple=None, encode_labels=None, truncation="head",
+                 buckets=False):
     """A dataset of ({token_ids, segment_ids, padding_mask}, label, index), batch_size examples a batch.
 
     training=True shuffles, repeats forever and yields only full batches (every step has the full global
-    batch); the same seed gives the same stream of batches, so a resumed run skips what it has seen.
+    batch; `buckets`: of similar lengths, `length_batches`); the same seed gives the same stream of
+    batches, so a resumed run skips what it has seen.
     training=False keeps every example once, sorted by length, with `index` to restore input order;
     `rows_multiple` then pads each batch's rows to a multiple of it with rows of index -1 (a [CLS] alone),
     which prediction drops: the batch shapes a pass can meet are then (width, rows) from short lists, so
@@ -156,7 +159,8 @@ def make_dataset(examples, tokenizer, label_list, max_seq_length, batch_size, tr
 
     ds = ds.batch(256).map(_plain(tokenize), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.unbatch().map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, arrays["label"], pad_to_multiple)
+    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, arrays["label"], pad_to_multiple,
+                          buckets=buckets)
 
 
 def shuffled_rows(per_token, lengths, per_row, seed):
@@ -179,26 +183,35 @@ def shuffled_rows(per_token, lengths, per_row, seed):
     return ds.map(_plain(unpad), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multiple=8, per_token=False):
-    """Training batches of similar lengths from a dataset of unpadded rows {token_ids, segment_ids, label,
-    index} -> (features, label, index), full batches only, each padded to its longest row rounded up to
-    `pad_to_multiple`. `labels`: an array of the labels (their dtype and shape); `per_token`: a label a
-    token ([length], padded with -1, the tagger's), else one a row (padded with 0, never read). Rows with a
-    `window_weight` (a long document's windows) pass it on in the features."""
-    boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
+def length_batches(ds, pad_id, max_seq_length, batch_size, labels, pad_to_multiple=8, per_token=False,
+                   buckets=False):
+    """Training batches from a dataset of shuffled unpadded rows {token_ids, segment_ids, label, index} ->
+    (features, label, index), full batches only, each padded to its longest row rounded up to
+    `pad_to_multiple` (so at most max_seq_length / 8 widths: as many XLA compiles as buckets cost).
+    `labels`: an array of the labels (their dtype and shape); `per_token`: a label a token ([length],
+    padded with -1, the tagger's), else one a row (padded with 0, never read). Rows with a
+    `window_weight` (a long document's windows) pass it on in the features.
+
+    buckets=False: batches in the shuffled order, as Hugging Face's Trainer makes them. buckets=True
+    (--length_buckets): rows of similar lengths batched together, less padding and faster steps, but where
+    length goes with the label each step's batch leans to some labels: 3.7 points of accuracy lost on
+    news titles (benchmarks/NOTES.md item 83)."""
     label_shape = [None] if per_token else [int(d) for d in labels.shape[1:]]
     label_pad = labels.dtype.type(-1 if per_token else 0)
     weighted = "window_weight" in ds.element_spec
-    ds = ds.bucket_by_sequence_length(
-        element_length_func=lambda x: tf.shape(x["token_ids"])[0],
-        bucket_boundaries=boundaries,
-        bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
-        padded_shapes={"token_ids": [None], "segment_ids": [None], "label": label_shape, "index": [],
-                       **({"window_weight": []} if weighted else {})},
-        padding_values={"token_ids": pad_id, "segment_ids": 0, "label": label_pad, "index": 0,
-                        **({"window_weight": 0.0} if weighted else {})},
-        drop_remainder=True,
-    )
+    padded_shapes = {"token_ids": [None], "segment_ids": [None], "label": label_shape, "index": [],
+                     **({"window_weight": []} if weighted else {})}
+    padding_values = {"token_ids": pad_id, "segment_ids": 0, "label": label_pad, "index": 0,
+                      **({"window_weight": 0.0} if weighted else {})}
+    if buckets:
+        boundaries = [b for b in _BOUNDARIES if b < max_seq_length]
+        ds = ds.bucket_by_sequence_length(
+            element_length_func=lambda x: tf.shape(x["token_ids"])[0], bucket_boundaries=boundaries,
+            bucket_batch_sizes=[batch_size] * (len(boundaries) + 1), padded_shapes=padded_shapes,
+            padding_values=padding_values, drop_remainder=True)
+    else:
+        ds = ds.padded_batch(batch_size, padded_shapes=padded_shapes, padding_values=padding_values,
+                             drop_remainder=True)
 
     def to_model_inputs(batch):
         length = tf.shape(batch["token_ids"])[1]

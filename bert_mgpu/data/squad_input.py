@@ -124,10 +124,11 @@ def make_windows(questions, tokenizer, max_seq_length, max_query_length=64, doc_
     return windows, cut
 
 
-def span_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=None, rows_multiple=None):
+def span_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=None, rows_multiple=None,
+                 buckets=False):
     """({token_ids, segment_ids, padding_mask}, labels [batch, 2] (start, end), index) over `windows`, as
-    tagging_input.tagging_dataset makes them: training shuffled with `seed`, repeated, bucketed by length;
-    otherwise every window once, sorted by length."""
+    tagging_input.tagging_dataset makes them: training shuffled with `seed`, repeated, in full batches
+    (of similar lengths with `buckets`); otherwise every window once, sorted by length."""
     from bert_mgpu.data.input_pipeline import length_batches, shuffled_rows, sorted_batches  # TensorFlow: here only
 
     if not windows:
@@ -141,7 +142,7 @@ def span_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=
                               rows_multiple=rows_multiple)
     ds = shuffled_rows({"token_ids": ids, "segment_ids": segments}, lengths,
                        {"label": labels, "index": np.arange(len(windows), dtype=np.int32)}, seed)
-    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels)
+    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, buckets=buckets)
 
 
 @dataclasses.dataclass

@@ -87,10 +87,12 @@ def window_arrays(windows, max_seq_length):
     return {"token_ids": token_ids, "segment_ids": np.zeros_like(token_ids), "padding_mask": mask}, labels
 
 
-def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=None, rows_multiple=None):
+def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, seed=None, rows_multiple=None,
+                    buckets=False):
     """A dataset of ({token_ids, segment_ids, padding_mask}, labels [batch, width], index) over `windows`, as
-    `input_pipeline.make_dataset` makes for sentences: training shuffles with `seed`, repeats and buckets by
-    length (full batches); otherwise every window once, sorted by length, `index` its position."""
+    `input_pipeline.make_dataset` makes for sentences: training shuffles with `seed`, repeats, makes full
+    batches (of similar lengths with `buckets`); otherwise every window once, sorted by length, `index` its
+    position."""
     if not windows:
         raise UserError("no sentences")
     lengths = np.array([len(w.token_ids) for w in windows], np.int64)
@@ -102,7 +104,8 @@ def tagging_dataset(windows, tokenizer, max_seq_length, batch_size, training, se
                               rows_multiple=rows_multiple, per_token=True)
     ds = shuffled_rows({"token_ids": ids, "segment_ids": segments, "label": labels}, lengths,
                        {"index": np.arange(len(windows), dtype=np.int32)}, seed)
-    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, per_token=True)
+    return length_batches(ds, tokenizer.pad_id, max_seq_length, batch_size, labels, per_token=True,
+                          buckets=buckets)
 
 
 # split_words' rules as RE2 patterns, for the SavedModel: white space (Python's str.isspace), and the

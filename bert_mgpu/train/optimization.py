@@ -203,14 +203,17 @@ def layerwise_rates(paths, decay):
 def create_optimizer(learning_rate: float | None = None, num_train_steps: int | None = None, num_warmup_steps: int = 0,
                      weight_decay: float = 0.01, float16: bool = False, optimizer: str = "adamw", beta_1: float = 0.9,
                      beta_2: float = 0.999, epsilon: float = 1e-6, schedule=None, clipnorm: float | None = 1.0,
-                     initial_scale: float | None = None, layerwise_lr_decay: float = 1.0) -> TowerOptimizer:
+                     initial_scale: float | None = None, layerwise_lr_decay: float = 1.0,
+                     decay_from_warmup: bool = False) -> TowerOptimizer:
     """google-bert's optimizer (or LAMB) as a `TowerOptimizer`.
 
     `schedule` replaces the step-based warmup + linear decay (e.g. a TimeBasedDecay) and carries its own
     learning rate: give `learning_rate` and the steps, or `schedule`, not both. Every precision
     gets loss scaling, because it is also what skips a step whose gradients are not finite: under
     mixed_float16 the scale is dynamic (starting at 2**15, or `initial_scale`); otherwise it stays 1.
-    `layerwise_lr_decay`: lower layers learn slower (`layerwise_rates`).
+    `layerwise_lr_decay`: lower layers learn slower (`layerwise_rates`). `decay_from_warmup`: the linear
+    decay starts from the peak at warmup's end (transformers'), not on google-bert's line from step 0
+    (`WarmupLinearDecay`).
 
     Example:
         with strategy.scope():
@@ -224,7 +227,7 @@ def create_optimizer(learning_rate: float | None = None, num_train_steps: int | 
     if schedule is None:
         if learning_rate is None:
             raise ValueError("create_optimizer: give learning_rate (or a schedule)")
-        schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps)
+        schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps, from_warmup=decay_from_warmup)
     inner = OPTIMIZERS[optimizer](learning_rate=schedule, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
                                   epsilon=epsilon)
     inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])

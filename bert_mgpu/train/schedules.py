@@ -16,18 +16,25 @@ from bert_mgpu.core.errors import UserError
 
 
 class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
-    """lr = peak * step / warmup during warmup, then peak * (1 - step / total) ** power down to 0.
+    """lr = peak * step / warmup during warmup, then a decay to 0 at total_steps.
 
-    power=1 is google-bert's linear decay; other powers are the polynomial decay of academic-budget-bert.
+    from_warmup=False: peak * (1 - step / total) ** power, google-bert's line (power 1), drawn from step 0, so
+    the rate drops from the peak to peak * (1 - warmup / total) when warmup ends; other powers are the
+    polynomial decay of academic-budget-bert. from_warmup=True: peak * ((total - step) / (total - warmup)) **
+    power, from the peak at warmup's end, as transformers' get_linear_schedule_with_warmup (power 1): with
+    power 1 the area under the rate is peak x total / 2, against (w + (1 - w)^2) / 2 of it from step 0 (w the
+    warmup share: 9% less at 0.1; benchmarks/NOTES.md item 83).
     """
 
-    def __init__(self, peak, total_steps, warmup_steps, power=1.0):
+    def __init__(self, peak, total_steps, warmup_steps, power=1.0, from_warmup=False):
         self.peak, self.total_steps, self.warmup_steps = float(peak), int(total_steps), int(warmup_steps)
-        self.power = float(power)
+        self.power, self.from_warmup = float(power), bool(from_warmup)
 
     def __call__(self, step):
         step = keras.ops.cast(step, "float32")
-        decay = self.peak * keras.ops.maximum(0.0, 1.0 - step / max(1, self.total_steps)) ** self.power
+        start = self.warmup_steps if self.from_warmup else 0
+        left = 1.0 - (step - start) / max(1, self.total_steps - start)
+        decay = self.peak * keras.ops.minimum(1.0, keras.ops.maximum(0.0, left)) ** self.power
         if self.warmup_steps <= 0:
             return decay
         warm = self.peak * step / self.warmup_steps
@@ -35,7 +42,7 @@ class WarmupLinearDecay(keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"peak": self.peak, "total_steps": self.total_steps, "warmup_steps": self.warmup_steps,
-                "power": self.power}
+                "power": self.power, "from_warmup": self.from_warmup}
 
 
 def time_based_lr(progress, peak, warmup_proportion, curve="linear"):
