@@ -111,6 +111,9 @@ def main():
             and not (c == "l" and s != "bert_mgpu")]  # (l) compares bert_mgpu with and without --recompute
     if "l" in cases:
         jobs.append(("l", "bert_mgpu_recompute", ["bench_bert_mgpu.py", "1", "--recompute"]))
+    for c in ("b", "t"):  # real lengths: the default batches in shuffled order; --length_buckets, what it gives up
+        if c in cases:
+            jobs.append((c, "bert_mgpu_buckets", ["bench_bert_mgpu.py", "1", "--length_buckets"]))
     if "a" in cases:  # the cost of replication (2 towers on the same 2 cores), and of keras-hub's own layers
         jobs.append(("a", "bert_mgpu_2towers", ["bench_bert_mgpu.py", "2"]))
         jobs.append(("a", "bert_mgpu_unfused", ["bench_bert_mgpu.py", "1", "--no-fused"]))
@@ -127,6 +130,12 @@ def main():
     report = f"every system in {common.precision()} on this CPU\n\n" + table(results, peak)
     one = next((r for r in results if r.get("system") == "bert_mgpu" and r.get("case") == "a"), {})
     two = next((r for r in results if r.get("system") == "bert_mgpu_2towers"), {})
+    for c in ("b", "t"):
+        plain = next((r for r in results if r.get("system") == "bert_mgpu" and r.get("case") == c), {})
+        bucketed = next((r for r in results if r.get("system") == "bert_mgpu_buckets" and r.get("case") == c), {})
+        if "examples_per_s" in plain and "examples_per_s" in bucketed:
+            report += (f"\n\nshuffled batches (the default) / --length_buckets, case ({c}): "
+                       f"{plain['examples_per_s'] / bucketed['examples_per_s']:.2f}")
     if "examples_per_s" in one and "examples_per_s" in two:
         report += (f"\n\n2 towers / 1 tower on the same cores, case (a): "
                    f"{two['examples_per_s'] / one['examples_per_s']:.2f}")

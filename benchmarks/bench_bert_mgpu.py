@@ -1,6 +1,8 @@
 """bert_mgpu in its best configuration here: fused encoder, its own input pipeline, in `common.precision()`.
 
-Usage: python benchmarks/bench_bert_mgpu.py CASE [TOWERS] [--no-fused]
+Usage: python benchmarks/bench_bert_mgpu.py CASE [TOWERS] [--no-fused] [--recompute] [--length_buckets]
+
+`--length_buckets`: real-length training batches (cases b, t) of similar lengths, not in shuffled order.
 """
 
 import functools
@@ -11,6 +13,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import common  # noqa: E402
 
 from bert_mgpu.parallel.distribute import distribute_dataset  # noqa: E402  (input as the library distributes it)
+
+BUCKETS = "--length_buckets" in sys.argv
 
 
 def rt_dataset(case, make_dataset=None):
@@ -23,8 +27,9 @@ def rt_dataset(case, make_dataset=None):
     examples = [Example(str(i), text, None, str(label))
                 for i, (text, label) in enumerate(common.rotten_tomatoes(split))]
     make_dataset = make_dataset or input_pipeline.make_dataset
-    return make_dataset(examples, _tokenizer(), ["0", "1"], common.SEQ, common.BATCH,
-                        training=spec["mode"] != "predict", seed=0)
+    training = spec["mode"] != "predict"
+    return make_dataset(examples, _tokenizer(), ["0", "1"], common.SEQ, common.BATCH, training=training, seed=0,
+                        **({"buckets": True} if training and BUCKETS else {}))
 
 
 def ner_dataset(case):
@@ -36,7 +41,8 @@ def ner_dataset(case):
     rows = common.ner_sentences("train" if training else "test")
     windows = make_windows([Sentence(str(i), w, t, 1) for i, (w, t) in enumerate(rows)], _tokenizer(),
                            common.NER_TAGS, common.SEQ)
-    return tagging_dataset(windows, _tokenizer(), common.SEQ, common.BATCH, training=training, seed=0)
+    return tagging_dataset(windows, _tokenizer(), common.SEQ, common.BATCH, training=training, seed=0,
+                           buckets=BUCKETS)
 
 
 def case_dataset(case):

@@ -186,6 +186,11 @@ def torch_adamw(model, learning_rate, steps, warmup_proportion):
     return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, int(steps * warmup_proportion), steps)
 
 
+# What bert_mgpu's fit is told in a strictly paired run, so that its optimizer is `paired_torch_steps`' (the
+# defaults before issue 71).
+PAIRED_OPTIMIZER = {"adam_epsilon": 1e-6, "lr_schedule": "google-bert"}
+
+
 def paired_torch_steps(model, batches, loss_of, learning_rate, warmup_proportion, log_every):
     """transformers' side of a strictly paired run: `loss_of(batch)` on each of bert_mgpu's batches in its
     order, with bert_mgpu's formulas (AdamW with google-bert's weight decay, its warmup and linear decay over

@@ -86,7 +86,7 @@ def ours(seed, model_dir, work):
     started = time.monotonic()
     history = mc.fit(train, os.path.join(work, f"ours_{seed}"), epochs=RECIPE["epochs"],
                      learning_rate=RECIPE["learning_rate"], warmup_proportion=RECIPE["warmup_proportion"], seed=seed,
-                     overwrite=True, verbose=False, log_every=LOG_EVERY)
+                     overwrite=True, verbose=False, log_every=LOG_EVERY, **common.PAIRED_OPTIMIZER)
     seconds = time.monotonic() - started
     return mc.evaluate(dev, batch_size=16)["eval_accuracy"], seconds, dict(zip(history["step"], history["loss"]))
 

@@ -112,7 +112,7 @@ def ours(seed, model_dir, work, made_up):
     started = time.monotonic()
     history = tagger.fit(sentences, os.path.join(work, f"ours_{seed}"), epochs=RECIPE["epochs"],
                          learning_rate=RECIPE["learning_rate"], warmup_proportion=RECIPE["warmup_proportion"],
-                         seed=seed, overwrite=True, verbose=False, log_every=LOG_EVERY)
+                         seed=seed, overwrite=True, verbose=False, log_every=LOG_EVERY, **common.PAIRED_OPTIMIZER)
     seconds = time.monotonic() - started
     predicted = tagger.predict_tags([w for w, _ in test], batch_size=64)
     return (entity_scores([t for _, t in test], predicted)["f1"], seconds,

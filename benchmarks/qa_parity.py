@@ -102,7 +102,7 @@ def ours(seed, model_dir, work, strict):
     started = time.monotonic()
     history = qa.fit(train, os.path.join(work, f"ours_{seed}"), epochs=RECIPE["epochs"],
                      learning_rate=RECIPE["learning_rate"], warmup_proportion=RECIPE["warmup_proportion"], seed=seed,
-                     overwrite=True, verbose=False, log_every=LOG_EVERY)
+                     overwrite=True, verbose=False, log_every=LOG_EVERY, **common.PAIRED_OPTIMIZER)
     seconds = time.monotonic() - started
     losses = {s: v for s, v in zip(history["step"], history["loss"])}
     windows, cut, logits = qa.logits(dev, batch_size=16)

