@@ -100,6 +100,24 @@ def test_classifier_sigterm_then_kill_9_resumes_bit_identical(tmp_path, google_r
 
 
 @pytest.mark.process
+def test_a_run_with_moving_averages_resumes_them_bit_identical(tmp_path, google_release):
+    """--ema_decay: the averages travel in each checkpoint, so a run stopped by SIGTERM and rerun ends with the
+    weights, moments and averages of the run never stopped, and evaluates the same."""
+    args = classifier_run(tmp_path, google_release, 320)
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run_script("run_classifier_mgpu.py", *args(whole), "--ema_decay=0.9")
+    code, stdout, stderr = interrupted("run_classifier_mgpu.py", [*args(parts), "--ema_decay=0.9"], signal.SIGTERM,
+                                       parts, 5)
+    stopped = int(stdout.split("interrupted by SIGTERM at step ")[1].split(";")[0])
+    assert code == 143 and 5 < stopped < 40, stderr[-2000:]
+    proc = run_script("run_classifier_mgpu.py", *args(parts), "--ema_decay=0.9")
+    assert f"resuming from {parts}/ckpt-{stopped} at step {stopped}" in proc.stderr, proc.stderr[-2000:]
+    assert_bit_identical(whole, parts, 40)
+    results = [open(os.path.join(d, "eval_results.txt")).read() for d in (whole, parts)]
+    assert results[0] == results[1]
+
+
+@pytest.mark.process
 def test_pretraining_kill_9_resumes_bit_identical(tmp_path):
     from conftest import tiny_config, write_vocab
 

@@ -234,3 +234,70 @@ def test_layerwise_decay_steps_as_keras_optimizers_one_per_rate_on_the_gpu_path(
         keras_opt.apply([tf.constant(g[i])], [undecayed])
     moved, full = np.abs(variables[i].numpy() - init[i]).mean(), np.abs(undecayed.numpy() - init[i]).mean()
     assert rates[i] == 0.125 and (0.1 < moved / full < 0.15 if name == "adamw" else moved < full), (moved, full)
+
+
+def test_moving_averages_step_as_keras_use_ema_on_the_gpu_path():
+    """--ema_decay: the averages TowerOptimizer keeps are Keras' (AdamW(use_ema=True) applied directly), a
+    variable without a gradient included and a non-finite step left out, on the strategy a 2-GPU run builds,
+    each tower's copy bit-equal; evaluation swaps them in and puts the weights back to the bit."""
+    from conftest import tiny_config
+    from test_allreduce import gpu_strategy
+
+    from bert_mgpu.model import modeling
+
+    _, strategy = gpu_strategy()
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = modeling.build_classifier(tiny_config(38), 2)
+        opt = optimization.create_optimizer(1e-2, 10, 2, clipnorm=None, ema_decay=0.9)
+        opt.build(model.trainable_variables)
+    variables = model.trainable_variables
+    frozen = 1  # no gradient reaches it (as a tagger's pooler)
+    init = [v.numpy() for v in variables]
+    rng = np.random.default_rng(0)
+    grads = [[rng.normal(size=w.shape).astype("float32") for w in init] for _ in range(4)]
+    grads[2][0][0, 0] = np.nan  # skipped: no weight, moment or average moves
+
+    @tf.function
+    def apply(g):
+        strategy.run(lambda g: opt.apply([None if i == frozen else x * opt.dynamic_scale  # as a loss is scaled
+                                          for i, x in enumerate(g)], variables), args=(g,))
+
+    for g in grads:
+        apply([tf.constant(x) for x in g])
+    reference = [keras.Variable(w, name=v.name) for w, v in zip(init, variables)]
+    keras_opt = keras.optimizers.AdamW(WarmupLinearDecay(1e-2, 10, 2), weight_decay=0.01, epsilon=1e-6,
+                                       use_ema=True, ema_momentum=0.9)
+    keras_opt.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
+    keras_opt.build(reference)
+    for g in grads[:2] + grads[3:]:
+        keras_opt.apply([None if i == frozen else tf.constant(x) for i, x in enumerate(g)], reference)
+    averages = opt.inner_optimizer._model_variables_moving_average
+    assert int(opt.inner_optimizer.iterations.numpy()) == 3
+    for v, a, ref_w, ref_a in zip(variables, averages, reference, keras_opt._model_variables_moving_average):
+        copies = [c.numpy() for c in strategy.experimental_local_results(a.value)]
+        assert np.array_equal(copies[0], copies[1]), v.path
+        np.testing.assert_allclose(v.numpy(), ref_w.numpy(), rtol=1e-5, atol=1e-6, err_msg=v.path)
+        np.testing.assert_allclose(copies[0], ref_a.numpy(), rtol=1e-5, atol=1e-6, err_msg=v.path)
+    np.testing.assert_array_equal(averages[frozen].numpy(), init[frozen])  # its average is itself, never 0
+    moved = next(i for i in range(len(variables)) if i != frozen)
+    assert not np.allclose(averages[moved].numpy(), variables[moved].numpy())  # an average lags the weights
+    live = [v.numpy() for v in variables]
+    with opt.averaged_weights():
+        for v, a in zip(variables, averages):
+            for copy in strategy.experimental_local_results(v.value):
+                np.testing.assert_array_equal(copy.numpy(), a.numpy(), err_msg=v.path)
+    for v, w in zip(variables, live):
+        for copy in strategy.experimental_local_results(v.value):
+            np.testing.assert_array_equal(copy.numpy(), w, err_msg=v.path)
+    opt.finalize_averages()
+    for v, a in zip(variables, averages):
+        np.testing.assert_array_equal(v.numpy(), a.numpy(), err_msg=v.path)
+
+
+def test_an_ema_decay_outside_0_to_1_is_refused():
+    from bert_mgpu.core.errors import UserError
+
+    for bad in (1.0, -0.1, float("nan")):
+        with pytest.raises(UserError, match=rf"--ema_decay={bad}: must be 0 \(no average\) or more, and below 1"):
+            optimization.create_optimizer(1e-3, 10, 0, ema_decay=bad)

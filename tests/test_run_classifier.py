@@ -122,12 +122,12 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
 
 def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
     """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run (with
-    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha and google-bert's recipe)."""
+    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay and google-bert's recipe)."""
     out = str(tmp_path / "acc")
     proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
                        "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7",
                        "--layerwise_lr_decay=0.9", "--class_weights=auto", "--focal_gamma=2", "--rdrop_alpha=4",
-                       "--length_buckets", "--adam_eps=1e-6", "--lr_schedule=google-bert"))
+                       "--length_buckets", "--adam_eps=1e-6", "--lr_schedule=google-bert", "--ema_decay=0.99"))
     labels = [line.split("\t")[0] for line in open(os.path.join(data, "train.tsv"), encoding="utf-8")][1:]
     counts = {k: labels.count(k) for k in ("neg", "pos")}  # the weights: examples / (labels x count)
     assert "class weights: " + ", ".join(f"{k} {len(labels) / (2 * n):.4g}" for k, n in counts.items()) in proc.stderr
@@ -145,6 +145,8 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
     # test_training's schedule, NOTES 83).
     assert {k: run_file["settings"][k] for k in ("length_buckets", "adam_eps", "lr_schedule")} == {
         "length_buckets": True, "adam_eps": 1e-6, "lr_schedule": "google-bert"}
+    # --ema_decay (its averages and where they are used: test_ema) with --ema_for_eval's default.
+    assert (run_file["settings"]["ema_decay"], run_file["settings"]["ema_for_eval"]) == (0.99, True)
     assert run(*common(data, google_release, out, "--do_train", "--gradient_accumulation_steps=0"),
                check=False).stderr.strip().endswith("--gradient_accumulation_steps=0: must be at least 1")
 
@@ -189,7 +191,8 @@ NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_ep
            "class_weights_count": "--class_weights=1,2,3", "class_weights_negative": "--class_weights=1,-1",
            "focal_gamma_negative": "--focal_gamma=-1", "class_weights_multi_label": "--class_weights=auto "
            "--task_type=multi_label", "rdrop_negative": "--rdrop_alpha=-1",
-           "rdrop_multi_label": "--rdrop_alpha=4 --task_type=multi_label", "adam_eps_zero": "--adam_eps=0"}
+           "rdrop_multi_label": "--rdrop_alpha=4 --task_type=multi_label", "adam_eps_zero": "--adam_eps=0",
+           "ema_decay_one": "--ema_decay=1"}
 
 
 # One case of each stage a run can stop at: its flags, its devices, its data, its checkpoint. TensorFlow
@@ -236,6 +239,7 @@ STARTED_AS_A_USER_DOES = ("negative_gpus", "cuda_names_missing_devices", "invali
     ("rdrop_negative", r"--rdrop_alpha=-1.0: must be a finite number, 0 or more"),
     ("rdrop_multi_label", r"--rdrop_alpha compares two passes' softmax over classes .*; not a multi_label head's"),
     ("adam_eps_zero", r"--adam_eps=0.0: must be a finite number above 0"),
+    ("ema_decay_one", r"--ema_decay=1.0: must be 0 \(no average\) or more, and below 1"),
     ("train_is_a_file", r"out/train is a file; bert_mgpu writes its TensorBoard events into a directory"),
     ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
     ("tab_inside_text", r"train.tsv:3: 3 cells but the first row has 2; a tab inside a text\?"),

@@ -6,6 +6,7 @@ run records for it and how it evaluates; its `objective` gives the loss and the 
 chosen by. Nothing here knows a head kind.
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -230,8 +231,15 @@ class FineTuned:
         session = Session(self.towers, self.model, run, lambda: optimization.create_optimizer(
             config.learning_rate, num_steps, warmup, float16=self.policy == "mixed_float16",
             epsilon=config.adam_epsilon, layerwise_lr_decay=config.layerwise_lr_decay,
-            decay_from_warmup=config.lr_schedule == "linear"), loss,
+            decay_from_warmup=config.lr_schedule == "linear", ema_decay=config.ema_decay), loss,
             accum, config.use_xla, recompute=config.recompute, seed=config.seed)
+        # --ema_decay: evaluations and best/ see the moving averages, and a run that ends (not one stopped
+        # to resume) saves them as its weights, as Keras' fit ends with use_ema.
+        averaged = session.optimizer.averaged_weights if config.ema_decay and config.ema_for_eval else None
+
+        def finish_with_averages(loop):
+            if averaged and (loop.step >= num_steps or (loop.stop and not loop.interrupted)):
+                session.optimizer.finalize_averages()
         start = session.start
         if session.restored:
             log.info("resuming from %s at step %d", session.restored, start)
@@ -243,10 +251,17 @@ class FineTuned:
         self.interrupted, hooks = None, []
         if every:
             chief = self.towers.is_chief
+            def dev_results():
+                with (averaged or contextlib.nullcontext)():
+                    return {k: v for k, v in self.evaluate(dev, config.eval_batch_size, verbose=False).items()
+                            if k.startswith("eval_") and k != "eval_examples"}
+
+            def save_best(directory, step):
+                with (averaged or contextlib.nullcontext)():
+                    self._save_model_dir(directory, step)
+
             watch = DevEvaluation(
-                lambda: {k: v for k, v in self.evaluate(dev, config.eval_batch_size, verbose=False).items()
-                         if k.startswith("eval_") and k != "eval_examples"},
-                every, output_dir, choice, self._save_model_dir,
+                dev_results, every, output_dir, choice, save_best,
                 tf.summary.create_file_writer(run_dir.check_event_dir(os.path.join(output_dir, "eval"))) if chief
                 else tf.summary.create_noop_writer(), chief)
             watch.resume(start)
@@ -256,7 +271,7 @@ class FineTuned:
             run.close()
             return self._finish(hooks, config.load_best_model_at_end, [])
         dataset = self._train_dataset(data, global_batch, config.seed, config.length_buckets).skip(start)
-        loop = session.loop(global_batch, config, hooks, callbacks)
+        loop = session.loop(global_batch, config, hooks, callbacks, before_save=finish_with_averages)
         try:
             session.train(loop, dataset, until_step=num_steps)
         finally:

@@ -50,6 +50,11 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
     flags.DEFINE_float("rdrop_alpha", 0.0, "R-Drop (Liang et al. 2021): each batch through the model twice, their "
                        "losses averaged plus alpha / 4 x the two passes' symmetric KL divergence, as bert4keras; "
                        "e.g. 4. Classification, and a tagger without --crf. 0: one pass.")
+    flags.DEFINE_float("ema_decay", 0.0, "Keep an exponential moving average of the weights (as bert4keras' "
+                       "ExponentialMovingAverage, Keras' use_ema): each step average = decay x average + (1 - decay) "
+                       "x weights; e.g. 0.999 for a long run, 0.99 for a few hundred steps. 0: none.")
+    flags.DEFINE_bool("ema_for_eval", True, "With --ema_decay: evaluate and keep in best/ the averaged weights, and "
+                      "end the run with them (its last checkpoint, predictions, exports). False: only keep them.")
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
     flags.DEFINE_enum("lr_schedule", "linear", ["linear", "google-bert"], "After warmup: linear decay from the peak "
                       "to 0 (linear, transformers'), or google-bert's line from step 0, which starts below the peak.")

@@ -14,8 +14,13 @@ The formulas are Keras': AdamW with bias correction and epsilon outside the squa
 weight decay `w -= w * wd * lr` before the update, none on LayerNorm and biases (google-bert's
 AdamWeightDecayOptimizer omits the bias correction; it changes only the first steps); LAMB with the
 per-layer trust ratio ||w|| / ||update||.
+
+An exponential moving average of the weights (`ema_decay`) is Keras' own (`use_ema`): its averages are the
+inner optimizer's variables, so every checkpoint holds them and a resumed run goes on with them; a third
+program per device updates them after each applied step, with Keras' formula.
 """
 
+import contextlib
 import re
 
 import keras
@@ -24,7 +29,7 @@ import tensorflow as tf
 from bert_mgpu.core import _compat
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.train.schedules import WarmupLinearDecay
-from bert_mgpu.train.train_config import check_layerwise_lr_decay
+from bert_mgpu.train.train_config import check_ema_decay, check_layerwise_lr_decay
 
 OPTIMIZERS = {"adamw": keras.optimizers.AdamW, "lamb": keras.optimizers.Lamb}
 
@@ -54,9 +59,9 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
             raise ValueError(f"TowerOptimizer runs keras.optimizers.AdamW or Lamb, not {type(inner_optimizer)}")
         if inner_optimizer.global_clipnorm or inner_optimizer.clipnorm or inner_optimizer.clipvalue:
             raise ValueError("clip in TowerOptimizer(clipnorm=...), not in the inner optimizer")
-        if inner_optimizer.use_ema or inner_optimizer.gradient_accumulation_steps or getattr(
+        if inner_optimizer.ema_overwrite_frequency or inner_optimizer.gradient_accumulation_steps or getattr(
                 inner_optimizer, "amsgrad", False):
-            raise ValueError("TowerOptimizer does not run EMA, gradient accumulation or AMSGrad")
+            raise ValueError("TowerOptimizer does not run ema_overwrite_frequency, gradient accumulation or AMSGrad")
         super().__init__(inner_optimizer, **kwargs)
         self.clip_global_norm = clipnorm
         self.layerwise_lr_decay = check_layerwise_lr_decay(layerwise_lr_decay)
@@ -102,11 +107,50 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
                     _handles(local(raw(s))[d] for _, s in slots), [local(g)[d] for g, _ in pairs], decay, rates,
                     squares, **scalars, **hyper))
         finite = finite[0]
+        if inner.use_ema:  # Keras' first-step rule: the first applied step's weights are the average
+            momentum = tf.where(finite, tf.where(inner.iterations > 0, float(inner.ema_momentum), 0.0), 1.0)
+            weights = [local(raw(v)) for v in inner._trainable_variables]  # all: one without a gradient too
+            averages = [local(raw(a)) for a in inner._model_variables_moving_average]
+            for d in range(len(weights[0]))[:devices]:
+                with tf.device(weights[0][d].device):
+                    _ema_program(_handles(w[d] for w in weights), _handles(a[d] for a in averages), momentum)
         inner.iterations.assign_add(tf.cast(finite, inner.iterations.dtype))
         count = tf.where(finite, self.step_counter + 1, 0)
         grow = tf.logical_and(finite, count >= self.dynamic_growth_steps)
         self.dynamic_scale.assign(self.dynamic_scale * tf.where(grow, 2.0, tf.where(finite, 1.0, 0.5)))
         self.step_counter.assign(tf.where(grow, tf.zeros_like(count), count))
+
+
+    @contextlib.contextmanager
+    def averaged_weights(self):
+        """Inside the block the weights are their moving averages (evaluation, `best/`); after it, what they
+        were. Nothing happens without an EMA, or before the first step. Holds one more copy of the weights."""
+        inner = self.inner_optimizer
+        if not (inner.use_ema and inner.built):
+            yield
+            return
+        live = [tf.identity(v.value) for v in inner._trainable_variables]
+        inner.finalize_variable_values(inner._trainable_variables)
+        try:
+            yield
+        finally:
+            for v, value in zip(inner._trainable_variables, live):
+                v.assign(value)
+
+    def finalize_averages(self):
+        """The weights become their moving averages for good, as Keras' `fit` leaves a model with `use_ema`
+        (the end of a run: its last checkpoint, what it evaluates, predicts and exports)."""
+        inner = self.inner_optimizer
+        if inner.use_ema and inner.built:
+            inner.finalize_variable_values(inner._trainable_variables)
+
+
+@tf.function(jit_compile=True, autograph=False)
+def _ema_program(weights, averages, momentum):
+    """One device's moving averages after its step: average <- m x average + (1 - m) x weight, Keras'
+    formula (m: the decay; 0 on the first applied step; 1 on a skipped one, which changes nothing)."""
+    for hw, ha in zip(weights, averages):
+        _write(ha, momentum * _read(ha) + (1.0 - momentum) * _read(hw))
 
 
 def _handles(variables):
@@ -204,7 +248,7 @@ def create_optimizer(learning_rate: float | None = None, num_train_steps: int | 
                      weight_decay: float = 0.01, float16: bool = False, optimizer: str = "adamw", beta_1: float = 0.9,
                      beta_2: float = 0.999, epsilon: float = 1e-6, schedule=None, clipnorm: float | None = 1.0,
                      initial_scale: float | None = None, layerwise_lr_decay: float = 1.0,
-                     decay_from_warmup: bool = False) -> TowerOptimizer:
+                     decay_from_warmup: bool = False, ema_decay: float = 0.0) -> TowerOptimizer:
     """google-bert's optimizer (or LAMB) as a `TowerOptimizer`.
 
     `schedule` replaces the step-based warmup + linear decay (e.g. a TimeBasedDecay) and carries its own
@@ -213,7 +257,8 @@ def create_optimizer(learning_rate: float | None = None, num_train_steps: int | 
     mixed_float16 the scale is dynamic (starting at 2**15, or `initial_scale`); otherwise it stays 1.
     `layerwise_lr_decay`: lower layers learn slower (`layerwise_rates`). `decay_from_warmup`: the linear
     decay starts from the peak at warmup's end (transformers'), not on google-bert's line from step 0
-    (`WarmupLinearDecay`).
+    (`WarmupLinearDecay`). `ema_decay`: keep an exponential moving average of the weights (0: none;
+    `TowerOptimizer.averaged_weights`).
 
     Example:
         with strategy.scope():
@@ -228,8 +273,9 @@ def create_optimizer(learning_rate: float | None = None, num_train_steps: int | 
         if learning_rate is None:
             raise ValueError("create_optimizer: give learning_rate (or a schedule)")
         schedule = WarmupLinearDecay(learning_rate, num_train_steps, num_warmup_steps, from_warmup=decay_from_warmup)
+    ema = {"use_ema": True, "ema_momentum": check_ema_decay(ema_decay)} if ema_decay else {}
     inner = OPTIMIZERS[optimizer](learning_rate=schedule, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
-                                  epsilon=epsilon)
+                                  epsilon=epsilon, **ema)
     inner.exclude_from_weight_decay(var_names=["gamma", "beta", "bias"])
     if float16:
         return TowerOptimizer(inner, clipnorm, layerwise_lr_decay, initial_scale=initial_scale or 2.0**15)

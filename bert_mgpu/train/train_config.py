@@ -106,6 +106,13 @@ def check_layerwise_lr_decay(value):
     return float(value)
 
 
+def check_ema_decay(value):
+    """--ema_decay as a float, or UserError: 0 keeps no average, 1 would keep the first step's weights."""
+    if not 0 <= value < 1:
+        raise UserError(f"--ema_decay={value}: must be 0 (no average) or more, and below 1")
+    return float(value)
+
+
 @dataclasses.dataclass
 class TrainConfig(LoopConfig):
     """A fine-tuning run (google-bert's run_classifier flags, Hugging Face's for evaluation while training).
@@ -136,6 +143,10 @@ class TrainConfig(LoopConfig):
         adam_epsilon: AdamW's epsilon (transformers' 1e-8; google-bert's is 1e-6).
         lr_schedule: "linear": after warmup, linear decay from the peak to 0 (transformers'); "google-bert":
             google-bert's line from step 0, which starts at peak x (1 - warmup share) after warmup.
+        ema_decay: keep an exponential moving average of the weights, each step average = decay x average
+            + (1 - decay) x weights (Keras' `use_ema`, bert4keras' ExponentialMovingAverage); 0: none.
+        ema_for_eval: with ema_decay, evaluate and keep in best/ the averaged weights, and end the run with
+            them (its last checkpoint, predictions and exports); False: the average is only kept.
 
     The last three defaults are transformers', not google-bert's: with google-bert's, the same MiniLM
     fine-tuned on news titles scored 6 points below transformers (benchmarks/NOTES.md items 82 and 83).
@@ -162,9 +173,12 @@ class TrainConfig(LoopConfig):
     length_buckets: bool = False
     adam_epsilon: float = 1e-8
     lr_schedule: str = "linear"
+    ema_decay: float = 0.0
+    ema_for_eval: bool = True
 
     def check(self):
         super().check()
+        check_ema_decay(self.ema_decay)
         if self.lr_schedule not in LR_SCHEDULES:
             raise UserError(f"--lr_schedule={self.lr_schedule}: expected one of {', '.join(LR_SCHEDULES)}")
         if not (math.isfinite(self.adam_epsilon) and self.adam_epsilon > 0):
@@ -220,6 +234,7 @@ class TrainConfig(LoopConfig):
                    if self.class_weights is not None else {}),
                 **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {}),
                 **({"rdrop_alpha": self.rdrop_alpha} if self.rdrop_alpha else {}),
+                **({"ema_decay": self.ema_decay, "ema_for_eval": bool(self.ema_for_eval)} if self.ema_decay else {}),
                 "length_buckets": bool(self.length_buckets), "adam_eps": self.adam_epsilon,
                 "lr_schedule": self.lr_schedule}
 
