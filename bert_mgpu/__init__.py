@@ -19,7 +19,8 @@ os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 # Loaded on first use, so that `import bert_mgpu.cli` (every script's first import) does not load TensorFlow
 # before the script has quieted its start-up lines.
-_HOMES = {"BertClassifier": "api.classifier", "BertConfig": "model.config", "DevicePlan": "parallel.devices",
+_HOMES = {"BertClassifier": "api.classifier", "Distiller": "api.distiller", "BertConfig": "model.config",
+          "DevicePlan": "parallel.devices",
           "Towers": "parallel.devices", "plan_devices": "parallel.devices", "make_strategy": "parallel.distribute",
           "UserError": "core.errors", "BertPretrainer": "api.pretraining", "Budget": "train.budget",
           "Validation": "train.budget", "PretrainingData": "data.pretraining_input", "Example": "data.tasks",

@@ -91,6 +91,7 @@ class FineTuned:
         self.report = None  # the last evaluation's per-label (or per-type) report
         self.train_batch_size = towers.train_batch_size  # per tower, unless fit is given one
         self.train_config = None  # the last fit's TrainConfig, kept in bert_mgpu.json
+        self.loss_wrapper = None  # training loss -> training loss, around the head's (a Distiller's teacher)
         self._predictor = Trainer(towers.strategy, model)
 
     # ------------------------------------------------------------------ what a head says
@@ -125,13 +126,13 @@ class FineTuned:
 
     def _training_loss(self, config, data):
         """The objective's training loss, weighted by label (`config.class_weights`), focused
-        (`config.focal_gamma`) and with R-Drop's second pass (`config.rdrop_alpha`) where the config asks;
-        evaluation keeps the plain loss."""
+        (`config.focal_gamma`) and with R-Drop's second pass (`config.rdrop_alpha`) where the config asks,
+        inside `loss_wrapper` if set; evaluation keeps the plain loss."""
         loss = self._weighted_loss(config, data)
-        if not config.rdrop_alpha:
-            return loss
-        self.objective.check_rdrop()  # one line for a head without a softmax over classes, before any step
-        return with_rdrop(loss, self.objective.divergence, config.rdrop_alpha)
+        if config.rdrop_alpha:
+            self.objective.check_rdrop()  # one line for a head without a softmax over classes, before any step
+            loss = with_rdrop(loss, self.objective.divergence, config.rdrop_alpha)
+        return self.loss_wrapper(loss) if self.loss_wrapper else loss
 
     def _weighted_loss(self, config, data):
         if config.class_weights is None and not config.focal_gamma:

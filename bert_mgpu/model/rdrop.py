@@ -23,7 +23,7 @@ def symmetric_kl(first, second):
     return tf.reduce_sum((tf.exp(log_p) - tf.exp(log_q)) * (log_p - log_q), -1)
 
 
-class _Recording:
+class Recording:
     """The model, keeping each output it gives (the objective's loss calls it once a pass); any other
     attribute is the model's."""
 
@@ -47,7 +47,7 @@ def with_rdrop(loss_fn, divergence, alpha):
     def loss(model, features, labels, training=True):
         if not training:
             return loss_fn(model, features, labels, training)
-        recording = _Recording(model)
+        recording = Recording(model)
         first, stats = loss_fn(recording, features, labels, training)
         second, _ = loss_fn(recording, features, labels, training)
         kl = divergence(*recording.outputs, labels)

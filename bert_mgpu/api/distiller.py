@@ -1,0 +1,99 @@
+"""Distil a fine-tuned classifier (the teacher) into a smaller one (the student) on every tower: the
+student learns the teacher's softened outputs beside the labels (model/distillation.py), the teacher running
+in the same tower step without gradients. The student is an ordinary `BertClassifier`: its output directory
+is an ordinary run, which evaluates, predicts, resumes and exports as any.
+
+Example:
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
+    teacher = bert_mgpu.BertClassifier.from_pretrained("out/teacher", towers=towers)
+    student = bert_mgpu.Distiller.student_from_layers(teacher, (0, 2, 4))   # DistilBERT's and RBT3's start
+    bert_mgpu.Distiller(teacher, student, temperature=2.0).fit(train, "out/student", epochs=3)
+    student.evaluate(dev)
+"""
+
+import dataclasses
+import hashlib
+
+from bert_mgpu.api.classifier import BertClassifier
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.distillation import check_distillation, with_teacher
+from bert_mgpu.model.modeling import build_classifier
+
+
+def weights_digest(model):
+    """sha256 of a model's weights, in their order: which teacher a distilled run learnt from."""
+    h = hashlib.sha256()
+    for v in model.weights:
+        h.update(v.path.encode() + b"\x00" + v.numpy().tobytes())
+    return h.hexdigest()
+
+
+class Distiller:
+    """A teacher classifier's knowledge into a student classifier, by the student's own `fit`.
+
+    Args:
+        teacher: a fine-tuned `BertClassifier` (classification: a softmax over its labels), on the towers the
+            student trains on; its weights are not trained.
+        student: a `BertClassifier` with the teacher's labels and vocabulary on the same towers, e.g.
+            `student_from_layers(teacher, (0, 2, 4))`.
+        temperature: both softmaxes' temperature in the soft loss (Hinton's T; 1: the outputs as they are).
+        soft_weight, hard_weight: the soft loss's (times T^2) and the labels' cross-entropy's weights.
+    """
+
+    def __init__(self, teacher: BertClassifier, student: BertClassifier, temperature: float = 1.0,
+                 soft_weight: float = 1.0, hard_weight: float = 1.0):
+        self.temperature, self.soft_weight, self.hard_weight = check_distillation(temperature, soft_weight,
+                                                                                  hard_weight)
+        for model, role in ((teacher, "teacher"), (student, "student")):
+            if model.task_type != "classification":
+                raise UserError(f"distillation: the {role} is a {model.task_type} head; only classification "
+                                "(a softmax over labels) is distilled yet")
+        if list(teacher.labels) != list(student.labels):
+            raise UserError(f"distillation: the student's labels ({', '.join(student.labels)}) are not the "
+                            f"teacher's ({', '.join(teacher.labels)}), in the same order")
+        if (teacher.tokenizer.vocab, teacher.tokenizer.do_lower_case) != (student.tokenizer.vocab,
+                                                                             student.tokenizer.do_lower_case):
+            raise UserError("distillation: the student's vocabulary or casing is not the teacher's; both read "
+                            "the same WordPieces in this version")
+        if teacher.towers.strategy is not student.towers.strategy:
+            raise UserError("distillation: the teacher and the student must be opened on the same Towers")
+        self.teacher, self.student = teacher, student
+
+    @staticmethod
+    def student_from_layers(teacher: BertClassifier, layers) -> BertClassifier:
+        """A student of `len(layers)` encoder layers, each the teacher's layer of that index, with the teacher's
+        embeddings, pooler and head (DistilBERT takes every second layer; HFL's RBT3 the first three)."""
+        layers = [int(i) for i in layers]
+        depth = teacher.config.num_hidden_layers
+        if not layers or any(not 0 <= i < depth for i in layers) or len(set(layers)) != len(layers):
+            raise UserError(f"teacher_layers={','.join(map(str, layers))}: distinct layers of the teacher's "
+                            f"0-{depth - 1}")
+        config = dataclasses.replace(teacher.config, num_hidden_layers=len(layers))
+        with teacher.towers.strategy.scope():
+            model = build_classifier(config, len(teacher.labels), teacher.policy, fused=teacher.fused_encoder)
+        source = {v.path: v for v in teacher.model.weights}
+        for v in model.weights:
+            path = v.path
+            if path.startswith("transformer_layer_"):
+                index, rest = path[len("transformer_layer_"):].split("/", 1)
+                path = f"transformer_layer_{layers[int(index)]}/{rest}"
+            v.assign(source[path].value)
+        return BertClassifier(model, teacher.tokenizer, teacher.labels, config, teacher.towers, teacher.policy,
+                              teacher.max_seq_length, task=teacher.task, fused_encoder=teacher.fused_encoder,
+                              truncation=teacher.truncation, doc_stride=teacher.doc_stride,
+                              window_pooling=teacher.window_pooling)
+
+    def settings(self):
+        """What a resumed distillation must share: the loss's numbers and the teacher's weights."""
+        return {"distillation": {"temperature": self.temperature, "soft_weight": self.soft_weight,
+                                 "hard_weight": self.hard_weight, "teacher_sha256": weights_digest(self.teacher.model)}}
+
+    def fit(self, examples, output_dir: str, settings: dict | None = None, **keywords) -> dict:
+        """The student's `fit` (every keyword of it) with the teacher's soft outputs in its loss -> its history."""
+        self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.temperature,
+                                                              self.soft_weight, self.hard_weight)
+        try:
+            return self.student.fit(examples, output_dir, settings={**self.settings(), **(settings or {})},
+                                    **keywords)
+        finally:
+            self.student.loss_wrapper = None

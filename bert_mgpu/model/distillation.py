@@ -1,0 +1,60 @@
+"""Knowledge distillation (Hinton et al. 2015, "Distilling the Knowledge in a Neural Network"): a student
+learns the teacher's softened distribution over classes beside the hard labels, as DistilBERT and
+TextBrewer's classifiers do:
+
+    loss = hard_weight x CE(labels, student) + soft_weight x T^2 x CE(softmax(teacher / T), student / T)
+
+The soft term is a cross-entropy, not a KL divergence: the two differ by the teacher's entropy, a constant
+for the student, so the gradients are the same; T^2 keeps their size as T changes (Hinton's section 2).
+The teacher runs in the same tower step, without dropout and without gradients: its variables are not
+trainable, not in the optimizer and not all-reduced.
+
+Example:
+    loss_fn = with_teacher(objective.loss, teacher_model, temperature=2.0)
+    loss, stats = loss_fn(student_model, features, labels, training=True)   # stats["distill_soft"]
+"""
+
+import tensorflow as tf
+
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.rdrop import Recording
+
+
+def soft_cross_entropy(student_logits, teacher_logits, temperature=1.0):
+    """Each row's cross-entropy of the student's softmax at `temperature` against the teacher's, in float32,
+    times temperature^2: -T^2 sum_c softmax(t / T)_c log softmax(s / T)_c."""
+    t = tf.cast(temperature, tf.float32)
+    student, teacher = tf.cast(student_logits, tf.float32) / t, tf.cast(teacher_logits, tf.float32) / t
+    return -tf.reduce_sum(tf.nn.softmax(teacher) * tf.nn.log_softmax(student), -1) * t * t
+
+
+def check_distillation(temperature, soft_weight, hard_weight):
+    """The three numbers of a distillation, or UserError in one line."""
+    if not temperature > 0 or temperature == float("inf"):
+        raise UserError(f"--temperature={temperature}: must be a finite number above 0")
+    for name, value in (("soft_weight", soft_weight), ("hard_weight", hard_weight)):
+        if not 0 <= value < float("inf"):
+            raise UserError(f"--{name}={value}: must be a finite number, 0 or more")
+    if not soft_weight + hard_weight > 0:
+        raise UserError("--soft_weight and --hard_weight are both 0: nothing to learn from")
+    return float(temperature), float(soft_weight), float(hard_weight)
+
+
+def with_teacher(loss_fn, teacher, temperature=1.0, soft_weight=1.0, hard_weight=1.0):
+    """A training loss `(model, features, labels, training) -> (loss, stats)` from the student head's
+    `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the mean `soft_cross_entropy` of the
+    student's first pass against `teacher(features)`. Statistics: the head's, `distill_hard` and
+    `distill_soft`."""
+    temperature, soft_weight, hard_weight = check_distillation(temperature, soft_weight, hard_weight)
+
+    def loss(model, features, labels, training=True):
+        recording = Recording(model)
+        hard, stats = loss_fn(recording, features, labels, training)
+        weight = features.get("window_weight")  # a long document's windows count as the hard loss counts them
+        inputs = {k: v for k, v in features.items() if k != "window_weight"}
+        teacher_logits = tf.stop_gradient(teacher(inputs, training=False))
+        rows = soft_cross_entropy(recording.outputs[0], teacher_logits, temperature)
+        soft = tf.reduce_mean(rows if weight is None else rows * tf.cast(weight, rows.dtype))
+        return hard_weight * hard + soft_weight * soft, {**stats, "distill_hard": hard, "distill_soft": soft}
+
+    return loss

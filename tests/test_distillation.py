@@ -1,0 +1,161 @@
+"""Distillation (issue 69, classification): the soft loss against NumPy; a student that is the teacher scores the
+teacher's entropy (the fixed point); a student from the teacher's layers holds them; a distilled run leaves the
+teacher's weights bit-identical and is an ordinary classifier run; on the GPU run's strategy the teacher adds no
+collective."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import sentiment_rows, tiny_config
+from test_allreduce import collectives, gpu_strategy
+
+import bert_mgpu
+from bert_mgpu.core.errors import UserError
+from bert_mgpu.model import modeling
+from bert_mgpu.model.distillation import soft_cross_entropy, with_teacher
+from bert_mgpu.model.objectives import Classification
+from bert_mgpu.train import memory, optimization, training
+
+
+def np_log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_the_soft_loss_is_the_tempered_cross_entropy_times_t_squared():
+    rng = np.random.default_rng(0)
+    s, t = rng.normal(size=(6, 4)).astype(np.float32) * 3, rng.normal(size=(6, 4)).astype(np.float32) * 3
+    for temperature in (1.0, 2.0, 4.0):
+        want = -(np.exp(np_log_softmax(t.astype(np.float64) / temperature))
+                 * np_log_softmax(s.astype(np.float64) / temperature)).sum(-1) * temperature ** 2
+        np.testing.assert_allclose(soft_cross_entropy(s, t, temperature).numpy(), want, rtol=1e-5)
+    got = soft_cross_entropy(tf.cast(s, tf.bfloat16), tf.cast(t, tf.bfloat16), 2.0)
+    assert got.dtype == tf.float32
+
+
+@pytest.fixture(scope="module")
+def teacher(google_release):
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=8)
+    keras.utils.set_random_seed(1)
+    return bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], towers, "float32",
+                                                    max_seq_length=32)
+
+
+def batch(n=8, length=12, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 38, size=(n, length)).astype(np.int32)
+    ids[:, 0] = 2
+    return {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}, \
+        rng.integers(0, 2, n).astype(np.int32)
+
+
+def test_a_student_that_is_the_teacher_scores_the_teachers_entropy(teacher):
+    """The fixed point: every layer taken, temperature 1, no dropout: the student's logits are the teacher's
+    and the soft loss is the entropy of the teacher's softmax; the total adds the hard cross-entropy."""
+    student = bert_mgpu.Distiller.student_from_layers(teacher, range(teacher.config.num_hidden_layers))
+    features, labels = batch()
+    logits = teacher.model(features, training=False).numpy().astype(np.float64)
+    np.testing.assert_array_equal(student.model(features, training=False).numpy(), logits.astype(np.float32))
+    loss, stats = with_teacher(Classification().loss, teacher.model, 1.0, 0.5, 2.0)(student.model, features, labels,
+                                                                                   training=False)
+    log_p = np_log_softmax(logits)
+    entropy = -(np.exp(log_p) * log_p).sum(-1).mean()
+    hard = -log_p[np.arange(len(labels)), labels].mean()
+    assert float(stats["distill_soft"]) == pytest.approx(entropy, rel=1e-5) and entropy > 0.1
+    assert float(stats["distill_hard"]) == pytest.approx(hard, rel=1e-5)
+    assert float(loss) == pytest.approx(0.5 * entropy + 2.0 * hard, rel=1e-5)
+
+
+def test_a_student_from_layers_holds_them_and_the_teachers_embeddings_and_head(teacher):
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
+    assert student.config.num_hidden_layers == 1 and teacher.config.num_hidden_layers == 2
+    source = {v.path: v.numpy() for v in teacher.model.weights}
+    for v in student.model.weights:
+        path = v.path.replace("transformer_layer_0/", "transformer_layer_1/")
+        np.testing.assert_array_equal(v.numpy(), source[path], err_msg=v.path)
+    assert any("classifier" in v.path for v in student.model.weights)
+    for bad in ([2], [0, 0], []):
+        with pytest.raises(UserError, match=r"teacher_layers=.*: distinct layers of the teacher's 0-1"):
+            bert_mgpu.Distiller.student_from_layers(teacher, bad)
+
+
+def test_what_cannot_be_distilled_is_one_line(teacher, google_release):
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [0])
+    with pytest.raises(UserError, match=r"--temperature=0.0: must be a finite number above 0"):
+        bert_mgpu.Distiller(teacher, student, temperature=0.0)
+    with pytest.raises(UserError, match=r"--soft_weight and --hard_weight are both 0"):
+        bert_mgpu.Distiller(teacher, student, soft_weight=0, hard_weight=0)
+    other = bert_mgpu.BertClassifier.from_pretrained(google_release, ["pos", "neg"], teacher.towers, "float32",
+                                                     max_seq_length=32)
+    with pytest.raises(UserError, match=r"the student's labels \(pos, neg\) are not the teacher's \(neg, pos\)"):
+        bert_mgpu.Distiller(teacher, other)
+    regression = bert_mgpu.BertClassifier.from_pretrained(google_release, [], teacher.towers, "float32",
+                                                          max_seq_length=32, task_type="regression")
+    with pytest.raises(UserError, match=r"the student is a regression head; only classification"):
+        bert_mgpu.Distiller(teacher, regression)
+
+
+def test_a_distilled_run_leaves_the_teacher_as_it_was_and_is_an_ordinary_run(teacher, tmp_path):
+    before = [v.numpy() for v in teacher.model.weights]
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [0])
+    start = [v.numpy() for v in student.model.trainable_variables]
+    train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(64, 1))]
+    dev = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(16, 2))]
+    out = str(tmp_path / "student")
+    history = bert_mgpu.Distiller(teacher, student, temperature=2.0).fit(train, out, epochs=1, learning_rate=1e-3,
+                                                                         verbose=False, log_every=1)
+    assert history["step"][-1] == 4 and all(np.isfinite(history["distill_soft"])), history
+    assert all(s > 0 for s in history["distill_soft"]) and len(history["distill_hard"]) == 4
+    for v, w in zip(teacher.model.weights, before):
+        np.testing.assert_array_equal(v.numpy(), w, err_msg=v.path)
+    assert all(not np.array_equal(v.numpy(), w) for v, w in zip(student.model.trainable_variables, start)
+               if "pooled" not in v.path)
+    assert student.loss_wrapper is None  # the student trains alone again after
+    import json
+
+    run = json.load(open(os.path.join(out, "bert_mgpu.json")))
+    distillation = run["settings"]["distillation"]
+    assert (distillation["temperature"], distillation["soft_weight"], distillation["hard_weight"]) == (2.0, 1.0, 1.0)
+    assert len(distillation["teacher_sha256"]) == 64
+    one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
+    again = bert_mgpu.BertClassifier.from_pretrained(out, towers=one, precision="float32", max_seq_length=32)
+    assert again.config.num_hidden_layers == 1 and again.global_step == 4
+    np.testing.assert_allclose(again.predict(dev, 4), student.predict(dev, 4), atol=1e-6)
+
+
+def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student():
+    """NCCL collectives, mixed_float16: the distillation step's collectives are the student's own step's (the
+    teacher's variables are neither trained nor all-reduced), the teacher's weights stay as they were and both
+    towers' student weights stay bit-equal."""
+    _, strategy = gpu_strategy()
+    with strategy.scope():
+        teacher = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 3,
+                                            "mixed_float16")
+        student = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256,
+                                                        num_hidden_layers=1), 3, "mixed_float16")
+        teacher.trainable = False
+        opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
+    objective = Classification()
+    trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
+                               loss_fn=with_teacher(objective.loss, teacher, temperature=2.0))
+    alone = training.Trainer(strategy, student, opt, loss_fn=objective.loss, bytes_per_pack=2**14)
+    features, _ = memory.classifier_batch(8, 16)
+    labels = (np.arange(8) % 3).astype(np.int32)
+    batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(2))
+    sent = collectives(trainer.step_graph(trainer.input_spec))
+    assert {hint for hint, _, _ in sent} == {"nccl"} and len(sent) > 10
+    assert sent == collectives(alone.step_graph(trainer.input_spec))
+    before = [v.numpy() for v in teacher.weights]
+    losses = [trainer.train_step(next(batches))[0] for _ in range(2)]
+    assert all(np.isfinite(losses)) and trainer.applied_steps == 2, losses
+    assert trainer.stats["distill_soft"] > 0, trainer.stats
+    for v, w in zip(teacher.weights, before):
+        for copy in strategy.experimental_local_results(v.value):
+            np.testing.assert_array_equal(copy.numpy(), w, err_msg=v.path)
+    for v in student.trainable_variables:
+        a, b = strategy.experimental_local_results(v.value)
+        assert np.array_equal(a.numpy(), b.numpy()), v.path
+    assert not {id(v) for v in teacher.weights} & {id(v) for v in opt.inner_optimizer._trainable_variables}
