@@ -6,6 +6,7 @@
 A thin wrapper over `bert_mgpu.BertClassifier`; a user mistake ends in one line and exit status 1.
 """
 
+import os
 import time
 
 from absl import app, flags
@@ -52,7 +53,10 @@ flags.DEFINE_integer("doc_stride", None, "Read each text in windows of --max_seq
 flags.DEFINE_enum("window_pooling", None, ["mean", "max"], "With --doc_stride: the mean or the maximum of a "
                   "text's windows' logits. Default: the run's, else mean.")
 
-def run():
+def run(open_classifier=None, settings=("task_name",), script="run_classifier_mgpu.py", facts=None):
+    """The script; run_distill_mgpu.py runs it with its own `open_classifier(init, **from_pretrained's
+    keywords)` (a student taught by a teacher), the `settings` (flag names) a resumed run must share, its
+    name and `facts(classifier, dev)` ({name: value}) for the summary."""
     import bert_mgpu
     from bert_mgpu import cli
     from bert_mgpu.core import storage
@@ -63,7 +67,7 @@ def run():
     cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion", "threshold"))
     if sweep.requested():  # one run a configuration and seed, each a process of its own, then the table
-        return sweep.run_sweep(__file__)
+        return sweep.run_sweep(os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
     begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
@@ -86,7 +90,7 @@ def run():
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
 
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
-    clf = bert_mgpu.BertClassifier.from_pretrained(
+    clf = (open_classifier or bert_mgpu.BertClassifier.from_pretrained)(
         init, labels=labels, towers=towers, precision=FLAGS.precision, max_seq_length=FLAGS.max_seq_length,
         do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file,
         task=task.name, fused_encoder=FLAGS.fused_encoder, truncation=FLAGS.truncation,
@@ -99,7 +103,7 @@ def run():
         if FLAGS[name].present:
             setattr(clf, name, getattr(FLAGS, name))
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(clf, train, dev, ("task_name",))
+        fine_tuning.train(clf, train, dev, settings)
     results = {}
     if FLAGS.do_eval:
         results, path = fine_tuning.evaluate(clf, dev, towers.is_chief)
@@ -119,7 +123,8 @@ def run():
             outputs.draw("write_confusion", FLAGS.output_dir, clf.confusion, clf.labels)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        print(fine_tuning.summary("run_classifier_mgpu.py", towers, clf, {"task": task.name}, results, started))
+        print(fine_tuning.summary(script, towers, clf, {"task": task.name, **(facts(clf, dev) if facts else {})},
+                                  results, started))
         if FLAGS.sweep_member:  # last: a run killed before this line is run again
             sweep.write_member(FLAGS.output_dir, {k: v for k, v in results.items() if k.startswith("eval_")},
                                [clf.main_metric])

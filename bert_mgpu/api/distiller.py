@@ -88,10 +88,15 @@ class Distiller:
         return {"distillation": {"temperature": self.temperature, "soft_weight": self.soft_weight,
                                  "hard_weight": self.hard_weight, "teacher_sha256": weights_digest(self.teacher.model)}}
 
-    def fit(self, examples, output_dir: str, settings: dict | None = None, **keywords) -> dict:
-        """The student's `fit` (every keyword of it) with the teacher's soft outputs in its loss -> its history."""
+    def attach(self):
+        """From now on the student's `fit` learns from the teacher too (run_distill_mgpu.py's way in)."""
         self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.temperature,
                                                               self.soft_weight, self.hard_weight)
+        return self.student
+
+    def fit(self, examples, output_dir: str, settings: dict | None = None, **keywords) -> dict:
+        """The student's `fit` (every keyword of it) with the teacher's soft outputs in its loss -> its history."""
+        self.attach()
         try:
             return self.student.fit(examples, output_dir, settings={**self.settings(), **(settings or {})},
                                     **keywords)

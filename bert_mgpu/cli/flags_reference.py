@@ -10,9 +10,12 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ("run_classifier_mgpu.py", "run_ner_mgpu.py", "run_squad_mgpu.py", "run_multiple_choice_mgpu.py",
+SCRIPTS = ("run_classifier_mgpu.py", "run_distill_mgpu.py", "run_ner_mgpu.py", "run_squad_mgpu.py",
+           "run_multiple_choice_mgpu.py",
            "run_glue_mgpu.py", "run_clue_mgpu.py", "run_pretraining_mgpu.py", "create_pretraining_data.py",
            "build_vocab.py", "score_text_mgpu.py", "extract_features.py", "predict_exported.py")
+
+IMPORTS = {"run_distill_mgpu.py": ("run_classifier_mgpu",)}  # a script whose flags are another script's too
 
 
 def flags_of(script):
@@ -25,7 +28,7 @@ def flags_of(script):
     for line in text.splitlines():
         module = re.match(r"^([A-Za-z_][\w.]*(?:\.py)?):$", line)
         if module:
-            ours = module.group(1) == script or module.group(1).startswith("bert_mgpu")
+            ours = module.group(1) in (script, *IMPORTS.get(script, ())) or module.group(1).startswith("bert_mgpu")
             current = None
             continue
         m = re.match(r"^  --(?:\[no\])?([a-z0-9_]+): ?(.*)$", line)

@@ -1,0 +1,63 @@
+"""run_distill_mgpu.py end to end: the session's trained classifier (2 layers) teaches a 1-layer student made of its
+layer 1, on two towers; the student's directory is a classifier run run_classifier_mgpu.py evaluates the same."""
+
+import json
+import os
+import re
+
+import pytest
+from conftest import run_script
+
+
+def results(path):
+    return dict(line.split(" = ") for line in open(path).read().splitlines())
+
+
+@pytest.fixture(scope="module")
+def distilled(classifier_run, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("student") / "out")
+    args = ["--task_name=tsv", f"--data_dir={classifier_run.data}", f"--teacher={classifier_run.out}",
+            "--teacher_layers=1", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8",
+            "--eval_batch_size=4", "--predict_batch_size=4", "--max_seq_length=32", "--precision=float32",
+            "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=1", "--learning_rate=1e-3",
+            "--temperature=2"]
+    return out, args, run_script("run_distill_mgpu.py", *args)
+
+
+def test_a_teacher_teaches_a_student_of_one_of_its_layers(distilled, classifier_run):
+    out, _, proc = distilled
+    student, teacher = results(os.path.join(out, "eval_results.txt")), results(
+        os.path.join(classifier_run.out, "eval_results.txt"))
+    assert int(student["global_step"]) == 40  # 640 examples / (8 x 2 towers), 1 epoch
+    # The toy task, learnt by the 2-layer teacher; its 1-layer student keeps most of it after 40 steps.
+    assert float(teacher["eval_accuracy"]) >= 0.9 and float(student["eval_accuracy"]) >= 0.8, (teacher, student)
+    block = proc.stdout[proc.stdout.index("== run_distill_mgpu.py =="):]
+    fact = lambda key: re.search(rf"^  {key} {{2,}}(.+)$", block, re.M).group(1)  # noqa: E731
+    assert fact("teacher") == f"{classifier_run.out} (2 encoder layers)" and fact("student") == "1 encoder layer"
+    assert float(fact("teacher eval_accuracy")) == pytest.approx(float(teacher["eval_accuracy"]), abs=1e-6)
+    run = json.load(open(os.path.join(out, "bert_mgpu.json")))
+    assert run["kind"] == "classifier" and run["bert_config"]["num_hidden_layers"] == 1
+    assert (run["settings"]["teacher"], run["settings"]["teacher_layers"], run["settings"]["temperature"]) == (
+        classifier_run.out, ["1"], 2.0)
+    assert len(open(os.path.join(out, "predict.txt")).read().splitlines()) == 13
+
+
+def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
+    out, _, _ = distilled
+    again = str(tmp_path / "again")
+    data = [a for a in distilled[1] if a.startswith("--data_dir=")][0]
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", data, f"--init_checkpoint={out}",
+                      f"--output_dir={again}", "--n_gpus=0", "--towers_per_gpu=1", "--eval_batch_size=4",
+                      "--max_seq_length=32", "--precision=float32", "--do_eval")
+    got, want = results(os.path.join(again, "eval_results.txt")), results(os.path.join(out, "eval_results.txt"))
+    assert float(got["eval_accuracy"]) == pytest.approx(float(want["eval_accuracy"]), abs=1e-6), proc.stderr[-2000:]
+    assert float(got["eval_loss"]) == pytest.approx(float(want["eval_loss"]), rel=1e-4)
+
+
+def test_training_without_a_teacher_is_one_line(classifier_run, tmp_path):
+    proc = run_script("run_distill_mgpu.py", "--task_name=tsv", f"--data_dir={classifier_run.data}",
+                      f"--output_dir={tmp_path / 'out'}", "--n_gpus=0", "--do_train", "--max_seq_length=32",
+                      check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "--teacher is required to train: the fine-tuned classifier run that teaches"), proc.stderr[-2000:]
