@@ -203,8 +203,11 @@ def test_a_multiple_choice_model_learns_on_two_towers_and_its_exports_read_back(
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
     mc = bert_mgpu.BertMultipleChoice.from_pretrained(release, towers=towers, max_seq_length=24, precision="float32")
     out = str(tmp_path / "out")
+    # google-bert's epsilon and schedule, which this recipe was set with: with transformers' (the defaults since
+    # NOTES 83) the first 50 steps already learn (their mean loss 0.887, not above 0.9).
     history = mc.fit(word_questions(512, 0), out, epochs=12, learning_rate=3e-3, warmup_proportion=0.05,
-                     dev=word_questions(32, 1), eval_every_steps=64, load_best_model_at_end=True)  # test 0.82
+                     dev=word_questions(32, 1), eval_every_steps=64, load_best_model_at_end=True,
+                     adam_epsilon=1e-6, lr_schedule="google-bert")  # test 0.82
     assert history["loss"][0] > 0.9 and history["loss"][-1] < 0.3, history["loss"]  # ln 3 where nothing is learnt
     assert max(history["eval_accuracy"]) >= 0.75 and mc.best_step in history["eval_step"]
     test = word_questions(101, 2)  # an odd count: the towers' last batch is filled
@@ -241,7 +244,8 @@ def test_a_multiple_choice_model_learns_on_two_towers_and_its_exports_read_back(
                                                             precision="float32")
         assert [p["label"] for p in back.predict(test)] == expected, source
     steps = mc.trained_steps
-    again = mc.fit(word_questions(512, 0), out, epochs=12, learning_rate=3e-3, warmup_proportion=0.05)
+    again = mc.fit(word_questions(512, 0), out, epochs=12, learning_rate=3e-3, warmup_proportion=0.05,
+                   adam_epsilon=1e-6, lr_schedule="google-bert")
     assert again.get("loss") is None and mc.trained_steps == steps  # resumed at its end: nothing to train
 
 
