@@ -42,6 +42,8 @@ def open_student(init, labels=None, **keywords):
     if unknown:
         raise UserError(f"--teacher={FLAGS.teacher}: its labels ({', '.join(teacher.labels)}) do not include "
                         f"{', '.join(unknown)} of the training data")
+    if FLAGS.teacher_layers and init:
+        raise UserError("--teacher_layers and --init_checkpoint: the student starts from one of them, not both")
     if FLAGS.teacher_layers:
         student = bert_mgpu.Distiller.student_from_layers(teacher, FLAGS.teacher_layers)
     elif init:

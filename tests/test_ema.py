@@ -91,3 +91,20 @@ def test_a_run_evaluates_keeps_and_ends_with_the_averages(google_release, tmp_pa
     best = opened(os.path.join(out, "best"))
     row = next(r for r in rows_logged if r["step"] == best.global_step)
     assert best.evaluate(dev, 4)["eval_loss"] == pytest.approx(row["eval_loss"], rel=1e-4)
+
+
+def test_with_ema_for_eval_off_the_run_evaluates_and_ends_with_the_weights_themselves(google_release, tmp_path):
+    train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(96, 1))]
+    dev = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(24, 2))]
+    towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=8)
+    clf = bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], towers, "float32",
+                                                   max_seq_length=32)
+    out = str(tmp_path / "run")
+    clf.fit(train, out, epochs=1, learning_rate=5e-3, verbose=False, dev=dev, eval_every_steps=3, eval_batch_size=4,
+            save_checkpoints_steps=3, ema_decay=0.5, ema_for_eval=False)
+    one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
+    for row in evaluation.read_history(out):
+        at = bert_mgpu.BertClassifier.from_pretrained(os.path.join(out, f"ckpt-{row['step']}"), towers=one,
+                                                      precision="float32", max_seq_length=32)
+        assert at.evaluate(dev, 4)["eval_loss"] == pytest.approx(row["eval_loss"], rel=1e-4), row
+    assert clf.evaluate(dev, 4)["eval_loss"] == pytest.approx(row["eval_loss"], rel=1e-4)

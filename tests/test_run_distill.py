@@ -54,10 +54,15 @@ def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
     assert float(got["eval_loss"]) == pytest.approx(float(want["eval_loss"]), rel=1e-4)
 
 
-def test_training_without_a_teacher_is_one_line(classifier_run, tmp_path):
+@pytest.mark.parametrize("extra, message", [
+    ((), "--teacher is required to train: the fine-tuned classifier run that teaches"),
+    (("--teacher={run}", "--teacher_layers=0", "--init_checkpoint={run}"),
+     "--teacher_layers and --init_checkpoint: the student starts from one of them, not both"),
+    (("--teacher={run}", "--teacher_layers=2"), "teacher_layers=2: distinct layers of the teacher's 0-1"),
+])
+def test_what_cannot_be_distilled_is_one_line(classifier_run, tmp_path, extra, message):
     proc = run_script("run_distill_mgpu.py", "--task_name=tsv", f"--data_dir={classifier_run.data}",
                       f"--output_dir={tmp_path / 'out'}", "--n_gpus=0", "--do_train", "--max_seq_length=32",
-                      check=False)
+                      *(e.format(run=classifier_run.out) for e in extra), check=False)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].endswith(
-        "--teacher is required to train: the fine-tuned classifier run that teaches"), proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr[-2000:]
