@@ -36,55 +36,6 @@ FILES = {"classifier": ("test_results.tsv", "predict.txt", "predictions.tsv"),
          "multiple_choice": ("predictions.jsonl", "predict.txt", "c311_predict.json", "chid11_predict.json")}
 
 
-def read_texts(path, text_column, text_b_column, pairs):
-    """(texts, second texts or None) from `path`, each bad row one line naming the file and line."""
-    from bert_mgpu.core.errors import UserError
-    from bert_mgpu.data.text_files import read_json_lines, read_rows, read_text
-
-    ext = os.path.splitext(path)[1].lower()
-    if ext in (".tsv", ".csv", ".jsonl", ".json"):
-        if ext in (".jsonl", ".json"):
-            rows = read_json_lines(path)
-            names = sorted({k for _, row in rows for k in row})
-        else:
-            rows = read_rows(path, "\t" if ext == ".tsv" else ",", None if ext == ".tsv" else '"')
-            if not rows:
-                raise UserError(f"{path}: empty file (a header row is expected)")
-            names, rows = rows[0][1], [(line, dict(zip(rows[0][1], row))) for line, row in rows[1:]]
-        defaults = {"--text_column": ("text", "text_a", "sentence", "sentence1"), "--text_b_column": ("text_b",
-                                                                                                 "sentence2")}
-        given = {"--text_column": text_column, "--text_b_column": text_b_column}
-        columns = {}
-        for flag in ("--text_column", "--text_b_column") if pairs else ("--text_column",):
-            columns[flag] = given[flag] or next((c for c in defaults[flag] if c in names), None)
-            if columns[flag] not in names:
-                what = repr(given[flag]) if given[flag] else f"named {' or '.join(defaults[flag])}; give {flag}"
-                raise UserError(f"{path}: no column {what}; the file has {', '.join(map(str, names))}")
-        text, second = columns["--text_column"], columns.get("--text_b_column")
-        out = ([], [] if pairs else None)
-        for line, row in rows:
-            for column, values in ((text, out[0]), (second, out[1])):
-                if values is None:
-                    continue
-                value = row.get(column)
-                if not isinstance(value, str):
-                    raise UserError(f"{path}:{line}: no text in {column!r}" + (
-                        "" if value is None else f" (a {type(value).__name__})"))
-                values.append(value)
-        return out
-    lines = read_text(path).split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    lines = [line.rstrip("\r") for line in lines]
-    if not pairs:
-        return lines, None
-    parts = [line.partition(" ||| ") for line in lines]
-    for number, (_, sep, _) in enumerate(parts, 1):
-        if not sep:
-            raise UserError(f"{path}:{number}: this model reads pairs: write 'text_a ||| text_b'")
-    return [a for a, _, _ in parts], [b for _, _, b in parts]
-
-
 def run():
     from bert_mgpu import cli
     from bert_mgpu.core import storage
@@ -103,6 +54,8 @@ def run():
     if model.kind in HEAD_FILES:
         count, files = HEAD_FILES[model.kind](model, FLAGS.input_file, FLAGS.data_format, FLAGS.batch_size)
     else:
+        from bert_mgpu.data.text_files import read_texts
+
         texts, second = read_texts(FLAGS.input_file, FLAGS.text_column, FLAGS.text_b_column, model.pairs)
         count, files = len(texts), model.prediction_files(texts, second, predict_format=FLAGS.predict_format,
                                                           batch_size=FLAGS.batch_size)

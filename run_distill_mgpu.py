@@ -5,7 +5,8 @@ teacher and the loss.
         --output_dir=out/student --do_train --do_eval --do_predict --temperature=2 --n_gpus=4
 
 The student learns the teacher's softened outputs beside the labels (bert_mgpu/model/distillation.py); the
-teacher runs in the same tower step, untrained. The output directory is an ordinary classifier run (evaluate,
+teacher runs in the same tower step, untrained. --unlabeled_file adds in-domain text without labels, which the
+teacher labels on the fly. The output directory is an ordinary classifier run (evaluate,
 predict, export and resume it with run_classifier_mgpu.py too). A thin wrapper over `bert_mgpu.Distiller`.
 """
 
@@ -23,6 +24,9 @@ flags.DEFINE_list("teacher_layers", None, "The student: these encoder layers of 
 flags.DEFINE_float("temperature", 2.0, "Both softmaxes' temperature in the soft loss (Hinton's T).")
 flags.DEFINE_float("soft_weight", 1.0, "The soft loss's weight (it is also multiplied by T^2).")
 flags.DEFINE_float("hard_weight", 1.0, "The labels' cross-entropy's weight.")
+flags.DEFINE_string("unlabeled_file", None, "In-domain text without labels, added to every epoch's training rows "
+                    "with the soft loss alone: one text a line ('text_a ||| text_b' for a pair task), or a .tsv/.csv "
+                    "with a header row or .jsonl (--text_column, else text, text_a, sentence or sentence1).")
 
 _teacher = {}  # the teacher opened for this run, for the summary
 
@@ -51,7 +55,17 @@ def open_student(init, labels=None, **keywords):
     else:
         raise UserError("--teacher_layers or --init_checkpoint: where the student starts")
     _teacher["model"] = teacher
-    return bert_mgpu.Distiller(teacher, student, FLAGS.temperature, FLAGS.soft_weight, FLAGS.hard_weight).attach()
+    unlabeled = None
+    if FLAGS.unlabeled_file:
+        from bert_mgpu.data.text_files import read_texts
+
+        given = lambda name: FLAGS[name].value if FLAGS[name].present else None  # noqa: E731
+        texts, second = read_texts(FLAGS.unlabeled_file, given("text_column"), given("text_b_column"), teacher.pairs)
+        unlabeled = [t for t in (texts if second is None else zip(texts, second)) if "".join(t).strip()]
+        if not unlabeled:
+            raise UserError(f"--unlabeled_file={FLAGS.unlabeled_file}: no text in it")
+    return bert_mgpu.Distiller(teacher, student, FLAGS.temperature, FLAGS.soft_weight, FLAGS.hard_weight,
+                               unlabeled).attach()
 
 
 def facts(student, dev):
@@ -59,7 +73,8 @@ def facts(student, dev):
     teacher = _teacher.get("model")
     if teacher is None:
         return {"student": _layers(student)}
-    out = {"teacher": f"{FLAGS.teacher} ({_layers(teacher)})", "student": _layers(student)}
+    out = {"teacher": f"{FLAGS.teacher} ({_layers(teacher)})", "student": _layers(student),
+           **({"unlabeled examples": len(student.unlabelled)} if student.unlabelled else {})}
     if FLAGS.do_eval and dev:
         metric = teacher.main_metric
         out[f"teacher {metric}"] = teacher.evaluate(dev, batch_size=FLAGS.eval_batch_size, verbose=False)[metric]
@@ -74,7 +89,7 @@ def _layers(model):
 def run():
     _teacher.clear()
     classifier.run(open_student, ("task_name", "teacher", "teacher_layers", "temperature", "soft_weight",
-                                  "hard_weight"), "run_distill_mgpu.py", facts)
+                                  "hard_weight", "unlabeled_file"), "run_distill_mgpu.py", facts)
 
 
 def _console():

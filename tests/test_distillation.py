@@ -3,6 +3,7 @@ teacher's entropy (the fixed point); a student from the teacher's layers holds t
 teacher's weights bit-identical and is an ordinary classifier run; on the GPU run's strategy the teacher adds no
 collective."""
 
+import dataclasses
 import os
 
 import keras
@@ -17,6 +18,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import modeling
 from bert_mgpu.model.distillation import soft_cross_entropy, with_teacher
 from bert_mgpu.model.objectives import Classification
+from bert_mgpu.parallel import devices, distribute
 from bert_mgpu.train import memory, optimization, training
 
 
@@ -69,6 +71,58 @@ def test_a_student_that_is_the_teacher_scores_the_teachers_entropy(teacher):
     assert float(loss) == pytest.approx(0.5 * entropy + 2.0 * hard, rel=1e-5)
 
 
+def test_an_unlabelled_row_adds_its_soft_term_alone(teacher):
+    """Rows labelled -1 (unlabelled text) count in the mean with their soft term only; where every row has a
+    label the hard term is the head's own loss, bit for bit."""
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [0])
+    features, labels = batch(seed=3)
+    s = student.model(features, training=False).numpy().astype(np.float64)
+    t = teacher.model(features, training=False).numpy().astype(np.float64)
+    soft = -(np.exp(np_log_softmax(t / 2.0)) * np_log_softmax(s / 2.0)).sum(-1) * 4.0
+    hard = -np_log_softmax(s)[np.arange(len(labels)), labels]
+    unlabelled = labels.copy()
+    unlabelled[[1, 4, 5]] = -1
+    kept = unlabelled >= 0
+    fn = with_teacher(Classification().loss, teacher.model, 2.0, 0.5, 2.0)
+    loss, stats = fn(student.model, features, unlabelled, training=False)
+    assert float(stats["distill_hard"]) == pytest.approx(hard[kept].sum() / len(labels), rel=1e-5)
+    assert float(stats["distill_soft"]) == pytest.approx(soft.mean(), rel=1e-5)
+    assert float(loss) == pytest.approx(2.0 * hard[kept].sum() / len(labels) + 0.5 * soft.mean(), rel=1e-5)
+    _, stats = fn(student.model, features, labels, training=False)
+    alone, _ = Classification().loss(student.model, features, labels, training=False)
+    assert stats["distill_hard"].numpy() == alone.numpy()
+
+
+def distilled_weights(strategy, steps=3):
+    """A 1-layer student's weights after `steps` distillation steps from a 2-layer teacher (float32, no
+    dropout) on one global batch of 8 rows, 3 of them unlabelled."""
+    keras.utils.set_random_seed(1)
+    config = tiny_config(38, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    with strategy.scope():
+        teacher = modeling.build_classifier(config, 2, "float32")
+        student = modeling.build_classifier(dataclasses.replace(config, num_hidden_layers=1), 2, "float32")
+        teacher.trainable = False
+        opt = optimization.create_optimizer(1e-2, 10, 0)
+    trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
+                               loss_fn=with_teacher(Classification().loss, teacher, temperature=2.0))
+    features, labels = batch(seed=5)
+    labels[[1, 4, 6]] = -1  # unlabelled rows on both towers
+    batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(steps))
+    losses = [trainer.train_step(next(batches))[0] for _ in range(steps)]
+    return losses, [v.numpy() for v in student.trainable_variables]
+
+
+def test_two_towers_of_the_gpu_run_distil_as_one_tower():
+    """The GPU run's strategy (NCCL collectives on 2 CPU devices), each tower 4 of the rows, gives the 1-tower
+    student to 1e-6, unlabelled rows and all."""
+    one_losses, one = distilled_weights(distribute.make_strategy(devices.plan_devices(0, 1, ())))
+    two_losses, two = distilled_weights(gpu_strategy()[1])
+    np.testing.assert_allclose(two_losses, one_losses, rtol=1e-6)
+    assert len(one_losses) == 3 and one_losses[0] != one_losses[2]
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(b, a, atol=1e-6)
+
+
 def test_a_student_from_layers_holds_them_and_the_teachers_embeddings_and_head(teacher):
     student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
     assert student.config.num_hidden_layers == 1 and teacher.config.num_hidden_layers == 2
@@ -96,6 +150,13 @@ def test_what_cannot_be_distilled_is_one_line(teacher, google_release):
                                                           max_seq_length=32, task_type="regression")
     with pytest.raises(UserError, match=r"the student is a regression head; only classification"):
         bert_mgpu.Distiller(teacher, regression)
+    with pytest.raises(UserError, match=r"unlabeled example 1 has a label \('pos'\): labelled rows are fit's"):
+        bert_mgpu.Distiller(teacher, student, unlabeled=["a", bert_mgpu.Example("1", "b", label="pos")])
+    with pytest.raises(UserError, match=r"unlabeled example 0 is a pair; the teacher reads one text"):
+        bert_mgpu.Distiller(teacher, student, unlabeled=[("a", "b")])
+    student.unlabelled = bert_mgpu.Distiller(teacher, student, unlabeled=["a"]).unlabeled
+    with pytest.raises(UserError, match=r"1 unlabelled training examples and no teacher to label them"):
+        student.fit([bert_mgpu.Example("0", "good", label="pos")], "never-written", epochs=1)
 
 
 def test_a_distilled_run_leaves_the_teacher_as_it_was_and_is_an_ordinary_run(teacher, tmp_path):
@@ -104,25 +165,27 @@ def test_a_distilled_run_leaves_the_teacher_as_it_was_and_is_an_ordinary_run(tea
     start = [v.numpy() for v in student.model.trainable_variables]
     train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(64, 1))]
     dev = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(16, 2))]
+    unlabelled = [text for _, text in sentiment_rows(16, 3)]
     out = str(tmp_path / "student")
-    history = bert_mgpu.Distiller(teacher, student, temperature=2.0).fit(train, out, epochs=1, learning_rate=1e-3,
-                                                                         verbose=False, log_every=1)
-    assert history["step"][-1] == 4 and all(np.isfinite(history["distill_soft"])), history
-    assert all(s > 0 for s in history["distill_soft"]) and len(history["distill_hard"]) == 4
+    history = bert_mgpu.Distiller(teacher, student, temperature=2.0, unlabeled=unlabelled).fit(
+        train, out, epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
+    assert history["step"][-1] == 5 and all(np.isfinite(history["distill_soft"])), history  # (64 + 16) / 16
+    assert all(s > 0 for s in history["distill_soft"]) and len(history["distill_hard"]) == 5
     for v, w in zip(teacher.model.weights, before):
         np.testing.assert_array_equal(v.numpy(), w, err_msg=v.path)
     assert all(not np.array_equal(v.numpy(), w) for v, w in zip(student.model.trainable_variables, start)
                if "pooled" not in v.path)
-    assert student.loss_wrapper is None  # the student trains alone again after
+    assert student.loss_wrapper is None and not student.unlabelled  # the student trains alone again after
     import json
 
     run = json.load(open(os.path.join(out, "bert_mgpu.json")))
     distillation = run["settings"]["distillation"]
-    assert (distillation["temperature"], distillation["soft_weight"], distillation["hard_weight"]) == (2.0, 1.0, 1.0)
+    assert (distillation["temperature"], distillation["soft_weight"], distillation["hard_weight"],
+            distillation["unlabeled_examples"]) == (2.0, 1.0, 1.0, 16)
     assert len(distillation["teacher_sha256"]) == 64
     one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
     again = bert_mgpu.BertClassifier.from_pretrained(out, towers=one, precision="float32", max_seq_length=32)
-    assert again.config.num_hidden_layers == 1 and again.global_step == 4
+    assert again.config.num_hidden_layers == 1 and again.global_step == 5
     np.testing.assert_allclose(again.predict(dev, 4), student.predict(dev, 4), atol=1e-6)
 
 

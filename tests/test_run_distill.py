@@ -1,12 +1,15 @@
 """run_distill_mgpu.py end to end: the session's trained classifier (2 layers) teaches a 1-layer student made of its
-layer 1, on two towers; the student's directory is a classifier run run_classifier_mgpu.py evaluates the same."""
+layer 1, on two towers, from its labelled rows and unlabelled text; the student's directory is a classifier run
+run_classifier_mgpu.py evaluates the same, and a rerun resumes it bit for bit."""
 
 import json
 import os
 import re
+import shutil
 
 import pytest
-from conftest import run_script
+from conftest import run_script, sentiment_rows
+from test_crash_resume import assert_bit_identical
 
 
 def results(path):
@@ -15,12 +18,14 @@ def results(path):
 
 @pytest.fixture(scope="module")
 def distilled(classifier_run, tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("student") / "out")
+    root = tmp_path_factory.mktemp("student")
+    out, unlabelled = str(root / "out"), root / "unlabelled.txt"
+    unlabelled.write_text("".join(f"{text}\n\n" for _, text in sentiment_rows(160, seed=7)))  # blank lines skipped
     args = ["--task_name=tsv", f"--data_dir={classifier_run.data}", f"--teacher={classifier_run.out}",
             "--teacher_layers=1", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8",
             "--eval_batch_size=4", "--predict_batch_size=4", "--max_seq_length=32", "--precision=float32",
             "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=1", "--learning_rate=1e-3",
-            "--temperature=2"]
+            "--temperature=2", f"--unlabeled_file={unlabelled}", "--save_checkpoints_steps=20"]
     return out, args, run_script("run_distill_mgpu.py", *args)
 
 
@@ -28,18 +33,36 @@ def test_a_teacher_teaches_a_student_of_one_of_its_layers(distilled, classifier_
     out, _, proc = distilled
     student, teacher = results(os.path.join(out, "eval_results.txt")), results(
         os.path.join(classifier_run.out, "eval_results.txt"))
-    assert int(student["global_step"]) == 40  # 640 examples / (8 x 2 towers), 1 epoch
-    # The toy task, learnt by the 2-layer teacher; its 1-layer student keeps most of it after 40 steps.
+    assert int(student["global_step"]) == 50  # (640 labelled + 160 unlabelled) / (8 x 2 towers), 1 epoch
+    # The toy task, learnt by the 2-layer teacher; its 1-layer student keeps most of it after 50 steps.
     assert float(teacher["eval_accuracy"]) >= 0.9 and float(student["eval_accuracy"]) >= 0.8, (teacher, student)
     block = proc.stdout[proc.stdout.index("== run_distill_mgpu.py =="):]
     fact = lambda key: re.search(rf"^  {key} {{2,}}(.+)$", block, re.M).group(1)  # noqa: E731
     assert fact("teacher") == f"{classifier_run.out} (2 encoder layers)" and fact("student") == "1 encoder layer"
+    assert fact("unlabeled examples") == "160"
     assert float(fact("teacher eval_accuracy")) == pytest.approx(float(teacher["eval_accuracy"]), abs=1e-6)
     run = json.load(open(os.path.join(out, "bert_mgpu.json")))
     assert run["kind"] == "classifier" and run["bert_config"]["num_hidden_layers"] == 1
     assert (run["settings"]["teacher"], run["settings"]["teacher_layers"], run["settings"]["temperature"]) == (
         classifier_run.out, ["1"], 2.0)
+    assert run["settings"]["unlabeled_file"].endswith("unlabelled.txt")
     assert len(open(os.path.join(out, "predict.txt")).read().splitlines()) == 13
+
+
+def test_a_distilled_run_resumes_bit_identical(distilled, tmp_path):
+    """Its last checkpoint removed, the rerun of the same command resumes at step 40 and ends with the weights,
+    moments and evaluation of the run never stopped (the teacher, the unlabelled rows and their order as they were)."""
+    out, args, _ = distilled
+    again = str(tmp_path / "out")
+    shutil.copytree(out, again)
+    for name in os.listdir(again):
+        if name.startswith("ckpt-50."):
+            os.remove(os.path.join(again, name))
+    proc = run_script("run_distill_mgpu.py", *[f"--output_dir={again}" if a.startswith("--output_dir=") else a
+                                               for a in args if a != "--do_predict"])
+    assert f"resuming from {again}/ckpt-40 at step 40" in proc.stderr, proc.stderr[-2000:]
+    assert_bit_identical(out, again, 50)
+    assert open(os.path.join(out, "eval_results.txt")).read() == open(os.path.join(again, "eval_results.txt")).read()
 
 
 def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
@@ -59,6 +82,8 @@ def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
     (("--teacher={run}", "--teacher_layers=0", "--init_checkpoint={run}"),
      "--teacher_layers and --init_checkpoint: the student starts from one of them, not both"),
     (("--teacher={run}", "--teacher_layers=2"), "teacher_layers=2: distinct layers of the teacher's 0-1"),
+    (("--teacher={run}", "--teacher_layers=0", "--unlabeled_file={run}/vocab.txt.tsv"),
+     "vocab.txt.tsv: file not found"),
 ])
 def test_what_cannot_be_distilled_is_one_line(classifier_run, tmp_path, extra, message):
     proc = run_script("run_distill_mgpu.py", "--task_name=tsv", f"--data_dir={classifier_run.data}",

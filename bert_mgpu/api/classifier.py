@@ -98,6 +98,7 @@ class BertClassifier(FineTuned):
         self.threshold = 0.5  # multi_label: the decision threshold
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self.metrics = []  # metrics every evaluation adds (--metrics): see metrics.CLASSIFICATION
+        self.unlabelled = ()  # Examples without labels fit adds to the training rows: a Distiller's teacher's
 
     @property
     def task_type(self):
@@ -187,6 +188,11 @@ class BertClassifier(FineTuned):
         if unlabelled is not None:
             raise UserError(f"training example {unlabelled.guid} has no label: fit takes Examples, (text, label) "
                             "rows of a DataFrame, or labelled files")
+        if self.unlabelled:
+            if self.loss_wrapper is None:
+                raise UserError(f"{len(self.unlabelled)} unlabelled training examples and no teacher to label "
+                                "them: they are a Distiller's")
+            examples = examples + list(self.unlabelled)
         self.pairs = any(e.text_b is not None for e in examples)
         if not self.doc_stride:
             return (examples, None), len(examples), examples_digest(examples)

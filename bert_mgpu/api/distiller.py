@@ -1,13 +1,14 @@
 """Distil a fine-tuned classifier (the teacher) into a smaller one (the student) on every tower: the
 student learns the teacher's softened outputs beside the labels (model/distillation.py), the teacher running
-in the same tower step without gradients. The student is an ordinary `BertClassifier`: its output directory
-is an ordinary run, which evaluates, predicts, resumes and exports as any.
+in the same tower step without gradients. Unlabelled in-domain text joins the training rows with its soft
+term alone: the teacher labels it on the fly. The student is an ordinary `BertClassifier`: its output
+directory is an ordinary run, which evaluates, predicts, resumes and exports as any.
 
 Example:
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
     teacher = bert_mgpu.BertClassifier.from_pretrained("out/teacher", towers=towers)
     student = bert_mgpu.Distiller.student_from_layers(teacher, (0, 2, 4))   # DistilBERT's and RBT3's start
-    bert_mgpu.Distiller(teacher, student, temperature=2.0).fit(train, "out/student", epochs=3)
+    bert_mgpu.Distiller(teacher, student, temperature=2.0, unlabeled=texts).fit(train, "out/student", epochs=3)
     student.evaluate(dev)
 """
 
@@ -16,6 +17,7 @@ import hashlib
 
 from bert_mgpu.api.classifier import BertClassifier
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.tasks import Example, as_examples
 from bert_mgpu.model.distillation import check_distillation, with_teacher
 from bert_mgpu.model.modeling import build_classifier
 
@@ -38,10 +40,13 @@ class Distiller:
             `student_from_layers(teacher, (0, 2, 4))`.
         temperature: both softmaxes' temperature in the soft loss (Hinton's T; 1: the outputs as they are).
         soft_weight, hard_weight: the soft loss's (times T^2) and the labels' cross-entropy's weights.
+        unlabeled: texts (or (text_a, text_b) pairs, as the teacher reads them; or a DataFrame) without labels,
+            added to every epoch's training rows: each adds its soft term alone, the loss's mean being over
+            all rows (where distillation gains most: much in-domain text, few labels).
     """
 
     def __init__(self, teacher: BertClassifier, student: BertClassifier, temperature: float = 1.0,
-                 soft_weight: float = 1.0, hard_weight: float = 1.0):
+                 soft_weight: float = 1.0, hard_weight: float = 1.0, unlabeled=None):
         self.temperature, self.soft_weight, self.hard_weight = check_distillation(temperature, soft_weight,
                                                                                   hard_weight)
         for model, role in ((teacher, "teacher"), (student, "student")):
@@ -58,6 +63,20 @@ class Distiller:
         if teacher.towers.strategy is not student.towers.strategy:
             raise UserError("distillation: the teacher and the student must be opened on the same Towers")
         self.teacher, self.student = teacher, student
+        self.unlabeled = self._unlabelled(unlabeled or [], teacher.pairs)
+
+    @staticmethod
+    def _unlabelled(rows, pairs):
+        out = []
+        for i, e in enumerate(as_examples(rows)):
+            if e.label is not None:
+                raise UserError(f"unlabeled example {e.guid} has a label ({e.label!r}): labelled rows are fit's "
+                                "examples")
+            if (e.text_b is not None) != bool(pairs):
+                raise UserError(f"unlabeled example {e.guid} is {'a pair' if e.text_b is not None else 'one text'}"
+                                f"; the teacher reads {'pairs' if pairs else 'one text'}")
+            out.append(Example(f"unlabeled-{i}", e.text_a, e.text_b))
+        return out
 
     @staticmethod
     def student_from_layers(teacher: BertClassifier, layers) -> BertClassifier:
@@ -86,12 +105,15 @@ class Distiller:
     def settings(self):
         """What a resumed distillation must share: the loss's numbers and the teacher's weights."""
         return {"distillation": {"temperature": self.temperature, "soft_weight": self.soft_weight,
-                                 "hard_weight": self.hard_weight, "teacher_sha256": weights_digest(self.teacher.model)}}
+                                 "hard_weight": self.hard_weight, "teacher_sha256": weights_digest(self.teacher.model),
+                                 **({"unlabeled_examples": len(self.unlabeled)} if self.unlabeled else {})}}
 
     def attach(self):
-        """From now on the student's `fit` learns from the teacher too (run_distill_mgpu.py's way in)."""
+        """From now on the student's `fit` learns from the teacher too, on the unlabelled rows as well
+        (run_distill_mgpu.py's way in)."""
         self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.temperature,
                                                               self.soft_weight, self.hard_weight)
+        self.student.unlabelled = self.unlabeled
         return self.student
 
     def fit(self, examples, output_dir: str, settings: dict | None = None, **keywords) -> dict:
@@ -101,4 +123,4 @@ class Distiller:
             return self.student.fit(examples, output_dir, settings={**self.settings(), **(settings or {})},
                                     **keywords)
         finally:
-            self.student.loss_wrapper = None
+            self.student.loss_wrapper, self.student.unlabelled = None, ()

@@ -113,3 +113,51 @@ def read_json_lines(path, invalid_utf8="error"):
             raise UserError(f"{path}:{line}: a JSON {json_kind(obj)}, not an object")
         out.append((line, obj))
     return out
+
+
+def read_texts(path, text_column, text_b_column, pairs):
+    """(texts, second texts or None) from `path`: a .tsv/.csv with a header row or .jsonl (columns
+    `text_column`, `text_b_column` where `pairs`; None: text/text_a/sentence/sentence1 and text_b/sentence2),
+    else one text a line (a pair as 'text_a ||| text_b'). Each bad row is one line naming the file and line."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext in (".tsv", ".csv", ".jsonl", ".json"):
+        if ext in (".jsonl", ".json"):
+            rows = read_json_lines(path)
+            names = sorted({k for _, row in rows for k in row})
+        else:
+            rows = read_rows(path, "\t" if ext == ".tsv" else ",", None if ext == ".tsv" else '"')
+            if not rows:
+                raise UserError(f"{path}: empty file (a header row is expected)")
+            names, rows = rows[0][1], [(line, dict(zip(rows[0][1], row))) for line, row in rows[1:]]
+        defaults = {"--text_column": ("text", "text_a", "sentence", "sentence1"), "--text_b_column": ("text_b",
+                                                                                                 "sentence2")}
+        given = {"--text_column": text_column, "--text_b_column": text_b_column}
+        columns = {}
+        for flag in ("--text_column", "--text_b_column") if pairs else ("--text_column",):
+            columns[flag] = given[flag] or next((c for c in defaults[flag] if c in names), None)
+            if columns[flag] not in names:
+                what = repr(given[flag]) if given[flag] else f"named {' or '.join(defaults[flag])}; give {flag}"
+                raise UserError(f"{path}: no column {what}; the file has {', '.join(map(str, names))}")
+        text, second = columns["--text_column"], columns.get("--text_b_column")
+        out = ([], [] if pairs else None)
+        for line, row in rows:
+            for column, values in ((text, out[0]), (second, out[1])):
+                if values is None:
+                    continue
+                value = row.get(column)
+                if not isinstance(value, str):
+                    raise UserError(f"{path}:{line}: no text in {column!r}" + (
+                        "" if value is None else f" (a {type(value).__name__})"))
+                values.append(value)
+        return out
+    lines = read_text(path).split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line.rstrip("\r") for line in lines]
+    if not pairs:
+        return lines, None
+    parts = [line.partition(" ||| ") for line in lines]
+    for number, (_, sep, _) in enumerate(parts, 1):
+        if not sep:
+            raise UserError(f"{path}:{number}: this model reads pairs: write 'text_a ||| text_b'")
+    return [a for a, _, _ in parts], [b for _, _, b in parts]

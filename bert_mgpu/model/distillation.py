@@ -7,7 +7,9 @@ TextBrewer's classifiers do:
 The soft term is a cross-entropy, not a KL divergence: the two differ by the teacher's entropy, a constant
 for the student, so the gradients are the same; T^2 keeps their size as T changes (Hinton's section 2).
 The teacher runs in the same tower step, without dropout and without gradients: its variables are not
-trainable, not in the optimizer and not all-reduced.
+trainable, not in the optimizer and not all-reduced. A row without a label (label -1: unlabelled in-domain
+text, which the teacher labels on the fly) adds only its soft term; the mean is over all rows, so each row
+counts once whether it has a label or not.
 
 Example:
     loss_fn = with_teacher(objective.loss, teacher_model, temperature=2.0)
@@ -43,15 +45,18 @@ def check_distillation(temperature, soft_weight, hard_weight):
 def with_teacher(loss_fn, teacher, temperature=1.0, soft_weight=1.0, hard_weight=1.0):
     """A training loss `(model, features, labels, training) -> (loss, stats)` from the student head's
     `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the mean `soft_cross_entropy` of the
-    student's first pass against `teacher(features)`. Statistics: the head's, `distill_hard` and
-    `distill_soft`."""
+    student's first pass against `teacher(features)`. Rows labelled -1 have no hard term (the head's loss
+    sees them with weight 0, as a padded window). Statistics: the head's, `distill_hard` and `distill_soft`."""
     temperature, soft_weight, hard_weight = check_distillation(temperature, soft_weight, hard_weight)
 
     def loss(model, features, labels, training=True):
         recording = Recording(model)
-        hard, stats = loss_fn(recording, features, labels, training)
         weight = features.get("window_weight")  # a long document's windows count as the hard loss counts them
         inputs = {k: v for k, v in features.items() if k != "window_weight"}
+        labelled = labels >= 0  # x 1.0 where every row has a label: the head's loss exactly as without this
+        hard_weight_of_row = tf.cast(labelled, tf.float32) * (1.0 if weight is None else tf.cast(weight, tf.float32))
+        hard, stats = loss_fn(recording, {**inputs, "window_weight": hard_weight_of_row},
+                              tf.where(labelled, labels, tf.zeros_like(labels)), training)
         teacher_logits = tf.stop_gradient(teacher(inputs, training=False))
         rows = soft_cross_entropy(recording.outputs[0], teacher_logits, temperature)
         soft = tf.reduce_mean(rows if weight is None else rows * tf.cast(weight, rows.dtype))
