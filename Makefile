@@ -19,7 +19,7 @@ ROUNDS ?= 2
 # the parity tests' reference (PyTorch, transformers), whose CUDA 13 libraries would overwrite TensorFlow's.
 EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,gpu || echo ,reference)
 
-.PHONY: demo test test-rest test-all lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo long-demo bench gpu-check glue
+.PHONY: demo test test-rest test-all lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo distill-demo long-demo bench gpu-check glue
 
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -113,6 +113,20 @@ NER := data/python_ner
 NER_OUT ?= output/python_ner
 $(NER)/train.txt: data/prepare_python_ner.py $(DOCS)/train.txt
 	$(PY) data/prepare_python_ner.py $(ASSETS)/python3.11-doc/usr/share/doc/python3.11/html/_sources $(NER)
+
+# make demo's model (trained first if absent) taught to a student of its layers 0, 2, 4, on the training set and
+# the corpus's unlabelled plot summaries of the training movies (docs/distillation.md).
+STUDENT ?= output/rotten_tomatoes_student
+$(RT)/plot.txt: $(RT)/train.tsv
+	$(PY) -c "from bert_mgpu.data import demo; open('$@.part', 'w').write(''.join(t + '\n' for t in demo.plot_sentences('data')))"
+	mv $@.part $@
+
+distill-demo: $(RT)/plot.txt
+	test -f $(OUT)/bert_mgpu.json || $(MAKE) demo
+	$(PY) run_distill_mgpu.py --teacher=$(OUT) --teacher_layers=0,2,4 --unlabeled_file=$(RT)/plot.txt \
+	  --task_name=tsv --data_dir=$(RT) --output_dir=$(STUDENT) --do_train --do_eval --do_predict --n_gpus=0 \
+	  --towers_per_gpu=$(TOWERS) --train_batch_size=16 --num_train_epochs=3 --learning_rate=1e-4 --temperature=2 \
+	  --eval_batch_size=32 --predict_batch_size=32
 
 ner-demo: $(NER)/train.txt assets
 	$(PY) run_ner_mgpu.py --data_dir=$(NER) --init_checkpoint=$(MODEL) --output_dir=$(NER_OUT) --do_train \

@@ -2,7 +2,7 @@
 student of its layers 0, 2, 4 distilled from it, and the same student fine-tuned on the labels alone, on paired
 seeds; dev accuracy of all three and their prediction throughput in one process.
 
-    python benchmarks/distill.py --seeds=1,2,3 [--every=1] [--temperature=2] [--layers=0,2,4]
+    python benchmarks/distill.py --seeds=1,2,3 [--every=1] [--temperature=2] [--layers=0,2,4] [--unlabeled=plot]
 
 The teacher is make demo's recipe (1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length
 128), trained once with seed 1 and kept in --work. Each seed then trains two students from the teacher's
@@ -10,6 +10,8 @@ layers with that seed, the same recipe but --student_epochs and --student_lr: on
 outputs (soft and hard weights 1, --temperature), one without. It prints each seed's accuracies and the
 paired mean differences (distilled - teacher, distilled - plain) with their standard errors, then examples/s
 of the teacher and the student predicting dev (the median of 3 passes each, after one to warm up).
+--unlabeled=plot adds the corpus's plot summaries of the training movies (the rows make demo drops, no
+label) to the distilled student's training rows; --kinds=distilled leaves out the plain student.
 """
 
 import argparse
@@ -56,6 +58,8 @@ def main():
     ap.add_argument("--student_epochs", type=float, default=3.0)
     ap.add_argument("--student_lr", type=float, default=1e-4)
     ap.add_argument("--precision", default="auto")
+    ap.add_argument("--unlabeled", choices=("none", "plot"), default="none")
+    ap.add_argument("--kinds", default="distilled,plain")
     ap.add_argument("--work", default=None, help="where the teacher is kept (default: a new temporary directory)")
     args = ap.parse_args()
     import keras
@@ -69,6 +73,9 @@ def main():
     task = bert_mgpu.get_task("tsv", text_column="text", label_column="label")
     train, dev = (task.get_examples(data, split)[::args.every] for split in ("train", "dev"))
     labels = task.get_labels(data)
+    from bert_mgpu.data import demo
+
+    unlabeled = demo.plot_sentences(os.path.join(ROOT, "data")) if args.unlabeled == "plot" else []
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2, train_batch_size=16)
     work = args.work or tempfile.mkdtemp(prefix="distill-")
     teacher_dir = os.path.join(work, "teacher")
@@ -80,26 +87,29 @@ def main():
     teacher_accuracy = accuracy(teacher, dev)
     print(f"{len(train)} training, {len(dev)} dev sentences; teacher ({teacher.config.num_hidden_layers} layers, "
           f"{teacher.policy}) dev accuracy {teacher_accuracy:.4f}; students of layers {args.layers}, "
-          f"{args.student_epochs:g} epochs at {args.student_lr:g}, temperature {args.temperature:g}", flush=True)
+          f"{args.student_epochs:g} epochs at {args.student_lr:g}, temperature {args.temperature:g}, "
+          f"{len(unlabeled)} unlabelled rows", flush=True)
     rows, student = [], None
     for seed in (int(s) for s in args.seeds.split(",")):
         got = {}
-        for kind in ("distilled", "plain"):
+        for kind in args.kinds.split(","):
             out = tempfile.mkdtemp(dir=work)
             keras.utils.set_random_seed(seed)
             student = bert_mgpu.Distiller.student_from_layers(teacher, layers)
             keywords = dict(epochs=args.student_epochs, learning_rate=args.student_lr, seed=seed, verbose=False)
             if kind == "distilled":
-                bert_mgpu.Distiller(teacher, student, temperature=args.temperature).fit(train, out, **keywords)
+                bert_mgpu.Distiller(teacher, student, temperature=args.temperature, unlabeled=unlabeled).fit(
+                    train, out, **keywords)
             else:
                 student.fit(train, out, **keywords)
             got[kind] = accuracy(student, dev)
             shutil.rmtree(out)
         rows.append(got)
-        print(f"seed {seed}: distilled {got['distilled']:.4f}, plain {got['plain']:.4f}, teacher "
-              f"{teacher_accuracy:.4f}", flush=True)
+        print(f"seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in got.items()) +
+              f", teacher {teacher_accuracy:.4f}", flush=True)
     paired("distilled - teacher", [r["distilled"] - teacher_accuracy for r in rows])
-    paired("distilled - plain", [r["distilled"] - r["plain"] for r in rows])
+    if "plain" in rows[0]:
+        paired("distilled - plain", [r["distilled"] - r["plain"] for r in rows])
     fast, slow = throughput(student, dev), throughput(teacher, dev)
     print(f"predicting dev: student {fast:.1f} examples/s, teacher {slow:.1f}: {fast / slow:.2f}x")
     if not args.work:

@@ -93,6 +93,70 @@ def test_an_unlabelled_row_adds_its_soft_term_alone(teacher):
     assert stats["distill_hard"].numpy() == alone.numpy()
 
 
+@pytest.fixture(scope="module")
+def teachers(google_release, teacher):
+    """An untrained regression and multi-label head on the classifier teacher's encoder and towers."""
+    keras.utils.set_random_seed(2)
+    return {kind: bert_mgpu.BertClassifier.from_pretrained(google_release, labels, teacher.towers, "float32",
+                                                           max_seq_length=32, task_type=kind)
+            for kind, labels in (("regression", []), ("multi_label", ["a", "b", "c"]))}
+
+
+def np_sigmoid_xent(logits, targets):
+    return np.maximum(logits, 0) - logits * targets + np.log1p(np.exp(-np.abs(logits)))
+
+
+@pytest.mark.parametrize("kind", ["regression", "multi_label"])
+def test_each_head_kind_has_its_soft_term_and_skips_the_hard_one_of_unlabelled_rows(teachers, kind):
+    """A score's soft term is the squared difference (no temperature); a label set's is each label's tempered
+    binary cross-entropy, averaged over labels, x T^2; a row without a label (NaN, a row of -1) adds only it."""
+    teacher = teachers[kind]
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
+    assert (student.task_type, student.labels, student.model.head.kernel.shape[-1]) == (
+        kind, teacher.labels, 1 if kind == "regression" else 3)
+    features, _ = batch(seed=4)
+    rng = np.random.default_rng(4)
+    kernel = student.model.head.kernel
+    kernel.assign(rng.normal(size=kernel.shape).astype(np.float32))  # outputs apart from the teacher's
+    s = student.model(features, training=False).numpy().astype(np.float64)
+    t = teacher.model(features, training=False).numpy().astype(np.float64)
+    if kind == "regression":
+        labels = rng.normal(size=8).astype(np.float32)
+        labels[[0, 3]] = np.nan
+        soft, hard = (s[:, 0] - t[:, 0]) ** 2, (s[:, 0] - labels) ** 2
+        kept = ~np.isnan(labels)
+    else:
+        labels = rng.integers(0, 2, (8, 3)).astype(np.float32)
+        labels[[0, 3]] = -1
+        soft = np_sigmoid_xent(s / 2, 1 / (1 + np.exp(-t / 2))).mean(-1) * 4
+        hard = np_sigmoid_xent(s, labels).mean(-1)
+        kept = labels[:, 0] >= 0
+    loss, stats = with_teacher(student.objective.loss, teacher.model, 2.0, 0.5, 2.0, student.objective)(
+        student.model, features, labels, training=False)
+    assert float(stats["distill_soft"]) == pytest.approx(soft.mean(), rel=1e-5) and soft.mean() > 1e-3
+    assert float(stats["distill_hard"]) == pytest.approx(hard[kept].sum() / 8, rel=1e-5)
+    assert float(loss) == pytest.approx(0.5 * soft.mean() + 2.0 * hard[kept].sum() / 8, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["regression", "multi_label"])
+def test_a_regression_and_a_multi_label_head_distil_into_runs_of_their_kind(teachers, kind, tmp_path):
+    teacher = teachers[kind]
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [0])
+    rows = sentiment_rows(48, 5)
+    label = (lambda y: str(1.0 if y == "pos" else -1.0)) if kind == "regression" else (
+        lambda y: "a,c" if y == "pos" else "b")
+    train = [bert_mgpu.Example(str(i), text, label=label(y)) for i, (y, text) in enumerate(rows)]
+    out = str(tmp_path / kind)
+    history = bert_mgpu.Distiller(teacher, student, temperature=2.0, unlabeled=["good fun", "dull"] * 8).fit(
+        train, out, epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
+    assert history["step"][-1] == 4 and all(np.isfinite(history["loss"])) and min(history["distill_soft"]) > 0
+    one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
+    again = bert_mgpu.BertClassifier.from_pretrained(out, towers=one, precision="float32", max_seq_length=32)
+    assert (again.task_type, again.labels, again.global_step) == (kind, teacher.labels, 4)
+    dev = [text for _, text in sentiment_rows(8, 6)]
+    np.testing.assert_allclose(again.predict(dev, 4), student.predict(dev, 4), atol=1e-6)
+
+
 def distilled_weights(strategy, steps=3):
     """A 1-layer student's weights after `steps` distillation steps from a 2-layer teacher (float32, no
     dropout) on one global batch of 8 rows, 3 of them unlabelled."""
@@ -148,7 +212,7 @@ def test_what_cannot_be_distilled_is_one_line(teacher, google_release):
         bert_mgpu.Distiller(teacher, other)
     regression = bert_mgpu.BertClassifier.from_pretrained(google_release, [], teacher.towers, "float32",
                                                           max_seq_length=32, task_type="regression")
-    with pytest.raises(UserError, match=r"the student is a regression head; only classification"):
+    with pytest.raises(UserError, match=r"the student is a regression head, the teacher a classification one"):
         bert_mgpu.Distiller(teacher, regression)
     with pytest.raises(UserError, match=r"unlabeled example 1 has a label \('pos'\): labelled rows are fit's"):
         bert_mgpu.Distiller(teacher, student, unlabeled=["a", bert_mgpu.Example("1", "b", label="pos")])

@@ -34,11 +34,12 @@ class Distiller:
     """A teacher classifier's knowledge into a student classifier, by the student's own `fit`.
 
     Args:
-        teacher: a fine-tuned `BertClassifier` (classification: a softmax over its labels), on the towers the
+        teacher: a fine-tuned `BertClassifier` (classification, regression or multi-label), on the towers the
             student trains on; its weights are not trained.
-        student: a `BertClassifier` with the teacher's labels and vocabulary on the same towers, e.g.
-            `student_from_layers(teacher, (0, 2, 4))`.
-        temperature: both softmaxes' temperature in the soft loss (Hinton's T; 1: the outputs as they are).
+        student: a `BertClassifier` of the same kind with the teacher's labels and vocabulary on the same towers,
+            e.g. `student_from_layers(teacher, (0, 2, 4))`.
+        temperature: the soft loss's temperature (Hinton's T; 1: the outputs as they are): both softmaxes'
+            (classification) or sigmoids' (multi-label); a regression's squared difference has none.
         soft_weight, hard_weight: the soft loss's (times T^2) and the labels' cross-entropy's weights.
         unlabeled: texts (or (text_a, text_b) pairs, as the teacher reads them; or a DataFrame) without labels,
             added to every epoch's training rows: each adds its soft term alone, the loss's mean being over
@@ -50,9 +51,11 @@ class Distiller:
         self.temperature, self.soft_weight, self.hard_weight = check_distillation(temperature, soft_weight,
                                                                                   hard_weight)
         for model, role in ((teacher, "teacher"), (student, "student")):
-            if model.task_type != "classification":
-                raise UserError(f"distillation: the {role} is a {model.task_type} head; only classification "
-                                "(a softmax over labels) is distilled yet")
+            if not model.objective.distillable:
+                raise UserError(f"distillation: the {role} is a {model.task_type} head, which has no soft loss")
+        if teacher.task_type != student.task_type:
+            raise UserError(f"distillation: the student is a {student.task_type} head, the teacher a "
+                            f"{teacher.task_type} one")
         if list(teacher.labels) != list(student.labels):
             raise UserError(f"distillation: the student's labels ({', '.join(student.labels)}) are not the "
                             f"teacher's ({', '.join(teacher.labels)}), in the same order")
@@ -89,7 +92,8 @@ class Distiller:
                             f"0-{depth - 1}")
         config = dataclasses.replace(teacher.config, num_hidden_layers=len(layers))
         with teacher.towers.strategy.scope():
-            model = build_classifier(config, len(teacher.labels), teacher.policy, fused=teacher.fused_encoder)
+            model = build_classifier(config, teacher.objective.width(teacher.labels), teacher.policy,
+                                     fused=teacher.fused_encoder)
         source = {v.path: v for v in teacher.model.weights}
         for v in model.weights:
             path = v.path
@@ -97,10 +101,12 @@ class Distiller:
                 index, rest = path[len("transformer_layer_"):].split("/", 1)
                 path = f"transformer_layer_{layers[int(index)]}/{rest}"
             v.assign(source[path].value)
-        return BertClassifier(model, teacher.tokenizer, teacher.labels, config, teacher.towers, teacher.policy,
-                              teacher.max_seq_length, task=teacher.task, fused_encoder=teacher.fused_encoder,
-                              truncation=teacher.truncation, doc_stride=teacher.doc_stride,
-                              window_pooling=teacher.window_pooling)
+        student = BertClassifier(model, teacher.tokenizer, teacher.labels, config, teacher.towers, teacher.policy,
+                                 teacher.max_seq_length, task=teacher.task, fused_encoder=teacher.fused_encoder,
+                                 task_type=teacher.task_type, truncation=teacher.truncation,
+                                 doc_stride=teacher.doc_stride, window_pooling=teacher.window_pooling)
+        student.label_separator, student.threshold = teacher.label_separator, teacher.threshold
+        return student
 
     def settings(self):
         """What a resumed distillation must share: the loss's numbers and the teacher's weights."""
@@ -112,7 +118,8 @@ class Distiller:
         """From now on the student's `fit` learns from the teacher too, on the unlabelled rows as well
         (run_distill_mgpu.py's way in)."""
         self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.temperature,
-                                                              self.soft_weight, self.hard_weight)
+                                                              self.soft_weight, self.hard_weight,
+                                                              self.student.objective)
         self.student.unlabelled = self.unlabeled
         return self.student
 

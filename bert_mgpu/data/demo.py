@@ -99,5 +99,20 @@ def rotten_tomatoes(csv_bz2, out_dir):
     return counts
 
 
+def plot_sentences(root="data", split="train"):
+    """The corpus's `plot` rows (plot summaries, no fresh/rotten label) of the split's movies: the unlabelled
+    in-domain text `rotten_tomatoes` drops, which a distillation's teacher can label (`make distill-demo`)."""
+    corpus = os.path.join(root, "assets", CORPUS)
+    if not os.path.exists(corpus):
+        prepare(root, quiet=True)
+    out = []
+    with bz2.open(corpus, "rt", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            text = " ".join(row["text"].split())
+            if row["category"] == "plot" and text and split_of(row["movie_name"]) == split:
+                out.append(text)
+    return out
+
+
 if __name__ == "__main__":
     prepare(sys.argv[1] if len(sys.argv) > 1 else "data")

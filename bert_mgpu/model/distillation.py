@@ -6,6 +6,8 @@ TextBrewer's classifiers do:
 
 The soft term is a cross-entropy, not a KL divergence: the two differ by the teacher's entropy, a constant
 for the student, so the gradients are the same; T^2 keeps their size as T changes (Hinton's section 2).
+That is a softmax head's; each head kind owns its soft term (`Objective.soft_loss`): a multi-label head's
+is each label's tempered binary cross-entropy, a regression's the squared difference of the two scores.
 The teacher runs in the same tower step, without dropout and without gradients: its variables are not
 trainable, not in the optimizer and not all-reduced. A row without a label (label -1: unlabelled in-domain
 text, which the teacher labels on the fly) adds only its soft term; the mean is over all rows, so each row
@@ -42,23 +44,31 @@ def check_distillation(temperature, soft_weight, hard_weight):
     return float(temperature), float(soft_weight), float(hard_weight)
 
 
-def with_teacher(loss_fn, teacher, temperature=1.0, soft_weight=1.0, hard_weight=1.0):
+def _labelled_classes(labels):
+    has = labels >= 0
+    return has, tf.where(has, labels, tf.zeros_like(labels))
+
+
+def with_teacher(loss_fn, teacher, temperature=1.0, soft_weight=1.0, hard_weight=1.0, objective=None):
     """A training loss `(model, features, labels, training) -> (loss, stats)` from the student head's
-    `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the mean `soft_cross_entropy` of the
-    student's first pass against `teacher(features)`. Rows labelled -1 have no hard term (the head's loss
-    sees them with weight 0, as a padded window). Statistics: the head's, `distill_hard` and `distill_soft`."""
+    `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the mean soft term of the student's first
+    pass against `teacher(features)`: the head `objective`'s `soft_loss` (None: a softmax's,
+    `soft_cross_entropy`). Rows without a label (`objective.labelled`; -1 for a class) have no hard term
+    (the head's loss sees them with weight 0, as a padded window). Statistics: the head's, `distill_hard`
+    and `distill_soft`."""
     temperature, soft_weight, hard_weight = check_distillation(temperature, soft_weight, hard_weight)
+    soft_loss = objective.soft_loss if objective is not None else soft_cross_entropy
+    split = objective.labelled if objective is not None else _labelled_classes
 
     def loss(model, features, labels, training=True):
         recording = Recording(model)
         weight = features.get("window_weight")  # a long document's windows count as the hard loss counts them
         inputs = {k: v for k, v in features.items() if k != "window_weight"}
-        labelled = labels >= 0  # x 1.0 where every row has a label: the head's loss exactly as without this
+        labelled, filled = split(labels)  # x 1.0 where every row has a label: the head's loss exactly as without
         hard_weight_of_row = tf.cast(labelled, tf.float32) * (1.0 if weight is None else tf.cast(weight, tf.float32))
-        hard, stats = loss_fn(recording, {**inputs, "window_weight": hard_weight_of_row},
-                              tf.where(labelled, labels, tf.zeros_like(labels)), training)
+        hard, stats = loss_fn(recording, {**inputs, "window_weight": hard_weight_of_row}, filled, training)
         teacher_logits = tf.stop_gradient(teacher(inputs, training=False))
-        rows = soft_cross_entropy(recording.outputs[0], teacher_logits, temperature)
+        rows = soft_loss(recording.outputs[0], teacher_logits, temperature)
         soft = tf.reduce_mean(rows if weight is None else rows * tf.cast(weight, rows.dtype))
         return hard_weight * hard + soft_weight * soft, {**stats, "distill_hard": hard, "distill_soft": soft}
 

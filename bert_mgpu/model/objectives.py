@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import metrics, prediction_files
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.distillation import soft_cross_entropy
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.rdrop import symmetric_kl
 
@@ -83,6 +84,8 @@ class Objective:
         """R-Drop's term (rdrop.py): the mean over examples of the symmetric KL divergence between two passes'
         outputs."""
         raise NotImplementedError
+
+    distillable = False  # has a soft loss (`soft_loss`, `labelled`): a Distiller's teacher and student
 
     def hf_architecture(self, weights):
         """transformers' class for a model with these weights ({google-bert name: array})."""
@@ -163,6 +166,20 @@ class SentenceObjective(Objective):
         for name in names or ():
             if name not in metrics.CLASSIFICATION:
                 raise UserError(f"--metrics={name}: expected some of {', '.join(metrics.CLASSIFICATION)}")
+
+    # ---------------------------------------------------------------- distillation (distillation.py)
+    distillable = True
+
+    def labelled(self, labels):
+        """(whether each row has a label [batch], the labels with the others' filled in for the head's loss):
+        `encode` marks a row without one (-1 for a class)."""
+        has = labels >= 0
+        return has, tf.where(has, labels, tf.zeros_like(labels))
+
+    def soft_loss(self, student, teacher, temperature):
+        """Distillation's soft term of each row, the student's logits against the teacher's: Hinton's
+        tempered cross-entropy x T^2 for a softmax."""
+        return soft_cross_entropy(student, teacher, temperature)
 
     # ---------------------------------------------------------------- predictions and exports
     def predict(self, logits):
@@ -253,6 +270,14 @@ class Regression(SentenceObjective):
         scores = logits[:, 0]
         return tf.square(scores - tf.cast(labels, scores.dtype))
 
+    def labelled(self, labels):
+        has = tf.logical_not(tf.math.is_nan(labels))  # `encode`'s NaN: no score
+        return has, tf.where(has, labels, tf.zeros_like(labels))
+
+    def soft_loss(self, student, teacher, temperature):
+        """The squared difference of the two scores (a score has no temperature: TextBrewer's MSE)."""
+        return tf.square(tf.cast(student[:, 0], tf.float32) - tf.cast(teacher[:, 0], tf.float32))
+
     def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
         return metrics.regression_results(logits, labels, names)
 
@@ -309,6 +334,8 @@ class MultiLabel(SentenceObjective):
         ids = {label: i for i, label in enumerate(label_list or [])}
         rows = np.zeros((len(examples), len(ids)), np.float32)
         for n, e in enumerate(examples):
+            if e.label is None:  # no label (an empty cell is the empty set): never a target
+                rows[n] = -1.0
             for part in self._parts(e.label):
                 if part not in ids:
                     raise UserError(f"{source}: example {e.guid} has label {part!r}, not one of "
@@ -319,6 +346,17 @@ class MultiLabel(SentenceObjective):
     def example_losses(self, logits, labels):
         """Binary cross-entropy of each label's float32 logit, averaged over the labels."""
         return keras.losses.binary_crossentropy(tf.cast(labels, logits.dtype), logits, from_logits=True)
+
+    def labelled(self, labels):
+        has = tf.reduce_all(labels >= 0, -1)  # `encode`'s row of -1: no label
+        return has, tf.where(labels >= 0, labels, tf.zeros_like(labels))
+
+    def soft_loss(self, student, teacher, temperature):
+        """Each label's binary cross-entropy of the student's tempered sigmoid against the teacher's, averaged
+        over the labels as the hard loss is, x T^2."""
+        t = tf.cast(temperature, tf.float32)
+        targets = tf.sigmoid(tf.cast(teacher, tf.float32) / t)
+        return keras.losses.binary_crossentropy(targets, tf.cast(student, tf.float32) / t, from_logits=True) * t * t
 
     def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
         return metrics.multi_label_results(logits, labels, label_names, threshold)
