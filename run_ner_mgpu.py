@@ -51,7 +51,10 @@ def _tag_map():
     return mapping
 
 
-def run():
+def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", facts=None):
+    """The script; run_distill_ner_mgpu.py runs it with its own `open_tagger(init, **from_pretrained's
+    keywords)` (a student taught by a teacher), the `settings` (flag names) a resumed run must share, its name
+    and `facts(tagger, dev)` ({name: value}) for the summary."""
     import bert_mgpu
     from bert_mgpu import cli
     from bert_mgpu.core import storage
@@ -96,7 +99,7 @@ def run():
         raise UserError(f"{files['dev']}: has no tags to evaluate with")
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
     given_length = FLAGS["max_seq_length"].present or FLAGS.do_train  # else the run directory's windows
-    tagger = bert_mgpu.BertTagger.from_pretrained(
+    tagger = (open_tagger or bert_mgpu.BertTagger.from_pretrained)(
         init, labels=labels, towers=towers, precision=FLAGS.precision,
         max_seq_length=FLAGS.max_seq_length if given_length else None, do_lower_case=FLAGS.do_lower_case,
         bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file, fused_encoder=FLAGS.fused_encoder,
@@ -105,7 +108,7 @@ def run():
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(tagger, train, dev, ("data_format",))
+        fine_tuning.train(tagger, train, dev, settings)
     results = {}
     if FLAGS.do_eval:
         results, path = fine_tuning.evaluate(tagger, dev, towers.is_chief)
@@ -126,8 +129,9 @@ def run():
         cli.run_exports(tagger, exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        print(fine_tuning.summary("run_ner_mgpu.py", towers, tagger, {"tags": len(tagger.labels)}, results, started,
-                                  "windows/s"))
+        print(fine_tuning.summary(script, towers, tagger, {"tags": len(tagger.labels),
+                                                           **(facts(tagger, dev) if facts else {})}, results,
+                                  started, "windows/s"))
 
 def _console():
     from bert_mgpu.cli import main_wrapper

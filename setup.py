@@ -4,7 +4,8 @@ from setuptools import find_packages, setup
 
 SCRIPTS = ["run_classifier_mgpu", "run_ner_mgpu", "run_squad_mgpu", "run_pretraining_mgpu", "run_glue_mgpu",
            "extract_features", "create_pretraining_data", "build_vocab", "score_text_mgpu", "run_clue_mgpu",
-           "run_multiple_choice_mgpu", "predict_exported", "run_distill_mgpu"]
+           "run_multiple_choice_mgpu", "predict_exported", "run_distill_mgpu",
+           "run_distill_ner_mgpu"]
 
 setup(
     name="bert_mgpu",

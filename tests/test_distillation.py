@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import sentiment_rows, tiny_config
+from conftest import ner_sentences, sentiment_rows, tiny_config
 from test_allreduce import collectives, gpu_strategy
 
 import bert_mgpu
@@ -18,6 +18,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import modeling
 from bert_mgpu.model.distillation import soft_cross_entropy, with_teacher
 from bert_mgpu.model.objectives import Classification
+from bert_mgpu.model.tagging_objectives import TokenClassification
 from bert_mgpu.parallel import devices, distribute
 from bert_mgpu.train import memory, optimization, training
 
@@ -61,8 +62,9 @@ def test_a_student_that_is_the_teacher_scores_the_teachers_entropy(teacher):
     features, labels = batch()
     logits = teacher.model(features, training=False).numpy().astype(np.float64)
     np.testing.assert_array_equal(student.model(features, training=False).numpy(), logits.astype(np.float32))
-    loss, stats = with_teacher(Classification().loss, teacher.model, 1.0, 0.5, 2.0)(student.model, features, labels,
-                                                                                   training=False)
+    kind = Classification()
+    loss, stats = with_teacher(kind.loss, teacher.model, kind, 1.0, 0.5, 2.0)(student.model, features, labels,
+                                                                               training=False)
     log_p = np_log_softmax(logits)
     entropy = -(np.exp(log_p) * log_p).sum(-1).mean()
     hard = -log_p[np.arange(len(labels)), labels].mean()
@@ -83,7 +85,7 @@ def test_an_unlabelled_row_adds_its_soft_term_alone(teacher):
     unlabelled = labels.copy()
     unlabelled[[1, 4, 5]] = -1
     kept = unlabelled >= 0
-    fn = with_teacher(Classification().loss, teacher.model, 2.0, 0.5, 2.0)
+    fn = with_teacher(Classification().loss, teacher.model, Classification(), 2.0, 0.5, 2.0)
     loss, stats = fn(student.model, features, unlabelled, training=False)
     assert float(stats["distill_hard"]) == pytest.approx(hard[kept].sum() / len(labels), rel=1e-5)
     assert float(stats["distill_soft"]) == pytest.approx(soft.mean(), rel=1e-5)
@@ -131,7 +133,7 @@ def test_each_head_kind_has_its_soft_term_and_skips_the_hard_one_of_unlabelled_r
         soft = np_sigmoid_xent(s / 2, 1 / (1 + np.exp(-t / 2))).mean(-1) * 4
         hard = np_sigmoid_xent(s, labels).mean(-1)
         kept = labels[:, 0] >= 0
-    loss, stats = with_teacher(student.objective.loss, teacher.model, 2.0, 0.5, 2.0, student.objective)(
+    loss, stats = with_teacher(student.objective.loss, teacher.model, student.objective, 2.0, 0.5, 2.0)(
         student.model, features, labels, training=False)
     assert float(stats["distill_soft"]) == pytest.approx(soft.mean(), rel=1e-5) and soft.mean() > 1e-3
     assert float(stats["distill_hard"]) == pytest.approx(hard[kept].sum() / 8, rel=1e-5)
@@ -157,6 +159,65 @@ def test_a_regression_and_a_multi_label_head_distil_into_runs_of_their_kind(teac
     np.testing.assert_allclose(again.predict(dev, 4), student.predict(dev, 4), atol=1e-6)
 
 
+TAGS = ["O", "B-LOC", "B-PER", "I-PER"]
+
+
+@pytest.fixture(scope="module")
+def tagger(google_release, teacher):
+    keras.utils.set_random_seed(3)
+    return bert_mgpu.BertTagger.from_pretrained(google_release, TAGS, teacher.towers, "float32", max_seq_length=32)
+
+
+def test_a_taggers_soft_term_covers_every_words_first_piece_and_its_loss_the_tagged_ones(tagger):
+    """Per token: the tempered cross-entropy x T^2 over each word's first piece, tagged (>= 0) or in unlabelled
+    text (-2); the head's loss over the tagged ones only; later pieces and padding (-1) in neither."""
+    student = bert_mgpu.Distiller.student_from_layers(tagger, [1])
+    assert isinstance(student, bert_mgpu.BertTagger) and student.labels == TAGS
+    rng = np.random.default_rng(6)
+    kernel = student.model.head.kernel
+    kernel.assign(rng.normal(size=kernel.shape).astype(np.float32))
+    features, _ = batch(4, 10, seed=6)
+    labels = rng.integers(0, 4, (4, 10)).astype(np.int32)
+    labels[:, 0] = labels[:, -1] = labels[0, 3] = -1  # [CLS], [SEP], a word's second piece
+    labels[2, 1:-1] = -2  # an unlabelled sentence
+    s = student.model(features, training=False).numpy().astype(np.float64)
+    t = tagger.model(features, training=False).numpy().astype(np.float64)
+    words, tagged = labels != -1, labels >= 0
+    soft = -(np.exp(np_log_softmax(t / 2)) * np_log_softmax(s / 2)).sum(-1) * 4
+    hard = -np.take_along_axis(np_log_softmax(s), np.maximum(labels, 0)[..., None], -1)[..., 0]
+    kind = TokenClassification()
+    loss, stats = with_teacher(kind.loss, tagger.model, kind, 2.0, 0.5, 2.0)(student.model, features, labels,
+                                                                              training=False)
+    assert float(stats["distill_soft"]) == pytest.approx(soft[words].mean(), rel=1e-5)
+    assert float(stats["distill_hard"]) == pytest.approx(hard[tagged].mean(), rel=1e-5)
+    assert float(loss) == pytest.approx(0.5 * soft[words].mean() + 2.0 * hard[tagged].mean(), rel=1e-5)
+
+
+def test_a_tagger_distils_on_tagged_and_unlabelled_sentences_into_a_tagger_run(tagger, teacher, google_release,
+                                                                               tmp_path):
+    student = bert_mgpu.Distiller.student_from_layers(tagger, [0])
+    train = ner_sentences(48, 4, 9, seed=1)
+    unlabelled = [" ".join(s.tokens) for s in ner_sentences(16, 4, 9, seed=2)]
+    distiller = bert_mgpu.Distiller(tagger, student, temperature=2.0, unlabeled=unlabelled)
+    assert [s.guid for s in distiller.unlabeled[:2]] == ["unlabeled-0", "unlabeled-1"]
+    out = str(tmp_path / "tagger")
+    history = distiller.fit(train, out, epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
+    assert history["step"][-1] == 4 and min(history["distill_soft"]) > 0, history  # (48 + 16) / 16 windows
+    one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
+    again = bert_mgpu.BertTagger.from_pretrained(out, towers=one, precision="float32")
+    assert (again.labels, again.global_step, again.config.num_hidden_layers) == (TAGS, 4, 1)
+    dev = ner_sentences(8, 4, 9, seed=3, split="dev")
+    assert again.evaluate(dev, 4)["eval_loss"] == pytest.approx(student.evaluate(dev, 4)["eval_loss"], rel=1e-5)
+    with pytest.raises(UserError, match=r"unlabeled sentence train-0 has tags: tagged sentences are fit's"):
+        bert_mgpu.Distiller(tagger, student, unlabeled=train[:1])
+    crf = bert_mgpu.BertTagger.from_pretrained(google_release, TAGS, tagger.towers, "float32", max_seq_length=32,
+                                               crf=True)
+    with pytest.raises(UserError, match=r"the teacher is a token_classification \(CRF\) head, which has no soft"):
+        bert_mgpu.Distiller(crf, student)
+    with pytest.raises(UserError, match=r"the student is a token_classification head, the teacher a classification"):
+        bert_mgpu.Distiller(teacher, student)
+
+
 def distilled_weights(strategy, steps=3):
     """A 1-layer student's weights after `steps` distillation steps from a 2-layer teacher (float32, no
     dropout) on one global batch of 8 rows, 3 of them unlabelled."""
@@ -167,8 +228,9 @@ def distilled_weights(strategy, steps=3):
         student = modeling.build_classifier(dataclasses.replace(config, num_hidden_layers=1), 2, "float32")
         teacher.trainable = False
         opt = optimization.create_optimizer(1e-2, 10, 0)
+    kind = Classification()
     trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
-                               loss_fn=with_teacher(Classification().loss, teacher, temperature=2.0))
+                               loss_fn=with_teacher(kind.loss, teacher, kind, temperature=2.0))
     features, labels = batch(seed=5)
     labels[[1, 4, 6]] = -1  # unlabelled rows on both towers
     batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(steps))
@@ -219,7 +281,7 @@ def test_what_cannot_be_distilled_is_one_line(teacher, google_release):
     with pytest.raises(UserError, match=r"unlabeled example 0 is a pair; the teacher reads one text"):
         bert_mgpu.Distiller(teacher, student, unlabeled=[("a", "b")])
     student.unlabelled = bert_mgpu.Distiller(teacher, student, unlabeled=["a"]).unlabeled
-    with pytest.raises(UserError, match=r"1 unlabelled training examples and no teacher to label them"):
+    with pytest.raises(UserError, match=r"1 unlabelled training rows and no teacher to label them"):
         student.fit([bert_mgpu.Example("0", "good", label="pos")], "never-written", epochs=1)
 
 
@@ -267,7 +329,7 @@ def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student():
         opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
     objective = Classification()
     trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
-                               loss_fn=with_teacher(objective.loss, teacher, temperature=2.0))
+                               loss_fn=with_teacher(objective.loss, teacher, objective, temperature=2.0))
     alone = training.Trainer(strategy, student, opt, loss_fn=objective.loss, bytes_per_pack=2**14)
     features, _ = memory.classifier_batch(8, 16)
     labels = (np.arange(8) % 3).astype(np.int32)

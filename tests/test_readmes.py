@@ -9,7 +9,8 @@ from conftest import ROOT
 
 SCRIPTS = ["run_classifier_mgpu.py", "run_glue_mgpu.py", "run_clue_mgpu.py", "score_text_mgpu.py", "run_ner_mgpu.py",
            "run_squad_mgpu.py", "run_pretraining_mgpu.py", "create_pretraining_data.py", "build_vocab.py",
-           "extract_features.py", "predict_exported.py", "run_distill_mgpu.py"]
+           "extract_features.py", "predict_exported.py", "run_distill_mgpu.py",
+           "run_distill_ner_mgpu.py"]
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_]+)")
 
 

@@ -39,8 +39,8 @@ def test_a_teacher_teaches_a_student_of_one_of_its_layers(distilled, classifier_
     block = proc.stdout[proc.stdout.index("== run_distill_mgpu.py =="):]
     fact = lambda key: re.search(rf"^  {key} {{2,}}(.+)$", block, re.M).group(1)  # noqa: E731
     assert fact("teacher") == f"{classifier_run.out} (2 encoder layers)" and fact("student") == "1 encoder layer"
-    assert fact("unlabeled examples") == "160"
-    speed = re.fullmatch(r"(\S+)x \(predicting dev: (\S+) against (\S+) examples/s\)", fact("student speed-up"))
+    assert fact("unlabeled rows") == "160"
+    speed = re.fullmatch(r"(\S+)x \(predicting dev: (\S+) against (\S+) rows/s\)", fact("student speed-up"))
     assert float(speed[1]) == pytest.approx(float(speed[2]) / float(speed[3]), abs=0.01) and float(speed[3]) > 0
     assert float(fact("teacher eval_accuracy")) == pytest.approx(float(teacher["eval_accuracy"]), abs=1e-6)
     run = json.load(open(os.path.join(out, "bert_mgpu.json")))

@@ -23,7 +23,7 @@ from bert_mgpu.api.fine_tuning import FineTuned, prediction_bar
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import check_windows, cut_documents, window_dataset
 from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
-from bert_mgpu.data.tasks import as_examples
+from bert_mgpu.data.tasks import Example, as_examples
 from bert_mgpu.data.windows import pool
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.io.loading import open_checkpoint
@@ -98,7 +98,6 @@ class BertClassifier(FineTuned):
         self.threshold = 0.5  # multi_label: the decision threshold
         self.confusion = None  # the last evaluation's confusion matrix (true x predicted counts)
         self.metrics = []  # metrics every evaluation adds (--metrics): see metrics.CLASSIFICATION
-        self.unlabelled = ()  # Examples without labels fit adds to the training rows: a Distiller's teacher's
 
     @property
     def task_type(self):
@@ -188,11 +187,7 @@ class BertClassifier(FineTuned):
         if unlabelled is not None:
             raise UserError(f"training example {unlabelled.guid} has no label: fit takes Examples, (text, label) "
                             "rows of a DataFrame, or labelled files")
-        if self.unlabelled:
-            if self.loss_wrapper is None:
-                raise UserError(f"{len(self.unlabelled)} unlabelled training examples and no teacher to label "
-                                "them: they are a Distiller's")
-            examples = examples + list(self.unlabelled)
+        examples = self._with_unlabelled(examples)
         self.pairs = any(e.text_b is not None for e in examples)
         if not self.doc_stride:
             return (examples, None), len(examples), examples_digest(examples)
@@ -201,6 +196,28 @@ class BertClassifier(FineTuned):
         log.info("%d texts in %d windows of up to %d pieces, %d apart", len(examples), len(windows.lengths),
                  self.max_seq_length, self.doc_stride)
         return (examples, windows), len(windows.lengths), examples_digest(examples)
+
+    def unlabelled_rows(self, rows):
+        examples = []
+        for i, e in enumerate(as_examples(rows)):
+            if e.label is not None:
+                raise UserError(f"unlabeled example {e.guid} has a label ({e.label!r}): labelled rows are fit's "
+                                "examples")
+            if (e.text_b is not None) != bool(self.pairs):
+                raise UserError(f"unlabeled example {e.guid} is {'a pair' if e.text_b is not None else 'one text'}"
+                                f"; the teacher reads {'pairs' if self.pairs else 'one text'}")
+            examples.append(Example(f"unlabeled-{i}", e.text_a, e.text_b))
+        return examples
+
+    def with_encoder(self, config):
+        with self.towers.strategy.scope():
+            model = build_classifier(config, self.objective.width(self.labels), self.policy, fused=self.fused_encoder)
+        out = BertClassifier(model, self.tokenizer, self.labels, config, self.towers, self.policy,
+                             self.max_seq_length, task=self.task, fused_encoder=self.fused_encoder,
+                             task_type=self.task_type, truncation=self.truncation, doc_stride=self.doc_stride,
+                             window_pooling=self.window_pooling)
+        out.pairs, out.label_separator, out.threshold = self.pairs, self.label_separator, self.threshold
+        return out
 
     def _label_counts(self, data):
         ids = {label: i for i, label in enumerate(self.labels)}

@@ -1,7 +1,7 @@
-"""Distil a fine-tuned classifier (the teacher) into a smaller one (the student) on every tower: the
+"""Distil a fine-tuned classifier or tagger (the teacher) into a smaller one (the student) on every tower: the
 student learns the teacher's softened outputs beside the labels (model/distillation.py), the teacher running
 in the same tower step without gradients. Unlabelled in-domain text joins the training rows with its soft
-term alone: the teacher labels it on the fly. The student is an ordinary `BertClassifier`: its output
+term alone: the teacher labels it on the fly. The student is an ordinary model of its head: its output
 directory is an ordinary run, which evaluates, predicts, resumes and exports as any.
 
 Example:
@@ -15,11 +15,10 @@ Example:
 import dataclasses
 import hashlib
 
-from bert_mgpu.api.classifier import BertClassifier
+from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.tasks import Example, as_examples
 from bert_mgpu.model.distillation import check_distillation, with_teacher
-from bert_mgpu.model.modeling import build_classifier
+from bert_mgpu.model.tagging_objectives import CRFTagging
 
 
 def weights_digest(model):
@@ -30,32 +29,37 @@ def weights_digest(model):
     return h.hexdigest()
 
 
+def _kind(model):
+    return model.objective.name + (" (CRF)" if isinstance(model.objective, CRFTagging) else "")
+
+
 class Distiller:
-    """A teacher classifier's knowledge into a student classifier, by the student's own `fit`.
+    """A teacher's knowledge into a student of the same head, by the student's own `fit`.
 
     Args:
-        teacher: a fine-tuned `BertClassifier` (classification, regression or multi-label), on the towers the
-            student trains on; its weights are not trained.
-        student: a `BertClassifier` of the same kind with the teacher's labels and vocabulary on the same towers,
-            e.g. `student_from_layers(teacher, (0, 2, 4))`.
+        teacher: a fine-tuned `BertClassifier` (classification, regression or multi-label) or `BertTagger`
+            (without a CRF), on the towers the student trains on; its weights are not trained.
+        student: a model of the same head with the teacher's labels and vocabulary on the same towers, e.g.
+            `student_from_layers(teacher, (0, 2, 4))`.
         temperature: the soft loss's temperature (Hinton's T; 1: the outputs as they are): both softmaxes'
-            (classification) or sigmoids' (multi-label); a regression's squared difference has none.
-        soft_weight, hard_weight: the soft loss's (times T^2) and the labels' cross-entropy's weights.
-        unlabeled: texts (or (text_a, text_b) pairs, as the teacher reads them; or a DataFrame) without labels,
-            added to every epoch's training rows: each adds its soft term alone, the loss's mean being over
-            all rows (where distillation gains most: much in-domain text, few labels).
+            (classification, each word's tags) or sigmoids' (multi-label); a regression's squared difference
+            has none.
+        soft_weight, hard_weight: the soft loss's (times T^2) and the labels' loss's weights.
+        unlabeled: text without labels, as the teacher's `predict` takes it (texts, (text_a, text_b) pairs for
+            a pair classifier, a DataFrame; a tagger's texts or token lists), added to every epoch's training
+            rows: each adds its soft term alone (where distillation gains most: much in-domain text, few labels).
     """
 
-    def __init__(self, teacher: BertClassifier, student: BertClassifier, temperature: float = 1.0,
+    def __init__(self, teacher: FineTuned, student: FineTuned, temperature: float = 1.0,
                  soft_weight: float = 1.0, hard_weight: float = 1.0, unlabeled=None):
         self.temperature, self.soft_weight, self.hard_weight = check_distillation(temperature, soft_weight,
                                                                                   hard_weight)
         for model, role in ((teacher, "teacher"), (student, "student")):
             if not model.objective.distillable:
-                raise UserError(f"distillation: the {role} is a {model.task_type} head, which has no soft loss")
-        if teacher.task_type != student.task_type:
-            raise UserError(f"distillation: the student is a {student.task_type} head, the teacher a "
-                            f"{teacher.task_type} one")
+                raise UserError(f"distillation: the {role} is a {_kind(model)} head, which has no soft loss")
+        if (type(teacher), teacher.objective.name) != (type(student), student.objective.name):
+            raise UserError(f"distillation: the student is a {_kind(student)} head, the teacher a "
+                            f"{_kind(teacher)} one")
         if list(teacher.labels) != list(student.labels):
             raise UserError(f"distillation: the student's labels ({', '.join(student.labels)}) are not the "
                             f"teacher's ({', '.join(teacher.labels)}), in the same order")
@@ -66,23 +70,10 @@ class Distiller:
         if teacher.towers.strategy is not student.towers.strategy:
             raise UserError("distillation: the teacher and the student must be opened on the same Towers")
         self.teacher, self.student = teacher, student
-        self.unlabeled = self._unlabelled(unlabeled or [], teacher.pairs)
+        self.unlabeled = teacher.unlabelled_rows(unlabeled) if unlabeled is not None and len(unlabeled) else []
 
     @staticmethod
-    def _unlabelled(rows, pairs):
-        out = []
-        for i, e in enumerate(as_examples(rows)):
-            if e.label is not None:
-                raise UserError(f"unlabeled example {e.guid} has a label ({e.label!r}): labelled rows are fit's "
-                                "examples")
-            if (e.text_b is not None) != bool(pairs):
-                raise UserError(f"unlabeled example {e.guid} is {'a pair' if e.text_b is not None else 'one text'}"
-                                f"; the teacher reads {'pairs' if pairs else 'one text'}")
-            out.append(Example(f"unlabeled-{i}", e.text_a, e.text_b))
-        return out
-
-    @staticmethod
-    def student_from_layers(teacher: BertClassifier, layers) -> BertClassifier:
+    def student_from_layers(teacher: FineTuned, layers) -> FineTuned:
         """A student of `len(layers)` encoder layers, each the teacher's layer of that index, with the teacher's
         embeddings, pooler and head (DistilBERT takes every second layer; HFL's RBT3 the first three)."""
         layers = [int(i) for i in layers]
@@ -90,22 +81,14 @@ class Distiller:
         if not layers or any(not 0 <= i < depth for i in layers) or len(set(layers)) != len(layers):
             raise UserError(f"teacher_layers={','.join(map(str, layers))}: distinct layers of the teacher's "
                             f"0-{depth - 1}")
-        config = dataclasses.replace(teacher.config, num_hidden_layers=len(layers))
-        with teacher.towers.strategy.scope():
-            model = build_classifier(config, teacher.objective.width(teacher.labels), teacher.policy,
-                                     fused=teacher.fused_encoder)
+        student = teacher.with_encoder(dataclasses.replace(teacher.config, num_hidden_layers=len(layers)))
         source = {v.path: v for v in teacher.model.weights}
-        for v in model.weights:
+        for v in student.model.weights:
             path = v.path
             if path.startswith("transformer_layer_"):
                 index, rest = path[len("transformer_layer_"):].split("/", 1)
                 path = f"transformer_layer_{layers[int(index)]}/{rest}"
             v.assign(source[path].value)
-        student = BertClassifier(model, teacher.tokenizer, teacher.labels, config, teacher.towers, teacher.policy,
-                                 teacher.max_seq_length, task=teacher.task, fused_encoder=teacher.fused_encoder,
-                                 task_type=teacher.task_type, truncation=teacher.truncation,
-                                 doc_stride=teacher.doc_stride, window_pooling=teacher.window_pooling)
-        student.label_separator, student.threshold = teacher.label_separator, teacher.threshold
         return student
 
     def settings(self):
@@ -117,9 +100,8 @@ class Distiller:
     def attach(self):
         """From now on the student's `fit` learns from the teacher too, on the unlabelled rows as well
         (run_distill_mgpu.py's way in)."""
-        self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.temperature,
-                                                              self.soft_weight, self.hard_weight,
-                                                              self.student.objective)
+        self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.student.objective,
+                                                              self.temperature, self.soft_weight, self.hard_weight)
         self.student.unlabelled = self.unlabeled
         return self.student
 

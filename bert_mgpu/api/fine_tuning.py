@@ -92,9 +92,29 @@ class FineTuned:
         self.train_batch_size = towers.train_batch_size  # per tower, unless fit is given one
         self.train_config = None  # the last fit's TrainConfig, kept in bert_mgpu.json
         self.loss_wrapper = None  # training loss -> training loss, around the head's (a Distiller's teacher)
+        self.unlabelled = ()  # rows without labels fit adds to the training rows: a Distiller's teacher labels them
         self._predictor = Trainer(towers.strategy, model)
 
+    def _with_unlabelled(self, rows):
+        """The training rows and, while a Distiller teaches, its unlabelled ones (refused without a teacher)."""
+        if not self.unlabelled:
+            return rows
+        if self.loss_wrapper is None:
+            raise UserError(f"{len(self.unlabelled)} unlabelled training rows and no teacher to label them: "
+                            "they are a Distiller's")
+        return list(rows) + list(self.unlabelled)
+
     # ------------------------------------------------------------------ what a head says
+    def unlabelled_rows(self, rows):
+        """What the head reads (Examples, Sentences) of text without labels, for a Distiller; UserError for a
+        row with a label."""
+        raise UserError(f"distillation: a {type(self).__name__} takes no unlabelled text")
+
+    def with_encoder(self, config):
+        """A fresh model of this head (its labels, settings and towers) on an encoder of `config` (a Distiller's
+        student of fewer layers)."""
+        raise UserError(f"distillation: a {type(self).__name__} is not distilled")
+
     def _training_data(self, examples):
         """The training rows as the head reads them -> (data for `_train_dataset`, rows an epoch, sha256)."""
         raise NotImplementedError

@@ -22,7 +22,7 @@ from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.inputs import check_text, rows_of
-from bert_mgpu.data.tagged import as_sentences
+from bert_mgpu.data.tagged import Sentence, as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
 from bert_mgpu.data.words import entity_dicts
 from bert_mgpu.io import export, run_checkpoint, run_dir
@@ -151,8 +151,25 @@ class BertTagger(FineTuned):
         untagged = next((s for s in sentences if s.tags is None), None)
         if untagged is not None:
             raise UserError(f"training sentence {untagged.guid} has no tags")
-        windows = self._windows(sentences)
+        sentences = self._with_unlabelled(sentences)
+        windows = make_windows(sentences, self.tokenizer, self.labels, self.max_seq_length, self.doc_stride,
+                               untagged=TokenClassification.UNTAGGED)  # only a Distiller's unlabelled text
         return windows, len(windows), sentences_digest(sentences)
+
+    def unlabelled_rows(self, rows):
+        out = []
+        for i, s in enumerate(as_sentences(rows, split_words)):
+            if s.tags is not None:
+                raise UserError(f"unlabeled sentence {s.guid} has tags: tagged sentences are fit's")
+            out.append(Sentence(f"unlabeled-{i}", s.tokens, None, 0))
+        return out
+
+    def with_encoder(self, config):
+        with self.towers.strategy.scope():
+            model = build_tagger(config, len(self.labels), self.policy, fused=self.fused_encoder,
+                                 crf=self.model.crf is not None)
+        return BertTagger(model, self.tokenizer, self.labels, config, self.towers, self.policy, self.max_seq_length,
+                          self.fused_encoder, self.doc_stride)
 
     def _label_counts(self, windows):
         """Each tag's count over the tokens the loss reads: a word in two windows counts twice, as it trains."""

@@ -10,12 +10,13 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ("run_classifier_mgpu.py", "run_distill_mgpu.py", "run_ner_mgpu.py", "run_squad_mgpu.py",
-           "run_multiple_choice_mgpu.py",
+SCRIPTS = ("run_classifier_mgpu.py", "run_distill_mgpu.py", "run_ner_mgpu.py", "run_distill_ner_mgpu.py",
+           "run_squad_mgpu.py", "run_multiple_choice_mgpu.py",
            "run_glue_mgpu.py", "run_clue_mgpu.py", "run_pretraining_mgpu.py", "create_pretraining_data.py",
            "build_vocab.py", "score_text_mgpu.py", "extract_features.py", "predict_exported.py")
 
-IMPORTS = {"run_distill_mgpu.py": ("run_classifier_mgpu",)}  # a script whose flags are another script's too
+# A script whose flags are another script's too.
+IMPORTS = {"run_distill_mgpu.py": ("run_classifier_mgpu",), "run_distill_ner_mgpu.py": ("run_ner_mgpu",)}
 
 
 def flags_of(script):

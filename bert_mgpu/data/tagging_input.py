@@ -44,8 +44,9 @@ def spans_in_graph(size, room, doc_stride):
     return text_of, first, tf.minimum(tf.gather(room, text_of), tf.gather(size, text_of) - first)
 
 
-def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=None):
-    """Windows of every sentence, in order. Untagged sentences (tags None) carry IGNORED labels.
+def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=None, untagged=IGNORED):
+    """Windows of every sentence, in order. Untagged sentences (tags None) carry `untagged` on each word's
+    first piece (IGNORED; UNTAGGED for a distillation's unlabelled text, which the teacher tags).
     `doc_stride` defaults to half the room; it must be below the room (windows that overlap)."""
     room = max_seq_length - 2
     doc_stride = room // 2 if doc_stride is None else doc_stride
@@ -68,7 +69,7 @@ def make_windows(sentences, tokenizer, label_list, max_seq_length, doc_stride=No
             if unknown:
                 raise UserError(f"{s.guid}: tag {unknown[0]!r} is not one of the training tags "
                                 f"({', '.join(label_list)})")
-        label_of = [IGNORED] * len(s.tokens) if s.tags is None else [ids[t] for t in s.tags]
+        label_of = [untagged] * len(s.tokens) if s.tags is None else [ids[t] for t in s.tags]
         for w in sentence_windows(n, flat, first, room, doc_stride, tokenizer.cls_id, tokenizer.sep_id):
             w.labels = [IGNORED, *(IGNORED if k < 0 else label_of[k] for k in w.words[1:-1]), IGNORED]
             windows.append(w)

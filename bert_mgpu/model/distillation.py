@@ -14,7 +14,7 @@ text, which the teacher labels on the fly) adds only its soft term; the mean is 
 counts once whether it has a label or not.
 
 Example:
-    loss_fn = with_teacher(objective.loss, teacher_model, temperature=2.0)
+    loss_fn = with_teacher(objective.loss, teacher_model, objective, temperature=2.0)
     loss, stats = loss_fn(student_model, features, labels, training=True)   # stats["distill_soft"]
 """
 
@@ -44,32 +44,23 @@ def check_distillation(temperature, soft_weight, hard_weight):
     return float(temperature), float(soft_weight), float(hard_weight)
 
 
-def _labelled_classes(labels):
-    has = labels >= 0
-    return has, tf.where(has, labels, tf.zeros_like(labels))
-
-
-def with_teacher(loss_fn, teacher, temperature=1.0, soft_weight=1.0, hard_weight=1.0, objective=None):
+def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, hard_weight=1.0):
     """A training loss `(model, features, labels, training) -> (loss, stats)` from the student head's
-    `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the mean soft term of the student's first
-    pass against `teacher(features)`: the head `objective`'s `soft_loss` (None: a softmax's,
-    `soft_cross_entropy`). Rows without a label (`objective.labelled`; -1 for a class) have no hard term
-    (the head's loss sees them with weight 0, as a padded window). Statistics: the head's, `distill_hard`
-    and `distill_soft`."""
+    `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the head `objective`'s soft term
+    (`soft_term`) of the student's first pass against `teacher(features)`. A row (or word) without a label
+    (unlabelled text) has no hard term: `objective.hard_part` hides it from the head's loss. Statistics:
+    the head's, `distill_hard` and `distill_soft`."""
     temperature, soft_weight, hard_weight = check_distillation(temperature, soft_weight, hard_weight)
-    soft_loss = objective.soft_loss if objective is not None else soft_cross_entropy
-    split = objective.labelled if objective is not None else _labelled_classes
+    if not objective.distillable:
+        raise UserError(f"distillation: a {objective.name} head has no soft loss")
 
     def loss(model, features, labels, training=True):
         recording = Recording(model)
-        weight = features.get("window_weight")  # a long document's windows count as the hard loss counts them
+        hard_features, hard_labels = objective.hard_part(features, labels)
+        hard, stats = loss_fn(recording, hard_features, hard_labels, training)
         inputs = {k: v for k, v in features.items() if k != "window_weight"}
-        labelled, filled = split(labels)  # x 1.0 where every row has a label: the head's loss exactly as without
-        hard_weight_of_row = tf.cast(labelled, tf.float32) * (1.0 if weight is None else tf.cast(weight, tf.float32))
-        hard, stats = loss_fn(recording, {**inputs, "window_weight": hard_weight_of_row}, filled, training)
         teacher_logits = tf.stop_gradient(teacher(inputs, training=False))
-        rows = soft_loss(recording.outputs[0], teacher_logits, temperature)
-        soft = tf.reduce_mean(rows if weight is None else rows * tf.cast(weight, rows.dtype))
+        soft = objective.soft_term(recording.outputs[0], teacher_logits, labels, temperature, features)
         return hard_weight * hard + soft_weight * soft, {**stats, "distill_hard": hard, "distill_soft": soft}
 
     return loss

@@ -181,6 +181,21 @@ class SentenceObjective(Objective):
         tempered cross-entropy x T^2 for a softmax."""
         return soft_cross_entropy(student, teacher, temperature)
 
+    def hard_part(self, features, labels):
+        """(features, labels) for the head's loss in a distillation: a row without a label weighs 0 in the
+        mean (`window_weight`, x 1.0 for the others: the head's loss exactly as without it)."""
+        has, filled = self.labelled(labels)
+        weight = features.get("window_weight")
+        mask = tf.cast(has, tf.float32) * (1.0 if weight is None else tf.cast(weight, tf.float32))
+        return {**features, "window_weight": mask}, filled
+
+    def soft_term(self, student, teacher, labels, temperature, features):
+        """Distillation's soft loss of a batch: the mean of `soft_loss` over the rows, labelled or not, a long
+        document's windows weighted as its hard loss weighs them."""
+        rows = self.soft_loss(student, teacher, temperature)
+        weight = features.get("window_weight")
+        return tf.reduce_mean(rows if weight is None else rows * tf.cast(weight, rows.dtype))
+
     # ---------------------------------------------------------------- predictions and exports
     def predict(self, logits):
         """Logits -> what `predict` returns: class probabilities [N, labels]."""

@@ -15,6 +15,7 @@ from bert_mgpu.core import prediction_files
 from bert_mgpu.core.entities import split_tag
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
+from bert_mgpu.model.distillation import soft_cross_entropy
 from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.objectives import Objective, focal, label_maps
 from bert_mgpu.model.rdrop import symmetric_kl
@@ -28,6 +29,8 @@ class TokenClassification(Objective):
 
     name = "token_classification"
     IGNORED = -1
+    UNTAGGED = -2  # a word's first piece in unlabelled text (distillation): the soft term reads it, the loss not
+    distillable = True
     weighable = True  # each token's cross-entropy, weighted by its tag and focused (objectives.focal)
     softmax_outputs = True  # R-Drop compares each labelled token's two softmaxes
 
@@ -51,6 +54,19 @@ class TokenClassification(Objective):
         labels = tf.reshape(labels, [-1])
         width = tf.shape(first)[-1]
         per = symmetric_kl(tf.reshape(first, [-1, width]), tf.reshape(second, [-1, width]))
+        weight = tf.cast(labels != self.IGNORED, tf.float32)
+        return tf.reduce_sum(per * weight) / tf.maximum(tf.reduce_sum(weight), 1.0)
+
+    def hard_part(self, features, labels):
+        """Distillation: the head's loss skips unlabelled words as it skips a word's later pieces."""
+        return features, tf.where(labels == self.UNTAGGED, self.IGNORED, labels)
+
+    def soft_term(self, student, teacher, labels, temperature, features):
+        """Distillation's soft loss: the tempered cross-entropy x T^2 (objectives.soft_cross_entropy) of each
+        word's first piece, tagged or not, averaged over them as the loss averages over tagged ones."""
+        labels = tf.reshape(labels, [-1])
+        width = tf.shape(student)[-1]
+        per = soft_cross_entropy(tf.reshape(student, [-1, width]), tf.reshape(teacher, [-1, width]), temperature)
         weight = tf.cast(labels != self.IGNORED, tf.float32)
         return tf.reduce_sum(per * weight) / tf.maximum(tf.reduce_sum(weight), 1.0)
 
@@ -113,6 +129,7 @@ class CRFTagging(TokenClassification):
     negative log-likelihood of the true tag path, averaged over windows; prediction is the Viterbi path."""
 
     softmax_outputs = False  # it scores whole paths
+    distillable = False  # its words' scores are not a distribution each: no soft term defined here
 
     def check_rdrop(self):
         raise UserError("--rdrop_alpha compares two passes' softmax over each token's tags; a CRF scores whole "
