@@ -315,24 +315,29 @@ def test_a_distilled_run_leaves_the_teacher_as_it_was_and_is_an_ordinary_run(tea
     np.testing.assert_allclose(again.predict(dev, 4), student.predict(dev, 4), atol=1e-6)
 
 
-def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student():
+@pytest.mark.parametrize("head", ["classifier", "tagger"])
+def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student(head):
     """NCCL collectives, mixed_float16: the distillation step's collectives are the student's own step's (the
     teacher's variables are neither trained nor all-reduced), the teacher's weights stay as they were and both
-    towers' student weights stay bit-equal."""
+    towers' student weights stay bit-equal; a tagger's with unlabelled words (-2) in the batch."""
     _, strategy = gpu_strategy()
+    build = modeling.build_classifier if head == "classifier" else modeling.build_tagger
     with strategy.scope():
-        teacher = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 3,
-                                            "mixed_float16")
-        student = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256,
-                                                        num_hidden_layers=1), 3, "mixed_float16")
+        teacher = build(tiny_config(500, hidden_size=64, intermediate_size=256), 3, "mixed_float16")
+        student = build(tiny_config(500, hidden_size=64, intermediate_size=256, num_hidden_layers=1), 3,
+                        "mixed_float16")
         teacher.trainable = False
         opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
-    objective = Classification()
+    objective = Classification() if head == "classifier" else TokenClassification()
     trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
                                loss_fn=with_teacher(objective.loss, teacher, objective, temperature=2.0))
     alone = training.Trainer(strategy, student, opt, loss_fn=objective.loss, bytes_per_pack=2**14)
     features, _ = memory.classifier_batch(8, 16)
     labels = (np.arange(8) % 3).astype(np.int32)
+    if head == "tagger":
+        labels = (np.arange(8 * 16).reshape(8, 16) % 3).astype(np.int32)
+        labels[:, 0] = labels[:, 5] = -1
+        labels[3, 1:] = labels[6, 1:] = -2
     batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(2))
     sent = collectives(trainer.step_graph(trainer.input_spec))
     assert {hint for hint, _, _ in sent} == {"nccl"} and len(sent) > 10

@@ -48,6 +48,8 @@ def test_a_teacher_teaches_a_student_of_one_of_its_layers(distilled, classifier_
     assert (run["settings"]["teacher"], run["settings"]["teacher_layers"], run["settings"]["temperature"]) == (
         classifier_run.out, ["1"], 2.0)
     assert run["settings"]["unlabeled_file"].endswith("unlabelled.txt")
+    distillation = run["settings"]["distillation"]  # a changed teacher in the same directory is not resumed
+    assert (distillation["unlabeled_examples"], len(distillation["teacher_sha256"])) == (160, 64)
     assert len(open(os.path.join(out, "predict.txt")).read().splitlines()) == 13
 
 

@@ -98,18 +98,20 @@ class Distiller:
                                  **({"unlabeled_examples": len(self.unlabeled)} if self.unlabeled else {})}}
 
     def attach(self):
-        """From now on the student's `fit` learns from the teacher too, on the unlabelled rows as well
-        (run_distill_mgpu.py's way in)."""
-        self.student.loss_wrapper = lambda loss: with_teacher(loss, self.teacher.model, self.student.objective,
-                                                              self.temperature, self.soft_weight, self.hard_weight)
-        self.student.unlabelled = self.unlabeled
+        """From now on the student's `fit` learns from the teacher too, on the unlabelled rows as well, and
+        records `settings()` (run_distill_mgpu.py's way in)."""
+        def wrapper(loss):
+            return with_teacher(loss, self.teacher.model, self.student.objective, self.temperature,
+                                self.soft_weight, self.hard_weight)
+
+        wrapper.settings = self.settings()  # recorded in the run and compared on resume, as the script's flags
+        self.student.loss_wrapper, self.student.unlabelled = wrapper, self.unlabeled
         return self.student
 
     def fit(self, examples, output_dir: str, settings: dict | None = None, **keywords) -> dict:
         """The student's `fit` (every keyword of it) with the teacher's soft outputs in its loss -> its history."""
         self.attach()
         try:
-            return self.student.fit(examples, output_dir, settings={**self.settings(), **(settings or {})},
-                                    **keywords)
+            return self.student.fit(examples, output_dir, settings=settings, **keywords)
         finally:
             self.student.loss_wrapper, self.student.unlabelled = None, ()

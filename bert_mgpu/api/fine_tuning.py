@@ -91,7 +91,8 @@ class FineTuned:
         self.report = None  # the last evaluation's per-label (or per-type) report
         self.train_batch_size = towers.train_batch_size  # per tower, unless fit is given one
         self.train_config = None  # the last fit's TrainConfig, kept in bert_mgpu.json
-        self.loss_wrapper = None  # training loss -> training loss, around the head's (a Distiller's teacher)
+        self.loss_wrapper = None  # training loss -> training loss, around the head's (a Distiller's teacher); its
+        # `settings`, if it has them, join what a resumed run compares
         self.unlabelled = ()  # rows without labels fit adds to the training rows: a Distiller's teacher labels them
         self._predictor = Trainer(towers.strategy, model)
 
@@ -231,7 +232,7 @@ class FineTuned:
             "max_seq_length": self.max_seq_length, "labels": self.labels,
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **run_dir.vocab_setting(self.tokenizer.vocab_file),
-            **self._head_settings(), **(settings or {})}
+            **self._head_settings(), **getattr(self.loss_wrapper, "settings", {}), **(settings or {})}
         every = evaluation_every(config.evaluation_strategy, config.eval_every_steps, num_steps / config.epochs)
         if (every or config.load_best_model_at_end or config.early_stopping_patience) and not dev:
             raise UserError("evaluation during training (--evaluation_strategy, --eval_every_steps, "
