@@ -53,6 +53,8 @@ def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(t
     assert heads["tagger_crf"]["differ"] == [] and heads["tagger_crf"]["transitions_moved"] > 0
     assert heads["span"]["differ"] == [] and heads["span"]["applied"] >= 1
     assert heads["multiple_choice"]["differ"] == [] and heads["multiple_choice"]["applied"] >= 1
+    assert heads["distilled_tagger"]["differ"] == heads["distilled_tagger"]["teacher_changed"] == []
+    assert heads["ema"]["differ"] == [] and heads["ema"]["applied"] >= 2 and heads["ema"]["averages_apart"] > 0
     failing = checks["failing_tower"]
     assert failing["message"].startswith("out of memory on tower 1 at per-tower batch 4 x sequence length 32")
     assert failing["seconds"] < 120

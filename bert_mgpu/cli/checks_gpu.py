@@ -153,14 +153,18 @@ def step(setup, policy, steps=4):
 def heads_mixed_float16(setup, steps=3):
     """run_ner_mgpu.py --crf, run_squad_mgpu.py and run_multiple_choice_mgpu.py in mixed_float16: a token head
     with the CRF's float32 transitions (labels on every other position, -1 on the rest), the span head (start
-    and end labels) and the choice head (4 choices a question, the last one padding on odd questions), each
-    trained on every tower: finite losses, towers bit-equal after."""
+    and end labels) and the choice head (4 choices a question, the last one padding on odd questions); then
+    run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words)
+    and --ema_decay's (a classifier's moving averages updated on each GPU after its step); each trained on
+    every tower: finite losses, towers bit-equal after (the averages too, the teacher as it was)."""
     import tensorflow as tf
 
     from bert_mgpu.model import modeling
     from bert_mgpu.model.choice_objectives import MultipleChoice
+    from bert_mgpu.model.distillation import with_teacher
+    from bert_mgpu.model.objectives import Classification
     from bert_mgpu.model.span_objectives import SpanExtraction
-    from bert_mgpu.model.tagging_objectives import CRFTagging
+    from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
     from bert_mgpu.train import optimization, training
 
     strategy = setup.strategy()
@@ -177,20 +181,43 @@ def heads_mixed_float16(setup, steps=3):
                       features, span_labels),
              "multiple_choice": (lambda: modeling.build_choice_model(_config("tiny"), "mixed_float16"),
                                  MultipleChoice().loss, choice_features, np.arange(rows) % 3)}
+    with strategy.scope():
+        teacher = modeling.build_tagger(_config("tiny"), 9, "mixed_float16")
+        teacher.trainable = False
+    before = [v.numpy() for v in teacher.weights]
+    untagged = np.where(np.arange(rows)[:, None] == 1, np.where(token_labels >= 0, -2, -1), token_labels)
+    student = dataclasses.replace(_config("tiny"), num_hidden_layers=1)
+    heads["distilled_tagger"] = (lambda: modeling.build_tagger(student, 9, "mixed_float16"), with_teacher(
+        TokenClassification().loss, teacher, TokenClassification(), 2.0), features, untagged)
+    heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
+                    features, np.arange(rows) % 2)
     out, ok = {}, True
     for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():
             model = build()
-            opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True)
+            opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True, ema_decay=0.9 if name == "ema" else 0)
         trainer = training.Trainer(strategy, model, opt, loss_fn=loss)
         data = tf.data.Dataset.from_tensors((features, labels.astype("int32"))).repeat(steps)
         losses = [trainer.train_step(b)[0] for b in trainer.training_batches(data)]
         differ = _towers_differ(strategy, model)
-        moved = float(np.abs(model.crf.transitions.numpy()).max()) if name == "tagger_crf" else None
-        good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and moved != 0
+        facts = {}
+        if name == "tagger_crf":
+            facts["transitions_moved"] = float(np.abs(model.crf.transitions.numpy()).max())
+        if name == "distilled_tagger":
+            facts["teacher_changed"] = [v.path for v, w in zip(teacher.weights, before) if not all(
+                np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
+        if name == "ema":
+            averages = opt.inner_optimizer._model_variables_moving_average
+            differ += [f"average of {v.path}" for v in averages if any(not np.array_equal(
+                c.numpy(), strategy.experimental_local_results(v.value)[0].numpy())
+                for c in strategy.experimental_local_results(v.value))]
+            facts["averages_apart"] = float(max(np.abs(a.numpy() - v.numpy()).max() for a, v in zip(
+                averages, opt.inner_optimizer._trainable_variables)))
+        good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and \
+            facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
+            facts.get("averages_apart", 1) > 0
         ok &= good
-        out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps,
-                     **({"transitions_moved": moved} if moved is not None else {})}
+        out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}
     return {"ok": ok, **out, "summary": "; ".join(
         f"{name}: losses {', '.join(f'{x:.3f}' for x in r['losses'])}, {r['applied']} applied, "
         f"{len(r['differ'])} variable(s) differ" for name, r in out.items())}
