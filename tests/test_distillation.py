@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import ner_sentences, sentiment_rows, tiny_config
+from conftest import WORDS, ner_sentences, sentiment_rows, tiny_config, write_google_release
 from test_allreduce import collectives, gpu_strategy
 
 import bert_mgpu
@@ -157,6 +157,20 @@ def test_a_regression_and_a_multi_label_head_distil_into_runs_of_their_kind(teac
     assert (again.task_type, again.labels, again.global_step) == (kind, teacher.labels, 4)
     dev = [text for _, text in sentiment_rows(8, 6)]
     np.testing.assert_allclose(again.predict(dev, 4), student.predict(dev, 4), atol=1e-6)
+
+
+def test_a_student_of_another_width_from_a_checkpoint_learns_from_the_teacher(teacher, tmp_path):
+    """--init_checkpoint's way: a pretrained BERT half the teacher's width and one layer, with the teacher's
+    vocabulary; only logits meet, so the widths need not match."""
+    narrow, _ = write_google_release(str(tmp_path / "narrow"), tiny_config(10 + len(WORDS), hidden_size=16,
+                                                                            num_hidden_layers=1, intermediate_size=32))
+    student = bert_mgpu.BertClassifier.from_pretrained(narrow, teacher.labels, teacher.towers, "float32",
+                                                       max_seq_length=32)
+    assert (student.config.hidden_size, teacher.config.hidden_size) == (16, 32)
+    train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(32, 7))]
+    history = bert_mgpu.Distiller(teacher, student, temperature=2.0).fit(
+        train, str(tmp_path / "out"), epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
+    assert history["step"][-1] == 2 and all(np.isfinite(history["loss"])) and min(history["distill_soft"]) > 0
 
 
 TAGS = ["O", "B-LOC", "B-PER", "I-PER"]
