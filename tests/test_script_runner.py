@@ -100,3 +100,25 @@ def test_a_worker_whose_environment_changed_under_its_fork_server_gets_a_new_one
     new = script_runner._fork_server()
     assert new is not old and new.env["TF_SCRIPT_RUNNER_PROBE"] == "1" and stdin.closed
     assert "a new fork server (changed: TF_SCRIPT_RUNNER_PROBE)" in capsys.readouterr().err
+
+
+def test_a_script_run_twice_in_one_process_trains_and_evaluates_the_same(sentiment_data, google_release, tmp_path):
+    """run_classifier_mgpu.py's main twice in its resident process (the second run knows the first ran there):
+    the same checkpoint, bit for bit, and the same eval results, as two processes of their own would give.
+    Nothing a run leaves behind (flags, seeds, compiled kernels, the towers' strategy) changes the next."""
+    from conftest import run_script
+    from test_crash_resume import assert_bit_identical
+
+    def args(out):
+        return ["--task_name=tsv", f"--data_dir={sentiment_data}", f"--init_checkpoint={google_release}",
+                f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8",
+                "--max_seq_length=32", "--precision=float32", "--do_train", "--do_eval", "--num_train_epochs=1",
+                "--learning_rate=1e-3", "--eval_batch_size=4"]
+
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    run_script("run_classifier_mgpu.py", *args(first))
+    proc = run_script("run_classifier_mgpu.py", *args(second))
+    assert [argv for _, argv, _ in proc.earlier_runs][-1] == args(first), proc.earlier_runs
+    assert_bit_identical(first, second, 4)  # 64 rows / (8 x 2 towers)
+    results = [open(f"{out}/eval_results.txt").read() for out in (first, second)]
+    assert results[0] == results[1] and "eval_accuracy = " in results[0]
