@@ -1,11 +1,13 @@
 """bert_mgpu: google-research/bert fine-tuning and pretraining on every GPU of a machine (TF2 + Keras 3)."""
 
+import os
+
 from setuptools import find_packages, setup
 
-SCRIPTS = ["run_classifier_mgpu", "run_ner_mgpu", "run_squad_mgpu", "run_pretraining_mgpu", "run_glue_mgpu",
-           "extract_features", "create_pretraining_data", "build_vocab", "score_text_mgpu", "run_clue_mgpu",
-           "run_multiple_choice_mgpu", "predict_exported", "run_distill_mgpu",
-           "run_distill_ner_mgpu"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The scripts: every top-level .py file with a `_console()` (bert_mgpu/cli/flags_reference.py finds them alike).
+SCRIPTS = sorted(f[:-3] for f in os.listdir(HERE) if f.endswith(".py") and f != "setup.py"
+                 and "\ndef _console(" in open(os.path.join(HERE, f), encoding="utf-8").read())
 
 setup(
     name="bert_mgpu",

@@ -10,13 +10,23 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ("run_classifier_mgpu.py", "run_distill_mgpu.py", "run_ner_mgpu.py", "run_distill_ner_mgpu.py",
-           "run_squad_mgpu.py", "run_multiple_choice_mgpu.py",
-           "run_glue_mgpu.py", "run_clue_mgpu.py", "run_pretraining_mgpu.py", "create_pretraining_data.py",
-           "build_vocab.py", "score_text_mgpu.py", "extract_features.py", "predict_exported.py")
 
-# A script whose flags are another script's too.
-IMPORTS = {"run_distill_mgpu.py": ("run_classifier_mgpu",), "run_distill_ner_mgpu.py": ("run_ner_mgpu",)}
+
+def scripts(root=ROOT):
+    """Every script a user runs, found as setup.py finds its entry points (no list to keep): a top-level .py
+    file with a `_console()`; the fine-tuning scripts first, each as it sorts."""
+    found = [f for f in os.listdir(root) if f.endswith(".py") and f != "setup.py"
+             and "\ndef _console(" in open(os.path.join(root, f), encoding="utf-8").read()]
+    return sorted(found, key=lambda f: (not f.startswith("run_"), f))
+
+
+def adopted(script, root=ROOT):
+    """The scripts whose flags `script` takes as its own (`import run_classifier_mgpu as classifier`)."""
+    return tuple(re.findall(r"^import (\w+) as \w+$", open(os.path.join(root, script), encoding="utf-8").read(),
+                            re.M))
+
+
+SCRIPTS = tuple(scripts())
 
 
 def flags_of(script):
@@ -29,7 +39,7 @@ def flags_of(script):
     for line in text.splitlines():
         module = re.match(r"^([A-Za-z_][\w.]*(?:\.py)?):$", line)
         if module:
-            ours = module.group(1) in (script, *IMPORTS.get(script, ())) or module.group(1).startswith("bert_mgpu")
+            ours = module.group(1) in (script, *adopted(script)) or module.group(1).startswith("bert_mgpu")
             current = None
             continue
         m = re.match(r"^  --(?:\[no\])?([a-z0-9_]+): ?(.*)$", line)
