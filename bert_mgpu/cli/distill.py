@@ -21,7 +21,7 @@ SETTINGS = ("teacher", "teacher_layers", "temperature", "soft_weight", "hard_wei
 def define_flags(head, unlabeled_help):
     """The teacher's and the loss's flags (`head`: "classifier" or "tagger", in the help)."""
     flags.DEFINE_string("teacher", None, f"The fine-tuned {head} that teaches: a bert_mgpu {head} run (its output "
-                        "directory, or its best/).")
+                        "directory, or its best/), or its export (hf, google, saved_model).")
     flags.DEFINE_list("teacher_layers", None, "The student: these encoder layers of the teacher (e.g. 0,2,4), with "
                       "its embeddings, pooler and head (DistilBERT's start). Default: --init_checkpoint's model, "
                       "with a fresh head.")
