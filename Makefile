@@ -114,7 +114,7 @@ NER_OUT ?= output/python_ner
 $(NER)/train.txt: data/prepare_python_ner.py $(DOCS)/train.txt
 	$(PY) data/prepare_python_ner.py $(ASSETS)/python3.11-doc/usr/share/doc/python3.11/html/_sources $(NER)
 
-# make demo's model (trained first if absent) taught to a student of its layers 0, 2, 4, on the training set and
+# make demo's best model (trained first if absent) taught to a student of its layers 0, 2, 4, on the training set and
 # the corpus's unlabelled plot summaries of the training movies (docs/distillation.md).
 STUDENT ?= output/rotten_tomatoes_student
 $(RT)/plot.txt: $(RT)/train.tsv
@@ -122,8 +122,8 @@ $(RT)/plot.txt: $(RT)/train.tsv
 	mv $@.part $@
 
 distill-demo: $(RT)/plot.txt
-	test -f $(OUT)/bert_mgpu.json || $(MAKE) demo
-	$(PY) run_distill_mgpu.py --teacher=$(OUT) --teacher_layers=0,2,4 --unlabeled_file=$(RT)/plot.txt \
+	test -f $(OUT)/best/bert_mgpu.json || $(MAKE) demo
+	$(PY) run_distill_mgpu.py --teacher=$(OUT)/best --teacher_layers=0,2,4 --unlabeled_file=$(RT)/plot.txt \
 	  --task_name=tsv --data_dir=$(RT) --output_dir=$(STUDENT) --do_train --do_eval --do_predict --n_gpus=0 \
 	  --towers_per_gpu=$(TOWERS) --train_batch_size=16 --num_train_epochs=3 --learning_rate=1e-4 --temperature=2 \
 	  --eval_batch_size=32 --predict_batch_size=32
