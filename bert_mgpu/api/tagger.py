@@ -143,8 +143,8 @@ class BertTagger(FineTuned):
         return tagger
 
     # ------------------------------------------------------------------ what fit asks of a head
-    def _windows(self, sentences):
-        return make_windows(sentences, self.tokenizer, self.labels, self.max_seq_length, self.doc_stride)
+    def _windows(self, sentences, untagged=TokenClassification.IGNORED):
+        return make_windows(sentences, self.tokenizer, self.labels, self.max_seq_length, self.doc_stride, untagged)
 
     def _training_data(self, sentences):
         sentences = as_sentences(sentences, split_words)
@@ -152,8 +152,7 @@ class BertTagger(FineTuned):
         if untagged is not None:
             raise UserError(f"training sentence {untagged.guid} has no tags")
         sentences = self._with_unlabelled(sentences)
-        windows = make_windows(sentences, self.tokenizer, self.labels, self.max_seq_length, self.doc_stride,
-                               untagged=TokenClassification.UNTAGGED)  # only a Distiller's unlabelled text
+        windows = self._windows(sentences, TokenClassification.UNTAGGED)  # only a Distiller's unlabelled text
         return windows, len(windows), sentences_digest(sentences)
 
     def unlabelled_rows(self, rows):

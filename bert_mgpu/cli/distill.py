@@ -4,8 +4,8 @@ another checkpoint, the unlabelled file read, and the summary's lines on both. E
 into `Options` at its top; nothing here reads them.
 
 Example:
-    options = Options.from_flags(FLAGS)
-    opener = functools.partial(open_student, options, bert_mgpu.BertTagger, read_lines_of_text)
+    student = Student(Options.from_flags(FLAGS), bert_mgpu.BertTagger, read_unlabeled, "tagger")
+    run_ner_mgpu.run(student.open, ("data_format", *SETTINGS), "run_distill_ner_mgpu.py", student.facts)
 """
 
 import dataclasses

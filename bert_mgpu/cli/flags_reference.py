@@ -36,10 +36,11 @@ def flags_of(script):
     text = subprocess.run([sys.executable, script, "--helpfull"], capture_output=True, text=True, cwd=ROOT,
                           env=env).stdout  # absl exits 1 after the help
     out, current, ours, seen = [], None, False, set()
+    own = (script, *adopted(script))
     for line in text.splitlines():
         module = re.match(r"^([A-Za-z_][\w.]*(?:\.py)?):$", line)
         if module:
-            ours = module.group(1) in (script, *adopted(script)) or module.group(1).startswith("bert_mgpu")
+            ours = module.group(1) in own or module.group(1).startswith("bert_mgpu")
             current = None
             continue
         m = re.match(r"^  --(?:\[no\])?([a-z0-9_]+): ?(.*)$", line)
