@@ -3,6 +3,7 @@ student of its layers 0, 2, 4 distilled from it, and the same student fine-tuned
 seeds; dev accuracy of all three and their prediction throughput in one process.
 
     python benchmarks/distill.py --seeds=1,2,3 [--every=1] [--temperature=2] [--layers=0,2,4] [--unlabeled=plot]
+        [--kinds=distilled,plain,inside] [--hidden_weight=1 --attention_weight=1]
 
 The teacher is make demo's recipe (1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length
 128), trained once with seed 1 and kept in --work. Each seed then trains two students from the teacher's
@@ -11,7 +12,9 @@ outputs (soft and hard weights 1, --temperature), one without. It prints each se
 paired mean differences (distilled - teacher, distilled - plain) with their standard errors, then examples/s
 of the teacher and the student predicting dev (the median of 3 passes each, after one to warm up).
 --unlabeled=plot adds the corpus's plot summaries of the training movies (the rows make demo drops, no
-label) to the distilled student's training rows; --kinds=distilled leaves out the plain student.
+label) to the distilled student's training rows; --kinds=distilled leaves out the plain student; the kind
+`inside` is the distilled student with the intermediate losses too (--hidden_weight, --attention_weight; each
+student layer against the teacher layer it was taken from).
 """
 
 import argparse
@@ -60,6 +63,8 @@ def main():
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--unlabeled", choices=("none", "plot"), default="none")
     ap.add_argument("--kinds", default="distilled,plain")
+    ap.add_argument("--hidden_weight", type=float, default=1.0, help="the kind `inside`'s hidden-state loss weight")
+    ap.add_argument("--attention_weight", type=float, default=1.0, help="the kind `inside`'s attention loss weight")
     ap.add_argument("--work", default=None, help="where the teacher is kept (default: a new temporary directory)")
     args = ap.parse_args()
     import keras
@@ -97,9 +102,10 @@ def main():
             keras.utils.set_random_seed(seed)
             student = bert_mgpu.Distiller.student_from_layers(teacher, layers)
             keywords = dict(epochs=args.student_epochs, learning_rate=args.student_lr, seed=seed, verbose=False)
-            if kind == "distilled":
-                bert_mgpu.Distiller(teacher, student, temperature=args.temperature, unlabeled=unlabeled).fit(
-                    train, out, **keywords)
+            if kind in ("distilled", "inside"):
+                inside = dict(hidden_weight=args.hidden_weight, attention_weight=args.attention_weight)
+                bert_mgpu.Distiller(teacher, student, temperature=args.temperature, unlabeled=unlabeled,
+                                    **(inside if kind == "inside" else {})).fit(train, out, **keywords)
             else:
                 student.fit(train, out, **keywords)
             got[kind] = accuracy(student, dev)
@@ -107,9 +113,12 @@ def main():
         rows.append(got)
         print(f"seed {seed}: " + ", ".join(f"{k} {v:.4f}" for k, v in got.items()) +
               f", teacher {teacher_accuracy:.4f}", flush=True)
-    paired("distilled - teacher", [r["distilled"] - teacher_accuracy for r in rows])
-    if "plain" in rows[0]:
-        paired("distilled - plain", [r["distilled"] - r["plain"] for r in rows])
+    for kind in (k for k in ("distilled", "inside") if k in rows[0]):
+        paired(f"{kind} - teacher", [r[kind] - teacher_accuracy for r in rows])
+        if "plain" in rows[0]:
+            paired(f"{kind} - plain", [r[kind] - r["plain"] for r in rows])
+    if {"distilled", "inside"} <= set(rows[0]):
+        paired("inside - distilled", [r["inside"] - r["distilled"] for r in rows])
     fast, slow = throughput(student, dev), throughput(teacher, dev)
     print(f"predicting dev: student {fast:.1f} examples/s, teacher {slow:.1f}: {fast / slow:.2f}x")
     if not args.work:

@@ -16,7 +16,8 @@ from test_allreduce import collectives, gpu_strategy
 import bert_mgpu
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import modeling
-from bert_mgpu.model.distillation import soft_cross_entropy, with_teacher
+from bert_mgpu.model.distillation import Intermediate, attention_kl, hidden_mse, soft_cross_entropy, with_teacher
+from bert_mgpu.model.fused_encoder import tapped
 from bert_mgpu.model.objectives import Classification
 from bert_mgpu.model.tagging_objectives import TokenClassification
 from bert_mgpu.parallel import devices, distribute
@@ -234,7 +235,7 @@ def test_a_tagger_distils_on_tagged_and_unlabelled_sentences_into_a_tagger_run(t
 
 def distilled_weights(strategy, steps=3):
     """A 1-layer student's weights after `steps` distillation steps from a 2-layer teacher (float32, no
-    dropout) on one global batch of 8 rows, 3 of them unlabelled."""
+    dropout), the intermediate losses too, on one global batch of 8 rows, 3 of them unlabelled, some padded."""
     keras.utils.set_random_seed(1)
     config = tiny_config(38, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     with strategy.scope():
@@ -244,9 +245,11 @@ def distilled_weights(strategy, steps=3):
         opt = optimization.create_optimizer(1e-2, 10, 0)
     kind = Classification()
     trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
-                               loss_fn=with_teacher(kind.loss, teacher, kind, temperature=2.0))
+                               loss_fn=with_teacher(kind.loss, teacher, kind, temperature=2.0,
+                                                    intermediate=Intermediate((1,), 0.5, 2.0)))
     features, labels = batch(seed=5)
     labels[[1, 4, 6]] = -1  # unlabelled rows on both towers
+    features["padding_mask"][[0, 5], 7:] = False
     batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(steps))
     losses = [trainer.train_step(next(batches))[0] for _ in range(steps)]
     return losses, [v.numpy() for v in student.trainable_variables]
@@ -331,9 +334,10 @@ def test_a_distilled_run_leaves_the_teacher_as_it_was_and_is_an_ordinary_run(tea
 
 @pytest.mark.parametrize("head", ["classifier", "tagger"])
 def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student(head):
-    """NCCL collectives, mixed_float16: the distillation step's collectives are the student's own step's (the
-    teacher's variables are neither trained nor all-reduced), the teacher's weights stay as they were and both
-    towers' student weights stay bit-equal; a tagger's with unlabelled words (-2) in the batch."""
+    """NCCL collectives, mixed_float16: the distillation step's collectives, intermediate losses and all, are the
+    student's own step's (the teacher's variables are neither trained nor all-reduced), the teacher's weights
+    stay as they were and both towers' student weights stay bit-equal; a tagger's with unlabelled words (-2)
+    in the batch."""
     _, strategy = gpu_strategy()
     build = modeling.build_classifier if head == "classifier" else modeling.build_tagger
     with strategy.scope():
@@ -343,8 +347,9 @@ def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student(head):
         teacher.trainable = False
         opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
     objective = Classification() if head == "classifier" else TokenClassification()
+    inside = Intermediate((1,), 1.0, 1.0)  # the hidden states' and attention's terms too
     trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
-                               loss_fn=with_teacher(objective.loss, teacher, objective, temperature=2.0))
+                               loss_fn=with_teacher(objective.loss, teacher, objective, 2.0, intermediate=inside))
     alone = training.Trainer(strategy, student, opt, loss_fn=objective.loss, bytes_per_pack=2**14)
     features, _ = memory.classifier_batch(8, 16)
     labels = (np.arange(8) % 3).astype(np.int32)
@@ -359,7 +364,7 @@ def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student(head):
     before = [v.numpy() for v in teacher.weights]
     losses = [trainer.train_step(next(batches))[0] for _ in range(2)]
     assert all(np.isfinite(losses)) and trainer.applied_steps == 2, losses
-    assert trainer.stats["distill_soft"] > 0, trainer.stats
+    assert min(trainer.stats[k] for k in ("distill_soft", "distill_hidden", "distill_attention")) > 0, trainer.stats
     for v, w in zip(teacher.weights, before):
         for copy in strategy.experimental_local_results(v.value):
             np.testing.assert_array_equal(copy.numpy(), w, err_msg=v.path)
@@ -367,3 +372,164 @@ def test_the_gpu_step_runs_the_teacher_and_all_reduces_only_the_student(head):
         a, b = strategy.experimental_local_results(v.value)
         assert np.array_equal(a.numpy(), b.numpy()), v.path
     assert not {id(v) for v in teacher.weights} & {id(v) for v in opt.inner_optimizer._trainable_variables}
+
+
+def np_softmax(x):
+    return np.exp(np_log_softmax(x))
+
+
+def test_the_intermediate_terms_are_the_hidden_mse_and_attention_kl_over_real_tokens():
+    rng = np.random.default_rng(7)
+    mask = np.ones((3, 5), bool)
+    mask[1, 3:] = mask[2, 1:] = False
+    s, t = rng.normal(size=(2, 3, 5, 8)).astype(np.float32)
+    per_token = ((s.astype(np.float64) - t) ** 2).mean(-1)
+    want = [(per_token[i] * mask[i]).sum() / mask[i].sum() for i in range(3)]
+    np.testing.assert_allclose(hidden_mse(s, t, mask).numpy(), want, rtol=1e-6)
+    bias = np.where(mask, 0.0, -1e9)[:, None, None, :]
+    s, t = (rng.normal(size=(2, 3, 2, 5, 5)) * 2 + bias).astype(np.float32)
+    p, q = np_softmax(t.astype(np.float64)), np_softmax(s.astype(np.float64))
+    kl = np.where(p > 0, p * (np.log(np.maximum(p, 1e-300)) - np.log(np.maximum(q, 1e-300))), 0).sum(-1).mean(1)
+    want = [(kl[i] * mask[i]).sum() / mask[i].sum() for i in range(3)]
+    np.testing.assert_allclose(attention_kl(s, t, mask).numpy(), want, rtol=1e-5)
+    assert attention_kl(tf.cast(t, tf.bfloat16), tf.cast(t, tf.bfloat16), mask).dtype == tf.float32
+    np.testing.assert_array_equal(attention_kl(t, t, mask).numpy(), 0)
+
+
+def padded_batch(seed):
+    features, labels = batch(seed=seed)
+    features["padding_mask"][[2, 5], 6:] = False
+    features["token_ids"][~features["padding_mask"]] = 0
+    return features, labels
+
+
+def test_the_fused_encoder_hands_out_its_hidden_states_and_attention_scores(teacher):
+    """Within tapped(): the embeddings' and each layer's output, and each layer's scores; layer 0's scores are
+    its query and key projections of the embeddings' output; the classifier's logits stay as they were."""
+    features, _ = padded_batch(11)
+    plain = teacher.model(features, training=False).numpy()
+    with tapped(scores=True) as calls:
+        logits = teacher.model(features, training=False).numpy()
+    np.testing.assert_allclose(logits, plain, atol=1e-6)
+    (tap,) = calls
+    assert len(tap.hidden) == 3 and len(tap.scores) == 2
+    assert tap.hidden[0].shape == (8, 12, 32) and tap.scores[0].shape == (8, 4, 12, 12)
+    layer = teacher.model.backbone.transformer_layers[0]._self_attention_layer
+    h = tap.hidden[0].numpy().astype(np.float64)
+
+    def project(dense):
+        return np.einsum("blh,hnd->bnld", h, dense.kernel.numpy()) + dense.bias.numpy()[None, :, None, :]
+
+    q, k = project(layer._query_dense), project(layer._key_dense)
+    want = q @ k.transpose(0, 1, 3, 2) / np.sqrt(8) + np.where(features["padding_mask"], 0.0, -1e9)[:, None, None]
+    real = np.broadcast_to(features["padding_mask"][:, None, None, :], want.shape)
+    np.testing.assert_allclose(tap.scores[0].numpy()[real], want[real], rtol=1e-4, atol=1e-5)
+    with tapped() as calls:
+        teacher.model(features, training=False)
+    assert not calls[0].scores and len(calls[0].hidden) == 3
+
+
+def test_the_intermediate_losses_follow_the_layer_map_and_vanish_at_the_fixed_point(teacher):
+    """A student of the teacher's layer 1 against the teacher's layer 1: the hidden term is the mean over the
+    embeddings' pair and that layer's, the attention term that layer's KL, both as NumPy computes them from
+    the two models' taps; a student that is the teacher (every layer, no dropout) scores 0 for both."""
+    features, labels = padded_batch(12)
+    kind = Classification()
+    teacher = teacher.with_encoder(teacher.config)  # kernels of some size: attention far from uniform
+    rng = np.random.default_rng(3)
+    for v in teacher.model.weights:
+        if v.path.endswith("kernel"):
+            v.assign(rng.normal(0, 0.3, v.shape).astype(np.float32))
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
+    with tapped(scores=True) as calls:
+        student.model(features, training=False)
+        teacher.model(features, training=False)
+    s, t = calls
+    mask = features["padding_mask"]
+
+    def np_mse(a, b):
+        per = ((a.numpy().astype(np.float64) - b.numpy()) ** 2).mean(-1)
+        return ((per * mask).sum(-1) / mask.sum(-1)).mean()
+
+    def np_kl(a, b):
+        log_q, log_p = np_log_softmax(a.numpy().astype(np.float64)), np_log_softmax(b.numpy().astype(np.float64))
+        per = (np.exp(log_p) * (log_p - log_q)).sum(-1).mean(1)
+        return ((per * mask).sum(-1) / mask.sum(-1)).mean()
+
+    hidden = (np_mse(s.hidden[0], t.hidden[0]) + np_mse(s.hidden[1], t.hidden[2])) / 2
+    attention = np_kl(s.scores[0], t.scores[1])
+    assert np_mse(s.hidden[0], t.hidden[0]) == 0 and hidden > 0.1 and attention > 0.01, (hidden, attention)
+    fn = with_teacher(kind.loss, teacher.model, kind, 2.0, 1.0, 1.0, Intermediate((1,), 0.5, 3.0))
+    loss, stats = fn(student.model, features, labels, training=False)
+    base, plain = with_teacher(kind.loss, teacher.model, kind, 2.0, 1.0, 1.0)(student.model, features, labels,
+                                                                               training=False)
+    assert float(stats["distill_hidden"]) == pytest.approx(hidden, rel=1e-5)
+    assert float(stats["distill_attention"]) == pytest.approx(attention, rel=1e-4)
+    assert float(loss) == pytest.approx(float(base) + 0.5 * hidden + 3.0 * attention, rel=1e-5)
+    assert plain["distill_soft"].numpy() == stats["distill_soft"].numpy()
+    same = bert_mgpu.Distiller.student_from_layers(teacher, [0, 1])
+    _, stats = with_teacher(kind.loss, teacher.model, kind, 1.0, 1.0, 1.0, Intermediate((0, 1), 1.0, 1.0))(
+        same.model, features, labels, training=False)
+    assert abs(float(stats["distill_hidden"])) < 1e-10 and abs(float(stats["distill_attention"])) < 1e-6
+
+
+def test_the_layer_map_and_the_intermediate_weights_are_checked_in_one_line(teacher, google_release, tmp_path):
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
+    assert bert_mgpu.Distiller(teacher, student, hidden_weight=1.0).intermediate.layer_map == (1,)
+    plain = teacher.with_encoder(dataclasses.replace(teacher.config, num_hidden_layers=1))
+    assert bert_mgpu.Distiller(teacher, plain).intermediate.layer_map == (1,)  # the last from the last
+    assert Intermediate.uniform(3, 12) == (3, 7, 11) and Intermediate.uniform(2, 2) == (0, 1)
+    with pytest.raises(UserError, match=r"--layer_map=0,1: one teacher layer \(0-1\) for each of the student's 1"):
+        bert_mgpu.Distiller(teacher, student, attention_weight=1.0, layer_map=[0, 1])
+    with pytest.raises(UserError, match=r"--layer_map=2: one teacher layer \(0-1\)"):
+        bert_mgpu.Distiller(teacher, student, hidden_weight=1.0, layer_map=[2])
+    with pytest.raises(UserError, match=r"--hidden_weight=-1.0: must be a finite number, 0 or more"):
+        bert_mgpu.Distiller(teacher, student, hidden_weight=-1.0)
+    wide = teacher.with_encoder(dataclasses.replace(teacher.config, num_hidden_layers=1, hidden_size=64))
+    with pytest.raises(UserError, match=r"--hidden_weight: the student's hidden size \(64\) is not the teacher's "
+                                        r"\(32\); a learnt projection"):
+        bert_mgpu.Distiller(teacher, wide, hidden_weight=1.0)
+    assert bert_mgpu.Distiller(teacher, wide, attention_weight=1.0).intermediate.attention_weight == 1.0
+    heads = teacher.with_encoder(dataclasses.replace(teacher.config, num_hidden_layers=1, num_attention_heads=2))
+    with pytest.raises(UserError, match=r"--attention_weight: the student has 2 attention heads, the teacher 4"):
+        bert_mgpu.Distiller(teacher, heads, attention_weight=1.0)
+    plain = bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], teacher.towers, "float32",
+                                                     max_seq_length=32, fused_encoder=False)
+    with pytest.raises(UserError, match=r"--hidden_weight and --attention_weight need the fused encoder in the"):
+        bert_mgpu.Distiller(plain, student, hidden_weight=1.0)
+    train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(16, 1))]
+    with pytest.raises(UserError, match=r"^--attention_weight and --recompute: the recomputed layers cannot"):
+        bert_mgpu.Distiller(teacher, student, attention_weight=1.0).fit(train, str(tmp_path / "out"), epochs=1,
+                                                                        verbose=False, recompute=True)
+
+
+def test_a_student_learns_the_teachers_hidden_states_and_attention(teacher, tmp_path):
+    """Fitting with the intermediate losses alone (next to a small soft one) brings the student's layer 0
+    closer to the teacher's layer 1 in both measures, on rows it did not train on; the run records them."""
+    teacher = teacher.with_encoder(teacher.config)
+    rng = np.random.default_rng(4)
+    for v in teacher.model.weights:
+        if v.path.endswith("kernel"):
+            v.assign(rng.normal(0, 0.3, v.shape).astype(np.float32))
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [0])
+    distiller = bert_mgpu.Distiller(teacher, student, soft_weight=0.01, hard_weight=0.0, hidden_weight=1.0,
+                                    attention_weight=1.0, layer_map=[1])
+    kind = Classification()
+    measure = with_teacher(kind.loss, teacher.model, kind, 1.0, 1.0, 0.0, distiller.intermediate)
+    features, labels = padded_batch(13)
+
+    def terms():
+        _, stats = measure(student.model, features, labels, training=False)
+        return float(stats["distill_hidden"]), float(stats["distill_attention"])
+
+    before = terms()
+    train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(96, 1))]
+    history = distiller.fit(train, str(tmp_path / "student"), epochs=2, learning_rate=3e-3, verbose=False,
+                            log_every=1)
+    after = terms()
+    assert after[0] < 0.85 * before[0] and after[1] < 0.5 * before[1], (before, after)  # measured: 0.68x, 0.32x
+    assert len(history["distill_hidden"]) == len(history["distill_attention"]) == 12
+    import json
+
+    settings = json.load(open(tmp_path / "student" / "bert_mgpu.json"))["settings"]["distillation"]
+    assert (settings["layer_map"], settings["hidden_weight"], settings["attention_weight"]) == ([1], 1.0, 1.0)

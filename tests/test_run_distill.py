@@ -25,7 +25,8 @@ def distilled(classifier_run, tmp_path_factory):
             "--teacher_layers=1", f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=8",
             "--eval_batch_size=4", "--predict_batch_size=4", "--max_seq_length=32", "--precision=float32",
             "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=1", "--learning_rate=1e-3",
-            "--temperature=2", f"--unlabeled_file={unlabelled}", "--save_checkpoints_steps=20"]
+            "--temperature=2", f"--unlabeled_file={unlabelled}", "--save_checkpoints_steps=20",
+            "--hidden_weight=0.5", "--attention_weight=1"]
     return out, args, run_script("run_distill_mgpu.py", *args)
 
 
@@ -50,6 +51,9 @@ def test_a_teacher_teaches_a_student_of_one_of_its_layers(distilled, classifier_
     assert run["settings"]["unlabeled_file"].endswith("unlabelled.txt")
     distillation = run["settings"]["distillation"]  # a changed teacher in the same directory is not resumed
     assert (distillation["unlabeled_examples"], len(distillation["teacher_sha256"])) == (160, 64)
+    # The intermediate losses' layer map defaults to --teacher_layers.
+    assert (distillation["layer_map"], distillation["hidden_weight"], distillation["attention_weight"]) == (
+        [1], 0.5, 1.0)
     assert len(open(os.path.join(out, "predict.txt")).read().splitlines()) == 13
 
 
@@ -88,6 +92,10 @@ def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
     (("--teacher={run}", "--teacher_layers=2"), "teacher_layers=2: distinct layers of the teacher's 0-1"),
     (("--teacher={run}", "--teacher_layers=0", "--unlabeled_file={run}/vocab.txt.tsv"),
      "vocab.txt.tsv: file not found"),
+    (("--teacher={run}", "--teacher_layers=0", "--attention_weight=1", "--layer_map=0,1"),
+     "--layer_map=0,1: one teacher layer (0-1) for each of the student's 1 layers"),
+    (("--teacher={run}", "--teacher_layers=0", "--layer_map=last"), "--layer_map=last: expected layer numbers, "
+     "e.g. 0,2,4"),
 ])
 def test_what_cannot_be_distilled_is_one_line(classifier_run, tmp_path, extra, message):
     proc = run_script("run_distill_mgpu.py", "--task_name=tsv", f"--data_dir={classifier_run.data}",

@@ -114,7 +114,8 @@ def test_train_evaluate_predict_and_export_write_what_people_read(trained, data)
 def test_run_distill_ner_teaches_a_student_of_one_layer_on_tagged_and_unlabelled_sentences(trained, data,
                                                                                             tmp_path):
     """run_distill_ner_mgpu.py: the trained 2-layer tagger teaches a student of its layer 1 on the training file
-    and 40 untagged sentences; the student's directory is a tagger run that keeps most of the teacher's F1."""
+    and 40 untagged sentences, with the intermediate losses; the student's directory is a tagger run that keeps
+    most of the teacher's F1."""
     teacher = os.path.join(trained[0], "best")  # the model eval_results.txt scores (--load_best_model_at_end)
     unlabelled = tmp_path / "unlabelled.txt"
     unlabelled.write_text("".join(" ".join(s.tokens) + "\n" for s in ner_sentences(40, 3, 14, seed=5)))
@@ -123,13 +124,15 @@ def test_run_distill_ner_teaches_a_student_of_one_layer_on_tagged_and_unlabelled
                       f"--output_dir={out}", "--n_gpus=0", "--towers_per_gpu=2", "--train_batch_size=16",
                       "--eval_batch_size=4", "--predict_batch_size=4", "--max_seq_length=16", "--doc_stride=6",
                       "--precision=float32", "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=3",
-                      "--learning_rate=5e-3", f"--unlabeled_file={unlabelled}")
+                      "--learning_rate=5e-3", f"--unlabeled_file={unlabelled}", "--hidden_weight=0.1",
+                      "--attention_weight=0.1", "--layer_map=0")
     got = dict(line.split(" = ") for line in open(os.path.join(out, "eval_results.txt")).read().splitlines())
     want = dict(line.split(" = ") for line in open(os.path.join(trained[0], "eval_results.txt")).read().splitlines())
     assert float(got["eval_f1"]) >= float(want["eval_f1"]) - 0.15, (got, want)
     run = json.load(open(os.path.join(out, "bert_mgpu.json")))
     assert (run["kind"], run["bert_config"]["num_hidden_layers"], run["settings"]["teacher_layers"]) == (
         "tagger", 1, ["1"])
+    assert run["settings"]["distillation"]["layer_map"] == [0]  # given: the intermediate losses from layer 0
     block = proc.stdout[proc.stdout.index("== run_distill_ner_mgpu.py =="):]
     assert "  unlabeled rows " in block and block.split("  unlabeled rows ")[1].split()[0] == "40"
     assert float(block.split("  teacher eval_f1 ")[1].split()[0]) == pytest.approx(float(want["eval_f1"]), abs=1e-4)

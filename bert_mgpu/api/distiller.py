@@ -17,7 +17,7 @@ import hashlib
 
 from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.model.distillation import check_distillation, with_teacher
+from bert_mgpu.model.distillation import Intermediate, check_distillation, with_teacher
 from bert_mgpu.model.tagging_objectives import CRFTagging
 
 
@@ -48,10 +48,16 @@ class Distiller:
         unlabeled: text without labels, as the teacher's `predict` takes it (texts, (text_a, text_b) pairs for
             a pair classifier, a DataFrame; a tagger's texts or token lists), added to every epoch's training
             rows: each adds its soft term alone (where distillation gains most: much in-domain text, few labels).
+        hidden_weight, attention_weight: the intermediate losses' weights (0: none): the hidden states' mean
+            squared difference (the same hidden size) and the attention distributions' KL divergence (as many
+            heads), layer by layer (model/distillation.py's `Intermediate`).
+        layer_map: the teacher's encoder layer (from 0) each student layer learns from. Default: the layers a
+            `student_from_layers` student was made of, else TinyBERT's uniform map (the last from the last).
     """
 
     def __init__(self, teacher: FineTuned, student: FineTuned, temperature: float = 1.0,
-                 soft_weight: float = 1.0, hard_weight: float = 1.0, unlabeled=None):
+                 soft_weight: float = 1.0, hard_weight: float = 1.0, unlabeled=None, hidden_weight: float = 0.0,
+                 attention_weight: float = 0.0, layer_map=None):
         self.temperature, self.soft_weight, self.hard_weight = check_distillation(temperature, soft_weight,
                                                                                   hard_weight)
         for model, role in ((teacher, "teacher"), (student, "student")):
@@ -70,6 +76,14 @@ class Distiller:
         if teacher.towers.strategy is not student.towers.strategy:
             raise UserError("distillation: the teacher and the student must be opened on the same Towers")
         self.teacher, self.student = teacher, student
+        if layer_map is None:
+            layer_map = getattr(student, "teacher_layers", None) or Intermediate.uniform(
+                student.config.num_hidden_layers, teacher.config.num_hidden_layers)
+        self.intermediate = Intermediate(tuple(int(i) for i in layer_map), float(hidden_weight),
+                                         float(attention_weight)).check(student.config, teacher.config)
+        if self.intermediate.active and not (teacher.fused_encoder and student.fused_encoder):
+            raise UserError("--hidden_weight and --attention_weight need the fused encoder in the teacher and the "
+                            "student: drop --fused_encoder=false")
         self.unlabeled = teacher.unlabelled_rows(unlabeled) if unlabeled is not None and len(unlabeled) else []
 
     @staticmethod
@@ -89,20 +103,22 @@ class Distiller:
                 index, rest = path[len("transformer_layer_"):].split("/", 1)
                 path = f"transformer_layer_{layers[int(index)]}/{rest}"
             v.assign(source[path].value)
+        student.teacher_layers = tuple(layers)  # the intermediate losses' default layer map
         return student
 
     def settings(self):
         """What a resumed distillation must share: the loss's numbers and the teacher's weights."""
         return {"distillation": {"temperature": self.temperature, "soft_weight": self.soft_weight,
                                  "hard_weight": self.hard_weight, "teacher_sha256": weights_digest(self.teacher.model),
-                                 **({"unlabeled_examples": len(self.unlabeled)} if self.unlabeled else {})}}
+                                 **({"unlabeled_examples": len(self.unlabeled)} if self.unlabeled else {}),
+                                 **self.intermediate.settings()}}
 
     def attach(self):
         """From now on the student's `fit` learns from the teacher too, on the unlabelled rows as well, and
         records `settings()` (run_distill_mgpu.py's way in)."""
         def wrapper(loss):
             return with_teacher(loss, self.teacher.model, self.student.objective, self.temperature,
-                                self.soft_weight, self.hard_weight)
+                                self.soft_weight, self.hard_weight, self.intermediate)
 
         wrapper.settings = self.settings()  # recorded in the run and compared on resume, as the script's flags
         self.student.loss_wrapper, self.student.unlabelled = wrapper, self.unlabeled

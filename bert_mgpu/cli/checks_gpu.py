@@ -154,14 +154,15 @@ def heads_mixed_float16(setup, steps=3):
     """run_ner_mgpu.py --crf, run_squad_mgpu.py and run_multiple_choice_mgpu.py in mixed_float16: a token head
     with the CRF's float32 transitions (labels on every other position, -1 on the rest), the span head (start
     and end labels) and the choice head (4 choices a question, the last one padding on odd questions); then
-    run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words)
-    and --ema_decay's (a classifier's moving averages updated on each GPU after its step); each trained on
-    every tower: finite losses, towers bit-equal after (the averages too, the teacher as it was)."""
+    run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words,
+    the hidden-state and attention losses too) and --ema_decay's (a classifier's moving averages updated on each
+    GPU after its step); each trained on every tower: finite losses, towers bit-equal after (the averages too,
+    the teacher as it was)."""
     import tensorflow as tf
 
     from bert_mgpu.model import modeling
     from bert_mgpu.model.choice_objectives import MultipleChoice
-    from bert_mgpu.model.distillation import with_teacher
+    from bert_mgpu.model.distillation import Intermediate, with_teacher
     from bert_mgpu.model.objectives import Classification
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
@@ -188,7 +189,8 @@ def heads_mixed_float16(setup, steps=3):
     untagged = np.where(np.arange(rows)[:, None] == 1, np.where(token_labels >= 0, -2, -1), token_labels)
     student = dataclasses.replace(_config("tiny"), num_hidden_layers=1)
     heads["distilled_tagger"] = (lambda: modeling.build_tagger(student, 9, "mixed_float16"), with_teacher(
-        TokenClassification().loss, teacher, TokenClassification(), 2.0), features, untagged)
+        TokenClassification().loss, teacher, TokenClassification(), 2.0, intermediate=Intermediate((1,), 1.0, 1.0)),
+        features, untagged)
     heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
                     features, np.arange(rows) % 2)
     out, ok = {}, True
@@ -206,6 +208,7 @@ def heads_mixed_float16(setup, steps=3):
         if name == "distilled_tagger":
             facts["teacher_changed"] = [v.path for v, w in zip(teacher.weights, before) if not all(
                 np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
+            facts["hidden_and_attention"] = [float(trainer.stats[k]) for k in ("distill_hidden", "distill_attention")]
         if name == "ema":
             averages = opt.inner_optimizer._model_variables_moving_average
             differ += [f"average of {v.path}" for v in averages if any(not np.array_equal(
@@ -215,6 +218,7 @@ def heads_mixed_float16(setup, steps=3):
                 averages, opt.inner_optimizer._trainable_variables)))
         good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and \
             facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
+            min(facts.get("hidden_and_attention", [1])) > 0 and \
             facts.get("averages_apart", 1) > 0
         ok &= good
         out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}

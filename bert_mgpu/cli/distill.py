@@ -15,7 +15,8 @@ from absl import flags
 
 from bert_mgpu.core.errors import UserError
 
-SETTINGS = ("teacher", "teacher_layers", "temperature", "soft_weight", "hard_weight", "unlabeled_file")
+SETTINGS = ("teacher", "teacher_layers", "temperature", "soft_weight", "hard_weight", "unlabeled_file",
+            "hidden_weight", "attention_weight", "layer_map")
 
 
 def define_flags(head, unlabeled_help):
@@ -28,6 +29,15 @@ def define_flags(head, unlabeled_help):
     flags.DEFINE_float("temperature", 2.0, "Both softmaxes' temperature in the soft loss (Hinton's T).")
     flags.DEFINE_float("soft_weight", 1.0, "The soft loss's weight (it is also multiplied by T^2).")
     flags.DEFINE_float("hard_weight", 1.0, "The labels' loss's weight.")
+    flags.DEFINE_float("hidden_weight", 0.0, "The hidden states' loss weight (TinyBERT): their mean squared "
+                       "difference, the embeddings' output and each student layer's against its --layer_map "
+                       "layer's. The student's hidden size must be the teacher's.")
+    flags.DEFINE_float("attention_weight", 0.0, "The attention loss's weight (TinyBERT's layers, MiniLM's "
+                       "measure): the KL divergence of each student layer's attention distributions from its "
+                       "--layer_map layer's. As many heads in both.")
+    flags.DEFINE_list("layer_map", None, "The teacher's encoder layer (from 0) each student layer learns from in "
+                      "the two losses above, e.g. 1,3,5. Default: --teacher_layers, else TinyBERT's uniform map "
+                      "(the last from the last).")
     flags.DEFINE_string("unlabeled_file", None, "In-domain text without labels, added to every epoch's training "
                         f"rows with the soft loss alone: {unlabeled_help}")
 
@@ -46,6 +56,9 @@ class Options:
     unlabeled_file: str | None
     eval_batch_size: int
     columns: tuple = (None, None)  # a TSV/JSONL unlabelled file's --text_column, --text_b_column if given
+    hidden_weight: float = 0.0
+    attention_weight: float = 0.0
+    layer_map: tuple | None = None
 
     @classmethod
     def from_flags(cls, values):
@@ -53,7 +66,8 @@ class Options:
         return cls(values.do_train, values.do_eval, values.teacher,
                    tuple(values.teacher_layers) if values.teacher_layers else None, values.temperature,
                    values.soft_weight, values.hard_weight, values.unlabeled_file, values.eval_batch_size,
-                   (given("text_column"), given("text_b_column")))
+                   (given("text_column"), given("text_b_column")), values.hidden_weight, values.attention_weight,
+                   _layers_of("layer_map", values.layer_map))
 
 
 class Student:
@@ -83,7 +97,7 @@ class Student:
         if o.teacher_layers and init:
             raise UserError("--teacher_layers and --init_checkpoint: the student starts from one of them, not both")
         if o.teacher_layers:
-            student = bert_mgpu.Distiller.student_from_layers(teacher, o.teacher_layers)
+            student = bert_mgpu.Distiller.student_from_layers(teacher, _layers_of("teacher_layers", o.teacher_layers))
         elif init:
             student = self.head.from_pretrained(init, labels=teacher.labels, **keywords)
         else:
@@ -94,7 +108,8 @@ class Student:
             if not unlabeled:
                 raise UserError(f"--unlabeled_file={o.unlabeled_file}: no text in it")
         self.teacher = teacher
-        return bert_mgpu.Distiller(teacher, student, o.temperature, o.soft_weight, o.hard_weight, unlabeled).attach()
+        return bert_mgpu.Distiller(teacher, student, o.temperature, o.soft_weight, o.hard_weight, unlabeled,
+                                   o.hidden_weight, o.attention_weight, o.layer_map).attach()
 
     def facts(self, student, dev):
         """The teacher's and the student's depths, the unlabelled rows, and with --do_eval the teacher's score
@@ -110,6 +125,16 @@ class Student:
             if fast and slow:
                 out["student speed-up"] = f"{fast / slow:.2f}x (predicting dev: {fast:.1f} against {slow:.1f} rows/s)"
         return out
+
+
+def _layers_of(flag, values):
+    """A list flag of layer numbers -> a tuple of ints, or UserError in one line."""
+    if not values:
+        return None
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        raise UserError(f"--{flag}={','.join(values)}: expected layer numbers, e.g. 0,2,4") from None
 
 
 def _layers(model):

@@ -20,12 +20,16 @@ layer again there (`keras.remat`, TensorFlow's `recompute_grad`): about one more
 for activations that no longer grow with the layer count. A layer's dropout seeds are drawn before it,
 so the recomputed layer drops what the first pass dropped and the gradients are the same.
 
+Within `tapped()` each call also hands out its hidden states and attention scores (distillation's
+intermediate losses, TinyBERT's and MiniLM's), without another output that every head would carry.
+
 Example:
     encoder = FusedBertEncoder(build_backbone(config, "mixed_bfloat16"))
     outputs = encoder({"token_ids": ids, "segment_ids": segs, "padding_mask": mask}, training=True)
 """
 
 import contextlib
+import threading
 
 import keras
 import tensorflow as tf
@@ -37,6 +41,30 @@ from bert_mgpu.model.kernels import ACTIVATIONS
 
 # Additive bias of a padded key: exp() of it is 0, and float16 cannot hold -1e9.
 _NEG = {"float16": -3e4}
+
+
+_TAPS = threading.local()  # per thread: MirroredStrategy runs each tower's step in a thread of its own
+
+
+class Tap:
+    """One encoder call's inner tensors: `hidden` [embeddings' output, then each layer's], each [B, L, hidden];
+    `scores` each layer's attention scores before the softmax [B, heads, L, L], padded keys at a large
+    negative bias (empty unless asked for); `padding_mask` [B, L]."""
+
+    def __init__(self, padding_mask, scores):
+        self.padding_mask, self.hidden, self.scores, self.want_scores = padding_mask, [], [], scores
+
+
+@contextlib.contextmanager
+def tapped(scores=False):
+    """Within, in this thread: each call of a fused encoder appends a `Tap` to the list yielded (its attention
+    scores too with `scores`). The last layer then computes every row, not only those the head reads."""
+    calls, before = [], getattr(_TAPS, "state", None)
+    _TAPS.state = (calls, scores)
+    try:
+        yield calls
+    finally:
+        _TAPS.state = before
 
 
 def _read(*variables):
@@ -125,26 +153,45 @@ class FusedBertEncoder(keras.layers.Layer):
             rows = tf.zeros([batch, 0], tf.int32)
         if rows is not None:  # [CLS] first, for the pooler
             rows = tf.concat([tf.zeros([batch, 1], rows.dtype), rows], axis=1)
+        tap = self._tap(inputs["padding_mask"], training)
+        if tap:
+            tap.hidden.append(tf.reshape(x, [batch, length, hidden]))
         last = len(bb.transformer_layers) - 1
         for i, layer in enumerate(bb.transformer_layers):
             # The layer's three dropout seeds, drawn in the order the layer uses them.
             seeds = [self._seed() for _ in range(3)] if self._dropping(training) else [None] * 3
 
-            def run(x, layer=layer, seeds=seeds, rows=rows if i == last else None):
+            def run(x, layer=layer, seeds=seeds, rows=rows if i == last and not tap else None):
                 return self._layer(layer, _compat.transformer_parts(layer), x, bias, scale, batch, length, heads,
-                                   size, training, rows, seeds)
+                                   size, training, rows, seeds, tap.scores if tap and tap.want_scores else None)
 
             x = keras.remat(run)(x) if self.recompute and training else run(x)
+            if tap:
+                tap.hidden.append(tf.reshape(x, [batch, length, hidden]))
+        if tap and rows is not None:  # every row was computed: keep those asked for
+            x = tf.reshape(tf.gather(tap.hidden[-1], rows, batch_dims=1), [-1, hidden])
 
         sequence = tf.reshape(x, [batch, -1, hidden])
         pool = bb.pooled_dense
         pooled = tf.tanh(tf.matmul(sequence[:, 0], self._w(pool.kernel)) + self._w(pool.bias))
         return {"sequence_output": sequence if rows is None else sequence[:, 1:], "pooled_output": pooled}
 
+    def _tap(self, padding_mask, training):
+        """This call's Tap when inside `tapped()` (in this thread), else None."""
+        state = getattr(_TAPS, "state", None)
+        if state is None:
+            return None
+        calls, scores = state
+        if scores and self.recompute and training:
+            raise UserError("attention scores cannot be handed out by recomputed layers (--recompute)")
+        calls.append(Tap(padding_mask, scores))
+        return calls[-1]
+
     def _layer(self, layer, parts, x, bias, scale, batch, length, heads, size, training, rows=None,
-               seeds=(None, None, None)):
+               seeds=(None, None, None), scores_out=None):
         """One encoder layer on x [B*L, hidden]; with rows [B, R], only those rows' outputs [B*R, hidden].
-        seeds: its attention-probability, attention-output and feed-forward dropout seeds (None: drawn)."""
+        seeds: its attention-probability, attention-output and feed-forward dropout seeds (None: drawn).
+        scores_out: a list the attention scores [B, heads, L, L] are appended to."""
         p, hidden = parts, heads * size
         pre_ln = layer.normalize_first
         ln1, ln2 = p.attention_norm, p.output_norm
@@ -169,6 +216,8 @@ class FusedBertEncoder(keras.layers.Layer):
             q = tf.transpose(tf.reshape(tf.matmul(h, w_q) + b_q, [batch, -1, heads, size]), [0, 2, 1, 3])
         q = q * scale
         scores = tf.matmul(q, k, transpose_b=True) + bias  # [B, H, L, L]
+        if scores_out is not None:
+            scores_out.append(scores)
         if self._dropping(training):
             probs = kernels.softmax_dropout(scores, self.rate, self._seed() if seeds[0] is None else seeds[0])
         else:
