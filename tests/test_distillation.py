@@ -16,7 +16,14 @@ from test_allreduce import collectives, gpu_strategy
 import bert_mgpu
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import modeling
-from bert_mgpu.model.distillation import Intermediate, attention_kl, hidden_mse, soft_cross_entropy, with_teacher
+from bert_mgpu.model.distillation import (
+    Intermediate,
+    attention_kl,
+    hidden_mse,
+    hidden_projection,
+    soft_cross_entropy,
+    with_teacher,
+)
 from bert_mgpu.model.fused_encoder import tapped
 from bert_mgpu.model.objectives import Classification
 from bert_mgpu.model.tagging_objectives import TokenClassification
@@ -162,16 +169,37 @@ def test_a_regression_and_a_multi_label_head_distil_into_runs_of_their_kind(teac
 
 def test_a_student_of_another_width_from_a_checkpoint_learns_from_the_teacher(teacher, tmp_path):
     """--init_checkpoint's way: a pretrained BERT half the teacher's width and one layer, with the teacher's
-    vocabulary; only logits meet, so the widths need not match."""
+    vocabulary. Logits and attention meet as they are; its hidden states through a learnt projection
+    (TinyBERT's), trained, saved in the run's checkpoints and restored by a rerun, but not part of the student."""
     narrow, _ = write_google_release(str(tmp_path / "narrow"), tiny_config(10 + len(WORDS), hidden_size=16,
                                                                             num_hidden_layers=1, intermediate_size=32))
-    student = bert_mgpu.BertClassifier.from_pretrained(narrow, teacher.labels, teacher.towers, "float32",
-                                                       max_seq_length=32)
+
+    def open_student():
+        return bert_mgpu.BertClassifier.from_pretrained(narrow, teacher.labels, teacher.towers, "float32",
+                                                        max_seq_length=32)
+
+    student = open_student()
     assert (student.config.hidden_size, teacher.config.hidden_size) == (16, 32)
     train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(32, 7))]
-    history = bert_mgpu.Distiller(teacher, student, temperature=2.0).fit(
-        train, str(tmp_path / "out"), epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
+    distiller = bert_mgpu.Distiller(teacher, student, temperature=2.0, hidden_weight=1.0, attention_weight=1.0)
+    assert distiller.intermediate.layer_map == (1,) and tuple(distiller.projection.kernel.shape) == (16, 32)
+    start = distiller.projection.kernel.numpy()
+    out = str(tmp_path / "out")
+    history = distiller.fit(train, out, epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
     assert history["step"][-1] == 2 and all(np.isfinite(history["loss"])) and min(history["distill_soft"]) > 0
+    assert min(history["distill_hidden"]) > 0 and min(history["distill_attention"]) > 0
+    trained = distiller.projection.kernel.numpy()
+    assert not np.array_equal(trained, start)
+    saved = {name: tf.train.load_checkpoint(os.path.join(out, "ckpt-2")).get_tensor(name)
+             for name, _ in tf.train.list_variables(os.path.join(out, "ckpt-2"))
+             if name.startswith("distillation_projection/") and "kernel" in name and "OPTIMIZER" not in name}
+    (kernel,) = saved.values()
+    np.testing.assert_array_equal(kernel, trained)
+    assert not any("projection" in v.path for v in student.model.weights)
+    again = bert_mgpu.Distiller(teacher, open_student(), temperature=2.0, hidden_weight=1.0, attention_weight=1.0)
+    assert not np.array_equal(again.projection.kernel.numpy(), trained)
+    again.fit(train, out, epochs=1, learning_rate=1e-3, verbose=False)  # the finished run: restored, not trained
+    np.testing.assert_array_equal(again.projection.kernel.numpy(), trained)
 
 
 TAGS = ["O", "B-LOC", "B-PER", "I-PER"]
@@ -233,37 +261,46 @@ def test_a_tagger_distils_on_tagged_and_unlabelled_sentences_into_a_tagger_run(t
         bert_mgpu.Distiller(teacher, student)
 
 
-def distilled_weights(strategy, steps=3):
+def distilled_weights(strategy, steps=3, width=32):
     """A 1-layer student's weights after `steps` distillation steps from a 2-layer teacher (float32, no
-    dropout), the intermediate losses too, on one global batch of 8 rows, 3 of them unlabelled, some padded."""
+    dropout), the intermediate losses too, on one global batch of 8 rows, 3 of them unlabelled, some padded;
+    a student of another `width` with its hidden states' projection, whose weights come last."""
     keras.utils.set_random_seed(1)
     config = tiny_config(38, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    small = dataclasses.replace(config, num_hidden_layers=1, hidden_size=width)
     with strategy.scope():
         teacher = modeling.build_classifier(config, 2, "float32")
-        student = modeling.build_classifier(dataclasses.replace(config, num_hidden_layers=1), 2, "float32")
+        student = modeling.build_classifier(small, 2, "float32")
         teacher.trainable = False
         opt = optimization.create_optimizer(1e-2, 10, 0)
+        projection = hidden_projection(small, config, "float32")
+    start = projection.kernel.numpy() if projection else None
     kind = Classification()
-    trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14,
-                               loss_fn=with_teacher(kind.loss, teacher, kind, temperature=2.0,
-                                                    intermediate=Intermediate((1,), 0.5, 2.0)))
+    loss_fn = with_teacher(kind.loss, teacher, kind, temperature=2.0, intermediate=Intermediate((1,), 0.5, 2.0),
+                           projection=projection)
+    trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14, loss_fn=loss_fn)
     features, labels = batch(seed=5)
     labels[[1, 4, 6]] = -1  # unlabelled rows on both towers
     features["padding_mask"][[0, 5], 7:] = False
     batches = trainer.training_batches(tf.data.Dataset.from_tensors((features, labels)).repeat(steps))
     losses = [trainer.train_step(next(batches))[0] for _ in range(steps)]
-    return losses, [v.numpy() for v in student.trainable_variables]
+    return losses, [v.numpy() for v in trainer.trained_variables], start
 
 
-def test_two_towers_of_the_gpu_run_distil_as_one_tower():
+@pytest.mark.parametrize("width", [32, 16])
+def test_two_towers_of_the_gpu_run_distil_as_one_tower(width):
     """The GPU run's strategy (NCCL collectives on 2 CPU devices), each tower 4 of the rows, gives the 1-tower
-    student to 1e-6, unlabelled rows and all."""
-    one_losses, one = distilled_weights(distribute.make_strategy(devices.plan_devices(0, 1, ())))
-    two_losses, two = distilled_weights(gpu_strategy()[1])
+    student to 1e-6, unlabelled rows and all; a narrower student's projection too, all-reduced with it."""
+    one_losses, one, start = distilled_weights(distribute.make_strategy(devices.plan_devices(0, 1, ())),
+                                                    width=width)
+    two_losses, two, _ = distilled_weights(gpu_strategy()[1], width=width)
     np.testing.assert_allclose(two_losses, one_losses, rtol=1e-6)
     assert len(one_losses) == 3 and one_losses[0] != one_losses[2]
     for a, b in zip(one, two):
         np.testing.assert_allclose(b, a, atol=1e-6)
+    assert len(one) == len(two) == 25 + 2 * (width != 32)  # the projection's kernel and bias, trained
+    if width != 32:
+        assert one[-2].shape == (16, 32) and np.abs(one[-2] - start).max() > 1e-3
 
 
 def test_a_student_from_layers_holds_them_and_the_teachers_embeddings_and_head(teacher):
@@ -486,10 +523,8 @@ def test_the_layer_map_and_the_intermediate_weights_are_checked_in_one_line(teac
     with pytest.raises(UserError, match=r"--hidden_weight=-1.0: must be a finite number, 0 or more"):
         bert_mgpu.Distiller(teacher, student, hidden_weight=-1.0)
     wide = teacher.with_encoder(dataclasses.replace(teacher.config, num_hidden_layers=1, hidden_size=64))
-    with pytest.raises(UserError, match=r"--hidden_weight: the student's hidden size \(64\) is not the teacher's "
-                                        r"\(32\); a learnt projection"):
-        bert_mgpu.Distiller(teacher, wide, hidden_weight=1.0)
-    assert bert_mgpu.Distiller(teacher, wide, attention_weight=1.0).intermediate.attention_weight == 1.0
+    assert bert_mgpu.Distiller(teacher, wide, attention_weight=1.0).projection is None  # only the hidden term's
+    assert tuple(bert_mgpu.Distiller(teacher, wide, hidden_weight=1.0).projection.kernel.shape) == (64, 32)
     heads = teacher.with_encoder(dataclasses.replace(teacher.config, num_hidden_layers=1, num_attention_heads=2))
     with pytest.raises(UserError, match=r"--attention_weight: the student has 2 attention heads, the teacher 4"):
         bert_mgpu.Distiller(teacher, heads, attention_weight=1.0)

@@ -17,7 +17,7 @@ import hashlib
 
 from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.model.distillation import Intermediate, check_distillation, with_teacher
+from bert_mgpu.model.distillation import Intermediate, check_distillation, hidden_projection, with_teacher
 from bert_mgpu.model.tagging_objectives import CRFTagging
 
 
@@ -49,8 +49,9 @@ class Distiller:
             a pair classifier, a DataFrame; a tagger's texts or token lists), added to every epoch's training
             rows: each adds its soft term alone (where distillation gains most: much in-domain text, few labels).
         hidden_weight, attention_weight: the intermediate losses' weights (0: none): the hidden states' mean
-            squared difference (the same hidden size) and the attention distributions' KL divergence (as many
-            heads), layer by layer (model/distillation.py's `Intermediate`).
+            squared difference (a student of another hidden size through a learnt projection, trained and
+            checkpointed with it, not part of its model) and the attention distributions' KL divergence (as
+            many heads), layer by layer (model/distillation.py's `Intermediate`).
         layer_map: the teacher's encoder layer (from 0) each student layer learns from. Default: the layers a
             `student_from_layers` student was made of, else TinyBERT's uniform map (the last from the last).
     """
@@ -84,6 +85,10 @@ class Distiller:
         if self.intermediate.active and not (teacher.fused_encoder and student.fused_encoder):
             raise UserError("--hidden_weight and --attention_weight need the fused encoder in the teacher and the "
                             "student: drop --fused_encoder=false")
+        self.projection = None  # a student of another width: its hidden states through a learnt map
+        if self.intermediate.hidden_weight:
+            with student.towers.strategy.scope():
+                self.projection = hidden_projection(student.config, teacher.config, student.policy)
         self.unlabeled = teacher.unlabelled_rows(unlabeled) if unlabeled is not None and len(unlabeled) else []
 
     @staticmethod
@@ -118,7 +123,7 @@ class Distiller:
         records `settings()` (run_distill_mgpu.py's way in)."""
         def wrapper(loss):
             return with_teacher(loss, self.teacher.model, self.student.objective, self.temperature,
-                                self.soft_weight, self.hard_weight, self.intermediate)
+                                self.soft_weight, self.hard_weight, self.intermediate, self.projection)
 
         wrapper.settings = self.settings()  # recorded in the run and compared on resume, as the script's flags
         self.student.loss_wrapper, self.student.unlabelled = wrapper, self.unlabeled

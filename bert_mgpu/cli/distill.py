@@ -31,7 +31,8 @@ def define_flags(head, unlabeled_help):
     flags.DEFINE_float("hard_weight", 1.0, "The labels' loss's weight.")
     flags.DEFINE_float("hidden_weight", 0.0, "The hidden states' loss weight (TinyBERT): their mean squared "
                        "difference, the embeddings' output and each student layer's against its --layer_map "
-                       "layer's. The student's hidden size must be the teacher's.")
+                       "layer's; a student of another hidden size through a learnt projection (checkpointed "
+                       "with the run, not part of the student).")
     flags.DEFINE_float("attention_weight", 0.0, "The attention loss's weight (TinyBERT's layers, MiniLM's "
                        "measure): the KL divergence of each student layer's attention distributions from its "
                        "--layer_map layer's. As many heads in both.")

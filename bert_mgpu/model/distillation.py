@@ -97,10 +97,6 @@ class Intermediate:
         if len(self.layer_map) != layers or any(not 0 <= i < depth for i in self.layer_map):
             raise UserError(f"--layer_map={given}: one teacher layer (0-{depth - 1}) for each of the student's "
                             f"{layers} layers")
-        if self.hidden_weight and student_config.hidden_size != teacher_config.hidden_size:
-            raise UserError(f"--hidden_weight: the student's hidden size ({student_config.hidden_size}) is not "
-                            f"the teacher's ({teacher_config.hidden_size}); a learnt projection between them "
-                            "is not in this version")
         if self.attention_weight and student_config.num_attention_heads != teacher_config.num_attention_heads:
             raise UserError(f"--attention_weight: the student has {student_config.num_attention_heads} attention "
                             f"heads, the teacher {teacher_config.num_attention_heads}; they must be as many")
@@ -116,29 +112,45 @@ class Intermediate:
         so the last learns from the last."""
         return tuple((j + 1) * teacher_layers // student_layers - 1 for j in range(student_layers))
 
-    def terms(self, student_tap, teacher_tap):
-        """(hidden term, attention term) [B] each of one pass of the student against the teacher's."""
+    def terms(self, student_tap, teacher_tap, projection=None):
+        """(hidden term, attention term) [B] each of one pass of the student against the teacher's;
+        `projection` (a layer) maps the student's hidden states to the teacher's width first."""
         mask = student_tap.padding_mask
         zero = tf.zeros(tf.shape(mask)[:1], tf.float32)
         hidden = attention = zero
         if self.hidden_weight:
             pairs = [(0, 0), *((j + 1, t + 1) for j, t in enumerate(self.layer_map))]
-            hidden = tf.add_n([hidden_mse(student_tap.hidden[s], tf.stop_gradient(teacher_tap.hidden[t]), mask)
-                               for s, t in pairs]) / len(pairs)
+            mapped = (lambda h: h) if projection is None else projection  # noqa: E731
+            hidden = tf.add_n([hidden_mse(mapped(student_tap.hidden[s]), tf.stop_gradient(teacher_tap.hidden[t]),
+                                          mask) for s, t in pairs]) / len(pairs)
         if self.attention_weight:
             attention = tf.add_n([attention_kl(student_tap.scores[j], tf.stop_gradient(teacher_tap.scores[t]), mask)
                                   for j, t in enumerate(self.layer_map)]) / len(self.layer_map)
         return hidden, attention
 
 
+def hidden_projection(student_config, teacher_config, policy):
+    """TinyBERT's learnt map from the student's hidden size to the teacher's (one for the embeddings' output and
+    every layer), built in the current strategy's scope; None where the sizes agree."""
+    import keras
+
+    if student_config.hidden_size == teacher_config.hidden_size:
+        return None
+    layer = keras.layers.Dense(teacher_config.hidden_size, dtype=policy, name="distillation_projection")
+    layer.build((None, None, student_config.hidden_size))
+    return layer
+
+
 def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, hard_weight=1.0,
-                 intermediate=None):
+                 intermediate=None, projection=None):
     """A training loss `(model, features, labels, training) -> (loss, stats)` from the student head's
     `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the head `objective`'s soft term
     (`soft_term`) of the student's first pass against `teacher(features)`. A row (or word) without a label
     (unlabelled text) has no hard term: `objective.hard_part` hides it from the head's loss. With an active
     `intermediate` (Intermediate; both models on the fused encoder) its weighted terms are added, each the
-    mean over the rows (a long document's windows weighted as the soft term weighs them). Statistics: the
+    mean over the rows (a long document's windows weighted as the soft term weighs them); `projection`
+    (`hidden_projection`) maps a narrower or wider student's hidden states to the teacher's, and is trained
+    and checkpointed with the student (the loss's `trainable_variables` and `checkpointed`). Statistics: the
     head's, `distill_hard` and `distill_soft`, and `distill_hidden` and `distill_attention` when weighted."""
     temperature, soft_weight, hard_weight = check_distillation(temperature, soft_weight, hard_weight)
     if not objective.distillable:
@@ -169,10 +181,13 @@ def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, 
             weight = features.get("window_weight")
             weight = 1.0 if weight is None else tf.cast(weight, tf.float32)
             hidden, attention = (tf.reduce_mean(t * weight)
-                                 for t in intermediate.terms(student_taps[0], teacher_taps[0]))
+                                 for t in intermediate.terms(student_taps[0], teacher_taps[0], projection))
             total += intermediate.hidden_weight * hidden + intermediate.attention_weight * attention
             stats = {**stats, **({"distill_hidden": hidden} if intermediate.hidden_weight else {}),
                      **({"distill_attention": attention} if intermediate.attention_weight else {})}
         return total, stats
 
+    if projection is not None:
+        loss.trainable_variables = projection.trainable_variables
+        loss.checkpointed = {"distillation_projection": projection}
     return loss

@@ -36,7 +36,8 @@ class Session:
         model: the Keras model, built in the towers' strategy scope.
         run: the run directory; closed when `train` ends, however it ends.
         make_optimizer: called once in the strategy's scope -> the optimizer (optimization.create_optimizer).
-        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
+        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`; what it owns to checkpoint
+            (`loss_fn.checkpointed`, {name: trackable}: distillation's projection) joins `state`.
         accum_steps: micro-batches a tower runs per step (gradient accumulation).
         use_xla: XLA-compile each tower's step.
         recompute: the encoder's layers recomputed in the backward pass (`fused_encoder.set_recompute`).
@@ -56,7 +57,8 @@ class Session:
             self.optimizer = make_optimizer()
         self.trainer = Trainer(towers.strategy, model, self.optimizer, use_xla, loss_fn, accum_steps)
         self.restored = run.restore(run_checkpoint.training_checkpoint(
-            model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model), **(state or {})), model.weights)
+            model, self.optimizer, self.trainer.step, rng=run_dir.rng_states(model),
+            **getattr(loss_fn, "checkpointed", {}), **(state or {})), model.weights)
         self.start = int(self.trainer.step.numpy())
         self.reporters = None  # the loggers of config.report_to, opened with the loop
         agree.check_same_start(towers.strategy, self.start, run.directory)

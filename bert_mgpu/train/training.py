@@ -70,7 +70,9 @@ class Trainer:
         model: a Keras model built under `strategy.scope()`.
         optimizer: as above; None for evaluation and prediction only.
         use_xla: XLA-compile each tower's forward and backward pass.
-        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`.
+        loss_fn: `loss_fn(model, features, labels, training) -> (loss, stats)`. A loss that owns weights of its
+            own (distillation's projection) lists them as `loss_fn.trainable_variables`: trained beside the
+            model's, made under the same strategy.
         accum_steps: micro-batches per tower per step, their gradients accumulated.
         allreduce_dtype: what gradients cross between towers as; by default float16 when the model
             computes in float16 (half the bytes on NVLink/PCIe), else float32. LayerNorms, embeddings and
@@ -89,15 +91,17 @@ class Trainer:
     def __init__(self, strategy, model, optimizer=None, use_xla=False, loss_fn=classification_loss,
                  accum_steps=1, allreduce_dtype=None, bytes_per_pack=32 * 2**20):
         self.strategy, self.model, self.optimizer = strategy, model, optimizer
+        own = list(getattr(loss_fn, "trainable_variables", ()))
+        self.trained_variables = [*model.trainable_variables, *own]  # what a step trains
         distribute.per_tower_seeds(model)  # else every tower draws the same dropout masks
         if optimizer is not None and not optimizer.built:
             with strategy.scope():  # here, not in the first traced step, whose graph its variables would keep
-                optimizer.build(model.trainable_variables)
+                optimizer.build(self.trained_variables)
         if allreduce_dtype is None:
             computes = getattr(getattr(model, "backbone", model), "compute_dtype", None)
             allreduce_dtype = "float16" if computes == "float16" else "float32"
         self.allreduce_dtype = tf.as_dtype(allreduce_dtype)
-        self._allreduce_dtypes = allreduce_dtypes(model, self.allreduce_dtype)
+        self._allreduce_dtypes = allreduce_dtypes(model, self.allreduce_dtype) + [tf.float32] * len(own)
         self.bytes_per_pack = bytes_per_pack
         self.loss_fn, self.accum_steps = loss_fn, int(accum_steps)
         self.stats = {}  # the last step's statistics (mean over towers), e.g. masked-LM accuracy
@@ -131,7 +135,7 @@ class Trainer:
         with tf.GradientTape() as tape:
             loss, stats = self.loss_fn(self.model, features, labels, training=True)
             scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, self.model.trainable_variables)
+        grads = tape.gradient(scaled, self.trained_variables)
         return loss, stats, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
     def _accumulated(self, features, labels):
@@ -160,7 +164,7 @@ class Trainer:
         else:
             loss, stats, grads = self._grads_fn(features, labels)
         # Variables the loss does not reach (the pooler when pretraining without NSP) are left alone.
-        used = [(g, v, d) for g, v, d in zip(grads, self.model.trainable_variables, self._allreduce_dtypes)
+        used = [(g, v, d) for g, v, d in zip(grads, self.trained_variables, self._allreduce_dtypes)
                 if g is not None]
         grads = distribute.all_reduce(tf.distribute.ReduceOp.SUM, [_share(g, d, self.strategy.num_replicas_in_sync)
                                                                 for g, _, d in used],
@@ -242,7 +246,7 @@ class Trainer:
         def replica(features, labels):
             loss, _, grads = self._grads_fn(features, labels)
             flat = tf.concat([tf.reshape(tf.cast(g, self.allreduce_dtype), [-1]) for g in grads if g is not None], 0)
-            used = [(g, v) for g, v in zip(grads, self.model.trainable_variables) if g is not None]
+            used = [(g, v) for g, v in zip(grads, self.trained_variables) if g is not None]
             with tf.control_dependencies([flat]):  # after the pack: every gradient is alive as the update starts
                 self.optimizer.apply_on_first_device([tf.cast(g, v.dtype) for g, v in used], [v for _, v in used])
             return loss + tf.cast(tf.reduce_sum(flat), loss.dtype)
