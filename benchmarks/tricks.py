@@ -43,7 +43,7 @@ def ner_scores(tagger, sentences):
 
 
 def keyword(trick):
-    name, value = trick.split("=")
+    name, value = trick.split("=", 1)
     try:
         return name, float(value)
     except ValueError:

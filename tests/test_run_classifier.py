@@ -122,12 +122,14 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
 
 def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
     """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run (with
-    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay and google-bert's recipe)."""
+    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay, --adversarial=fgm and
+    google-bert's recipe)."""
     out = str(tmp_path / "acc")
     proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
                        "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7",
                        "--layerwise_lr_decay=0.9", "--class_weights=auto", "--focal_gamma=2", "--rdrop_alpha=4",
-                       "--length_buckets", "--adam_eps=1e-6", "--lr_schedule=google-bert", "--ema_decay=0.99"))
+                       "--length_buckets", "--adam_eps=1e-6", "--lr_schedule=google-bert", "--ema_decay=0.99",
+                       "--adversarial=fgm", "--adv_epsilon=0.5"))
     labels = [line.split("\t")[0] for line in open(os.path.join(data, "train.tsv"), encoding="utf-8")][1:]
     counts = {k: labels.count(k) for k in ("neg", "pos")}  # the weights: examples / (labels x count)
     assert "class weights: " + ", ".join(f"{k} {len(labels) / (2 * n):.4g}" for k, n in counts.items()) in proc.stderr
@@ -141,6 +143,8 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
     assert run_file["settings"]["layerwise_lr_decay"] == run_file["train_config"]["layerwise_lr_decay"] == 0.9
     assert (run_file["settings"]["class_weights"], run_file["settings"]["focal_gamma"]) == ("auto", 2.0)
     assert run_file["settings"]["rdrop_alpha"] == 4.0
+    assert (run_file["settings"]["adversarial"], run_file["settings"]["adv_epsilon"]) == ("fgm", 0.5)  # its loss:
+    # test_adversarial
     # google-bert's batching, epsilon and schedule, asked for: recorded (their effects: test_input_pipeline,
     # test_training's schedule, NOTES 83).
     assert {k: run_file["settings"][k] for k in ("length_buckets", "adam_eps", "lr_schedule")} == {
@@ -192,7 +196,7 @@ NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_ep
            "focal_gamma_negative": "--focal_gamma=-1", "class_weights_multi_label": "--class_weights=auto "
            "--task_type=multi_label", "rdrop_negative": "--rdrop_alpha=-1",
            "rdrop_multi_label": "--rdrop_alpha=4 --task_type=multi_label", "adam_eps_zero": "--adam_eps=0",
-           "ema_decay_one": "--ema_decay=1"}
+           "ema_decay_one": "--ema_decay=1", "adv_epsilon_zero": "--adversarial=fgm --adv_epsilon=0"}
 
 
 # One case of each stage a run can stop at: its flags, its devices, its data, its checkpoint. TensorFlow
@@ -240,6 +244,7 @@ STARTED_AS_A_USER_DOES = ("negative_gpus", "cuda_names_missing_devices", "invali
     ("rdrop_multi_label", r"--rdrop_alpha compares two passes' softmax over classes .*; not a multi_label head's"),
     ("adam_eps_zero", r"--adam_eps=0.0: must be a finite number above 0"),
     ("ema_decay_one", r"--ema_decay=1.0: must be 0 \(no average\) or more, and below 1"),
+    ("adv_epsilon_zero", r"--adv_epsilon=0.0: must be a finite number above 0"),
     ("train_is_a_file", r"out/train is a file; bert_mgpu writes its TensorBoard events into a directory"),
     ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
     ("tab_inside_text", r"train.tsv:3: 3 cells but the first row has 2; a tab inside a text\?"),

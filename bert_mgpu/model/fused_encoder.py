@@ -56,6 +56,19 @@ class Tap:
 
 
 @contextlib.contextmanager
+def word_embeddings(change):
+    """Within, in this thread: each call of a fused encoder passes the word embeddings it looked up [B, L,
+    hidden] through `change(rows) -> rows` before adding the position and segment embeddings (adversarial
+    training's perturbation, model/adversarial.py)."""
+    before = getattr(_TAPS, "words", None)
+    _TAPS.words = change
+    try:
+        yield
+    finally:
+        _TAPS.words = before
+
+
+@contextlib.contextmanager
 def tapped(scores=False):
     """Within, in this thread: each call of a fused encoder appends a `Tap` to the list yielded (its attention
     scores too with `scores`). The last layer then computes every row, not only those the head reads."""
@@ -138,8 +151,11 @@ class FusedBertEncoder(keras.layers.Layer):
 
         # The embedding layers gather float32 rows and cast them. Gathering from the variable here
         # would have Keras cast the whole word-embedding table to bfloat16 first.
-        x = (bb.token_embedding(ids) + bb.position_embedding.position_embeddings[:length]
-             + bb.segment_embedding(segments))
+        words = bb.token_embedding(ids)
+        change = getattr(_TAPS, "words", None)
+        if change is not None:
+            words = change(words)
+        x = words + bb.position_embedding.position_embeddings[:length] + bb.segment_embedding(segments)
         ln = bb.embeddings_layer_norm
         x = kernels.norm(tf.cast(x, dtype), *_read(ln.gamma, ln.beta), ln.epsilon)
         x = tf.reshape(x * self._mask(tf.shape(x), training), [tokens, hidden])

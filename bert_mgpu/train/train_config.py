@@ -138,6 +138,10 @@ class TrainConfig(LoopConfig):
             (1 - p)^gamma, p its label's probability; 0: plain cross-entropy.
         rdrop_alpha: R-Drop (Liang et al. 2021; model/rdrop.py): each batch through the model twice, the
             two passes' losses averaged plus alpha / 4 x their symmetric KL divergence; 0: one pass.
+        adversarial: "fgm": adversarial training on the word embeddings (model/adversarial.py), each batch a
+            second time with every example's embeddings moved `adv_epsilon` along its loss gradient, both
+            losses summed; None: off.
+        adv_epsilon: the size (L2 norm over an example's tokens) of FGM's step.
         length_buckets: batch rows of similar lengths together (faster; less accurate where length goes with
             the label); False: batches in shuffled order, as transformers' Trainer.
         adam_epsilon: AdamW's epsilon (transformers' 1e-8; google-bert's is 1e-6).
@@ -170,11 +174,17 @@ class TrainConfig(LoopConfig):
     class_weights: str | tuple | None = None
     focal_gamma: float = 0.0
     rdrop_alpha: float = 0.0
+    adversarial: str | None = None
+    adv_epsilon: float = 1.0
     length_buckets: bool = False
     adam_epsilon: float = 1e-8
     lr_schedule: str = "linear"
     ema_decay: float = 0.0
     ema_for_eval: bool = True
+
+    @property
+    def fgm(self):
+        return self.adversarial == "fgm"
 
     def check(self):
         super().check()
@@ -189,6 +199,10 @@ class TrainConfig(LoopConfig):
             raise UserError(f"--focal_gamma={self.focal_gamma}: must be a finite number, 0 or more")
         if not (math.isfinite(self.rdrop_alpha) and self.rdrop_alpha >= 0):
             raise UserError(f"--rdrop_alpha={self.rdrop_alpha}: must be a finite number, 0 or more")
+        if self.adversarial not in (None, "none", "fgm"):
+            raise UserError(f"--adversarial={self.adversarial}: expected fgm or none")
+        if self.adversarial == "fgm" and not (math.isfinite(self.adv_epsilon) and self.adv_epsilon > 0):
+            raise UserError(f"--adv_epsilon={self.adv_epsilon}: must be a finite number above 0")
         if int(self.gradient_accumulation_steps) < 1:
             raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -234,6 +248,7 @@ class TrainConfig(LoopConfig):
                    if self.class_weights is not None else {}),
                 **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {}),
                 **({"rdrop_alpha": self.rdrop_alpha} if self.rdrop_alpha else {}),
+                **({"adversarial": "fgm", "adv_epsilon": self.adv_epsilon} if self.fgm else {}),
                 **({"ema_decay": self.ema_decay, "ema_for_eval": bool(self.ema_for_eval)} if self.ema_decay else {}),
                 "length_buckets": bool(self.length_buckets), "adam_eps": self.adam_epsilon,
                 "lr_schedule": self.lr_schedule}
