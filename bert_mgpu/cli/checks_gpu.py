@@ -155,12 +155,13 @@ def heads_mixed_float16(setup, steps=3):
     with the CRF's float32 transitions (labels on every other position, -1 on the rest), the span head (start
     and end labels) and the choice head (4 choices a question, the last one padding on odd questions); then
     run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words,
-    the hidden-state and attention losses too) and --ema_decay's (a classifier's moving averages updated on each
-    GPU after its step); each trained on every tower: finite losses, towers bit-equal after (the averages too,
-    the teacher as it was)."""
+    the hidden-state and attention losses too), --ema_decay's (a classifier's moving averages updated on each
+    GPU after its step) and --adversarial=fgm's (a second pass on perturbed word embeddings); each trained on
+    every tower: finite losses, towers bit-equal after (the averages too, the teacher as it was)."""
     import tensorflow as tf
 
     from bert_mgpu.model import modeling
+    from bert_mgpu.model.adversarial import with_fgm
     from bert_mgpu.model.choice_objectives import MultipleChoice
     from bert_mgpu.model.distillation import Intermediate, with_teacher
     from bert_mgpu.model.objectives import Classification
@@ -193,6 +194,8 @@ def heads_mixed_float16(setup, steps=3):
         features, untagged)
     heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
                     features, np.arange(rows) % 2)
+    heads["fgm"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"),
+                    with_fgm(Classification().loss, 1.0), features, np.arange(rows) % 2)
     out, ok = {}, True
     for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():
@@ -209,6 +212,8 @@ def heads_mixed_float16(setup, steps=3):
             facts["teacher_changed"] = [v.path for v, w in zip(teacher.weights, before) if not all(
                 np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
             facts["hidden_and_attention"] = [float(trainer.stats[k]) for k in ("distill_hidden", "distill_attention")]
+        if name == "fgm":
+            facts["adversarial_loss"] = float(trainer.stats["adversarial_loss"])
         if name == "ema":
             averages = opt.inner_optimizer._model_variables_moving_average
             differ += [f"average of {v.path}" for v in averages if any(not np.array_equal(
@@ -218,7 +223,7 @@ def heads_mixed_float16(setup, steps=3):
                 averages, opt.inner_optimizer._trainable_variables)))
         good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and \
             facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
-            min(facts.get("hidden_and_attention", [1])) > 0 and \
+            min(facts.get("hidden_and_attention", [1])) > 0 and facts.get("adversarial_loss", 1) > 0 and \
             facts.get("averages_apart", 1) > 0
         ok &= good
         out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}
