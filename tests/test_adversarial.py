@@ -1,6 +1,6 @@
-"""Adversarial training, FGM (issue 70 item 2): the second pass's loss against a reference that moves the
-embedding matrix's rows instead; both passes' gradients summed; on the GPU run's strategy 2 towers = 1 tower
-with no collective added; a fit records it and a resume compares it."""
+"""Adversarial training, FGM and PGD (issue 70 item 2): the last pass's loss against a reference that moves the
+embedding matrix's rows instead; the first and last passes' losses summed; on the GPU run's strategy 2 towers =
+1 tower with no collective added; the config checks its numbers and a resume compares them."""
 
 import dataclasses
 
@@ -13,7 +13,7 @@ from test_allreduce import collectives, gpu_strategy
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import modeling
-from bert_mgpu.model.adversarial import fgm_perturbation, with_fgm
+from bert_mgpu.model.adversarial import fgm_perturbation, project, with_adversarial, with_fgm
 from bert_mgpu.model.objectives import Classification
 from bert_mgpu.model.tagging_objectives import TokenClassification
 from bert_mgpu.parallel import devices, distribute
@@ -41,43 +41,61 @@ def test_the_perturbation_is_epsilon_along_each_examples_gradient():
     assert not r[2].any()  # no gradient: no step, not NaN
 
 
-def test_the_second_pass_is_the_loss_with_each_examples_embedding_rows_moved():
+def test_a_move_outside_the_ball_is_scaled_back_onto_it():
+    r = np.random.default_rng(2).normal(size=(3, 4, 5)).astype(np.float32)
+    r[1] *= 0.01
+    r[2] = 0
+    got = project(r, 1.0).numpy()
+    assert np.linalg.norm(got[0]) == pytest.approx(1.0, rel=1e-6)
+    np.testing.assert_array_equal(got[1:], r[1:])  # inside (or 0): as it was
+
+
+@pytest.mark.parametrize("steps, alpha", [(1, None), (3, 0.3)])
+def test_the_last_pass_is_the_loss_with_each_examples_embedding_rows_moved(steps, alpha):
     """Reference: for each example alone, its loss's gradient on the word-embedding matrix (its tokens are
-    distinct, so the rows are its own), epsilon along it added to the matrix, its loss again; their mean is
-    the adversarial loss, and the total is the clean loss plus it."""
+    distinct, so the rows are its own), a step along it added to the matrix (FGM: one of epsilon; PGD: 3 of
+    alpha, each from the gradient at the moved matrix, kept within epsilon), its loss again; their mean is the
+    adversarial loss, and the total is the clean loss plus it."""
     keras.utils.set_random_seed(3)
     model = modeling.build_classifier(CONFIG, 3, "float32")
     objective = Classification()
     features, labels = distinct_ids_batch()
     table = model.backbone.token_embedding.embeddings
     original = table.numpy()
+    epsilon, size = 0.7, alpha or 0.7
     losses = []
     for i in range(len(labels)):
         one = {k: v[i:i + 1] for k, v in features.items()}
-        with tf.GradientTape() as tape:
-            clean, _ = objective.loss(model, one, labels[i:i + 1])
-        grad = tf.convert_to_tensor(tape.gradient(clean, table)).numpy()
-        step = 0.7 * grad / np.linalg.norm(grad)
-        table.assign(original + step)
+        r = np.zeros_like(original)
+        for _ in range(steps):
+            table.assign(original + r)
+            with tf.GradientTape() as tape:
+                value, _ = objective.loss(model, one, labels[i:i + 1])
+            grad = tf.convert_to_tensor(tape.gradient(value, table)).numpy()
+            r = r + size * grad / np.linalg.norm(grad)
+            r = r * min(1.0, epsilon / np.linalg.norm(r))
+        table.assign(original + r)
         losses.append(float(objective.loss(model, one, labels[i:i + 1])[0]))
         table.assign(original)
-    total, stats = with_fgm(objective.loss, 0.7)(model, features, labels, training=True)
+    total, stats = with_adversarial(objective.loss, epsilon, steps, alpha)(model, features, labels, training=True)
     clean, _ = objective.loss(model, features, labels)
     assert float(stats["adversarial_loss"]) == pytest.approx(np.mean(losses), rel=1e-5)
     assert float(total) == pytest.approx(float(clean) + np.mean(losses), rel=1e-5)
-    assert np.mean(losses) > float(clean) + 1e-3  # uphill: the step raises the loss
-    plain, _ = with_fgm(objective.loss, 0.7)(model, features, labels, training=False)
+    assert np.mean(losses) > float(clean) + 1e-3  # uphill: the move raises the loss
+    plain, _ = with_adversarial(objective.loss, epsilon, steps, alpha)(model, features, labels, training=False)
     assert float(plain) == float(clean)  # evaluation: one pass
 
 
-def fgm_weights(strategy, steps=3):
-    """A tagger's weights after `steps` FGM steps (float32, no dropout) on 8 rows, some padded."""
+def adversarial_weights(strategy, pgd_steps, steps=3):
+    """A tagger's weights after `steps` steps of FGM (pgd_steps 1) or PGD (float32, no dropout) on 8 rows, some
+    padded."""
     keras.utils.set_random_seed(1)
     with strategy.scope():
         model = modeling.build_tagger(CONFIG, 4, "float32")
         opt = optimization.create_optimizer(1e-2, 10, 0)
     objective = TokenClassification()
-    trainer = training.Trainer(strategy, model, opt, loss_fn=with_fgm(objective.loss, 1.0), bytes_per_pack=2**14)
+    trainer = training.Trainer(strategy, model, opt, loss_fn=with_adversarial(objective.loss, 1.0, pgd_steps, 0.4),
+                               bytes_per_pack=2**14)
     features, _ = distinct_ids_batch(8, 12, seed=4)
     features["padding_mask"][[1, 6], 8:] = False
     features["token_ids"][~features["padding_mask"]] = 0
@@ -87,11 +105,13 @@ def fgm_weights(strategy, steps=3):
     return losses, [v.numpy() for v in model.trainable_variables], trainer
 
 
-def test_two_towers_of_the_gpu_run_take_the_one_tower_step():
+@pytest.mark.parametrize("pgd_steps", [1, 2])
+def test_two_towers_of_the_gpu_run_take_the_one_tower_step(pgd_steps):
     """Each example's norm is its own: on the NCCL strategy each tower's half of the rows gives the 1-tower
-    weights to 1e-6, and the step's collectives are the plain step's (both passes' gradients summed first)."""
-    one_losses, one, _ = fgm_weights(distribute.make_strategy(devices.plan_devices(0, 1, ())))
-    two_losses, two, trainer = fgm_weights(gpu_strategy()[1])
+    weights to 1e-6, FGM and PGD, and the step's collectives are the plain step's (both counted passes'
+    gradients summed first)."""
+    one_losses, one, _ = adversarial_weights(distribute.make_strategy(devices.plan_devices(0, 1, ())), pgd_steps)
+    two_losses, two, trainer = adversarial_weights(gpu_strategy()[1], pgd_steps)
     np.testing.assert_allclose(two_losses, one_losses, rtol=1e-6)
     assert one_losses[0] != one_losses[2] and trainer.stats["adversarial_loss"] > 0
     for a, b in zip(one, two):
@@ -124,9 +144,18 @@ def test_the_gpu_step_in_float16_moves_every_example():
 
 
 def test_the_config_checks_it_and_a_resumed_run_compares_it():
-    with pytest.raises(UserError, match=r"--adversarial=pgd: expected fgm or none"):
-        TrainConfig(adversarial="pgd").check()
+    with pytest.raises(UserError, match=r"--adversarial=vat: expected fgm, pgd or none"):
+        TrainConfig(adversarial="vat").check()
     with pytest.raises(UserError, match=r"--adv_epsilon=-1.0: must be a finite number above 0"):
         TrainConfig(adversarial="fgm", adv_epsilon=-1.0).check()
+    with pytest.raises(UserError, match=r"--pgd_steps=0: must be a whole number, 1 or more"):
+        TrainConfig(adversarial="pgd", pgd_steps=0).check()
+    with pytest.raises(UserError, match=r"--pgd_alpha=nan: must be a finite number above 0"):
+        TrainConfig(adversarial="pgd", pgd_alpha=float("nan")).check()
+    TrainConfig(adversarial="fgm", pgd_steps=0).check()  # PGD's numbers are not FGM's
     assert TrainConfig(adversarial="fgm", adv_epsilon=0.5).settings(8)["adv_epsilon"] == 0.5
+    assert "pgd_steps" not in TrainConfig(adversarial="fgm").settings(8)
+    assert TrainConfig(adversarial="pgd", adv_epsilon=0.5).adversarial_steps == (0.5, 3, 0.3)
+    assert {k: v for k, v in TrainConfig(adversarial="pgd", pgd_steps=2).settings(8).items() if "pgd" in k} == {
+        "pgd_steps": 2, "pgd_alpha": 0.3}
     assert "adversarial" not in TrainConfig(adversarial="none").settings(8)  # earlier runs resume as they were

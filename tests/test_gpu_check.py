@@ -55,7 +55,8 @@ def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(t
     assert heads["multiple_choice"]["differ"] == [] and heads["multiple_choice"]["applied"] >= 1
     assert heads["distilled_tagger"]["differ"] == heads["distilled_tagger"]["teacher_changed"] == []
     assert min(heads["distilled_tagger"]["hidden_and_attention"]) > 0  # the intermediate losses ran in float16
-    assert heads["fgm"]["differ"] == [] and heads["fgm"]["adversarial_loss"] > 0 and heads["fgm"]["applied"] >= 1
+    pgd = heads["adversarial"]
+    assert pgd["differ"] == [] and pgd["adversarial_loss"] > 0 and pgd["applied"] >= 1
     assert heads["ema"]["differ"] == [] and heads["ema"]["applied"] >= 2 and heads["ema"]["averages_apart"] > 0
     failing = checks["failing_tower"]
     assert failing["message"].startswith("out of memory on tower 1 at per-tower batch 4 x sequence length 32")

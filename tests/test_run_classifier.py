@@ -122,14 +122,14 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
 
 def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
     """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run (with
-    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay, --adversarial=fgm and
+    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay, --adversarial=pgd and
     google-bert's recipe)."""
     out = str(tmp_path / "acc")
     proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
                        "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7",
                        "--layerwise_lr_decay=0.9", "--class_weights=auto", "--focal_gamma=2", "--rdrop_alpha=4",
                        "--length_buckets", "--adam_eps=1e-6", "--lr_schedule=google-bert", "--ema_decay=0.99",
-                       "--adversarial=fgm", "--adv_epsilon=0.5"))
+                       "--adversarial=pgd", "--pgd_steps=2", "--adv_epsilon=0.5"))
     labels = [line.split("\t")[0] for line in open(os.path.join(data, "train.tsv"), encoding="utf-8")][1:]
     counts = {k: labels.count(k) for k in ("neg", "pos")}  # the weights: examples / (labels x count)
     assert "class weights: " + ", ".join(f"{k} {len(labels) / (2 * n):.4g}" for k, n in counts.items()) in proc.stderr
@@ -143,8 +143,8 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
     assert run_file["settings"]["layerwise_lr_decay"] == run_file["train_config"]["layerwise_lr_decay"] == 0.9
     assert (run_file["settings"]["class_weights"], run_file["settings"]["focal_gamma"]) == ("auto", 2.0)
     assert run_file["settings"]["rdrop_alpha"] == 4.0
-    assert (run_file["settings"]["adversarial"], run_file["settings"]["adv_epsilon"]) == ("fgm", 0.5)  # its loss:
-    # test_adversarial
+    assert {k: run_file["settings"][k] for k in ("adversarial", "adv_epsilon", "pgd_steps", "pgd_alpha")} == {
+        "adversarial": "pgd", "adv_epsilon": 0.5, "pgd_steps": 2, "pgd_alpha": 0.3}  # its loss: test_adversarial
     # google-bert's batching, epsilon and schedule, asked for: recorded (their effects: test_input_pipeline,
     # test_training's schedule, NOTES 83).
     assert {k: run_file["settings"][k] for k in ("length_buckets", "adam_eps", "lr_schedule")} == {

@@ -18,7 +18,7 @@ from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
-from bert_mgpu.model.adversarial import with_fgm
+from bert_mgpu.model.adversarial import with_adversarial
 from bert_mgpu.model.objectives import label_weights
 from bert_mgpu.model.rdrop import with_rdrop
 from bert_mgpu.parallel import agree
@@ -148,17 +148,17 @@ class FineTuned:
 
     def _training_loss(self, config, data):
         """The objective's training loss, weighted by label (`config.class_weights`), focused
-        (`config.focal_gamma`), with R-Drop's second pass (`config.rdrop_alpha`) and FGM's adversarial one
-        (`config.adversarial`) where the config asks, inside `loss_wrapper` if set; evaluation keeps the plain
+        (`config.focal_gamma`), with R-Drop's second pass (`config.rdrop_alpha`) and FGM's or PGD's adversarial
+        one (`config.adversarial`) where the config asks, inside `loss_wrapper` if set; evaluation keeps the plain
         loss."""
         loss = self._weighted_loss(config, data)
         if config.rdrop_alpha:
             self.objective.check_rdrop()  # one line for a head without a softmax over classes, before any step
             loss = with_rdrop(loss, self.objective.divergence, config.rdrop_alpha)
-        if config.fgm:
+        if config.adversarial_steps:
             if not self.fused_encoder:
                 raise UserError("--adversarial needs the fused encoder: drop --fused_encoder=false")
-            loss = with_fgm(loss, config.adv_epsilon)
+            loss = with_adversarial(loss, *config.adversarial_steps)
         return self.loss_wrapper(loss) if self.loss_wrapper else loss
 
     def _weighted_loss(self, config, data):

@@ -329,6 +329,7 @@ def train_config():
         early_stopping_patience=f.early_stopping_patience, early_stopping_threshold=f.early_stopping_threshold,
         layerwise_lr_decay=f.layerwise_lr_decay, class_weights=f.class_weights, focal_gamma=f.focal_gamma,
         rdrop_alpha=f.rdrop_alpha, adversarial=f.adversarial, adv_epsilon=f.adv_epsilon,
+        pgd_steps=f.pgd_steps, pgd_alpha=f.pgd_alpha,
         length_buckets=f.length_buckets, adam_epsilon=f.adam_eps, lr_schedule=f.lr_schedule, ema_decay=f.ema_decay,
         ema_for_eval=f.ema_for_eval, **_loop_flags())
 

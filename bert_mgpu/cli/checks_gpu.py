@@ -156,12 +156,12 @@ def heads_mixed_float16(setup, steps=3):
     and end labels) and the choice head (4 choices a question, the last one padding on odd questions); then
     run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words,
     the hidden-state and attention losses too), --ema_decay's (a classifier's moving averages updated on each
-    GPU after its step) and --adversarial=fgm's (a second pass on perturbed word embeddings); each trained on
+    GPU after its step) and --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings); each trained on
     every tower: finite losses, towers bit-equal after (the averages too, the teacher as it was)."""
     import tensorflow as tf
 
     from bert_mgpu.model import modeling
-    from bert_mgpu.model.adversarial import with_fgm
+    from bert_mgpu.model.adversarial import with_adversarial
     from bert_mgpu.model.choice_objectives import MultipleChoice
     from bert_mgpu.model.distillation import Intermediate, with_teacher
     from bert_mgpu.model.objectives import Classification
@@ -194,8 +194,8 @@ def heads_mixed_float16(setup, steps=3):
         features, untagged)
     heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
                     features, np.arange(rows) % 2)
-    heads["fgm"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"),
-                    with_fgm(Classification().loss, 1.0), features, np.arange(rows) % 2)
+    heads["adversarial"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"),
+                    with_adversarial(Classification().loss, 1.0, 2, 0.5), features, np.arange(rows) % 2)
     out, ok = {}, True
     for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():
@@ -212,7 +212,7 @@ def heads_mixed_float16(setup, steps=3):
             facts["teacher_changed"] = [v.path for v, w in zip(teacher.weights, before) if not all(
                 np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
             facts["hidden_and_attention"] = [float(trainer.stats[k]) for k in ("distill_hidden", "distill_attention")]
-        if name == "fgm":
+        if name == "adversarial":
             facts["adversarial_loss"] = float(trainer.stats["adversarial_loss"])
         if name == "ema":
             averages = opt.inner_optimizer._model_variables_moving_average

@@ -50,10 +50,14 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
     flags.DEFINE_float("rdrop_alpha", 0.0, "R-Drop (Liang et al. 2021): each batch through the model twice, their "
                        "losses averaged plus alpha / 4 x the two passes' symmetric KL divergence, as bert4keras; "
                        "e.g. 4. Classification, and a tagger without --crf. 0: one pass.")
-    flags.DEFINE_enum("adversarial", "none", ["none", "fgm"], "Adversarial training on the word embeddings: fgm "
-                      "(Miyato et al. 2017) runs each batch a second time with every example's word embeddings "
-                      "moved --adv_epsilon along its loss gradient and adds that loss (about 2.5x a step's time).")
-    flags.DEFINE_float("adv_epsilon", 1.0, "FGM's step: its L2 norm over each example's word embeddings.")
+    flags.DEFINE_enum("adversarial", "none", ["none", "fgm", "pgd"], "Adversarial training on the word embeddings: "
+                      "each batch again with every example's word embeddings moved uphill along its loss gradient, "
+                      "that loss added. fgm (Miyato et al. 2017): one step of --adv_epsilon (about 2.5x a step's "
+                      "time); pgd (Madry et al. 2018): --pgd_steps steps of --pgd_alpha within --adv_epsilon.")
+    flags.DEFINE_float("adv_epsilon", 1.0, "The largest move, an L2 norm over each example's word embeddings "
+                       "(FGM's step).")
+    flags.DEFINE_integer("pgd_steps", 3, "PGD's steps (each one more forward and backward pass).")
+    flags.DEFINE_float("pgd_alpha", 0.3, "Each PGD step's size.")
     flags.DEFINE_float("ema_decay", 0.0, "Keep an exponential moving average of the weights (as bert4keras' "
                        "ExponentialMovingAverage, Keras' use_ema): each step average = decay x average + (1 - decay) "
                        "x weights; e.g. 0.999 for a long run, 0.99 for a few hundred steps. 0: none.")

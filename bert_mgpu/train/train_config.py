@@ -106,6 +106,18 @@ def check_layerwise_lr_decay(value):
     return float(value)
 
 
+def check_adversarial(epsilon, steps=1, alpha=None):
+    """Adversarial training's numbers (model/adversarial.py): (epsilon, steps, alpha) checked, or UserError."""
+    if not (math.isfinite(epsilon) and epsilon > 0):
+        raise UserError(f"--adv_epsilon={epsilon}: must be a finite number above 0")
+    if int(steps) != steps or steps < 1:
+        raise UserError(f"--pgd_steps={steps}: must be a whole number, 1 or more")
+    alpha = epsilon if alpha is None else alpha
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise UserError(f"--pgd_alpha={alpha}: must be a finite number above 0")
+    return float(epsilon), int(steps), float(alpha)
+
+
 def check_ema_decay(value):
     """--ema_decay as a float, or UserError: 0 keeps no average, 1 would keep the first step's weights."""
     if not 0 <= value < 1:
@@ -138,10 +150,12 @@ class TrainConfig(LoopConfig):
             (1 - p)^gamma, p its label's probability; 0: plain cross-entropy.
         rdrop_alpha: R-Drop (Liang et al. 2021; model/rdrop.py): each batch through the model twice, the
             two passes' losses averaged plus alpha / 4 x their symmetric KL divergence; 0: one pass.
-        adversarial: "fgm": adversarial training on the word embeddings (model/adversarial.py), each batch a
-            second time with every example's embeddings moved `adv_epsilon` along its loss gradient, both
+        adversarial: "fgm" or "pgd": adversarial training on the word embeddings (model/adversarial.py), each
+            batch a second time with every example's embeddings moved uphill along its loss gradient (FGM: one
+            step of `adv_epsilon`; PGD: `pgd_steps` steps of `pgd_alpha` kept within `adv_epsilon`), both
             losses summed; None: off.
-        adv_epsilon: the size (L2 norm over an example's tokens) of FGM's step.
+        adv_epsilon: the largest move (L2 norm over an example's tokens); FGM's step.
+        pgd_steps, pgd_alpha: PGD's steps and each step's size.
         length_buckets: batch rows of similar lengths together (faster; less accurate where length goes with
             the label); False: batches in shuffled order, as transformers' Trainer.
         adam_epsilon: AdamW's epsilon (transformers' 1e-8; google-bert's is 1e-6).
@@ -176,6 +190,8 @@ class TrainConfig(LoopConfig):
     rdrop_alpha: float = 0.0
     adversarial: str | None = None
     adv_epsilon: float = 1.0
+    pgd_steps: int = 3
+    pgd_alpha: float = 0.3
     length_buckets: bool = False
     adam_epsilon: float = 1e-8
     lr_schedule: str = "linear"
@@ -183,8 +199,13 @@ class TrainConfig(LoopConfig):
     ema_for_eval: bool = True
 
     @property
-    def fgm(self):
-        return self.adversarial == "fgm"
+    def adversarial_steps(self):
+        """(epsilon, steps, alpha) of `adversarial.with_adversarial`, or None without adversarial training."""
+        if self.adversarial == "fgm":
+            return self.adv_epsilon, 1, self.adv_epsilon
+        if self.adversarial == "pgd":
+            return self.adv_epsilon, self.pgd_steps, self.pgd_alpha
+        return None
 
     def check(self):
         super().check()
@@ -199,10 +220,10 @@ class TrainConfig(LoopConfig):
             raise UserError(f"--focal_gamma={self.focal_gamma}: must be a finite number, 0 or more")
         if not (math.isfinite(self.rdrop_alpha) and self.rdrop_alpha >= 0):
             raise UserError(f"--rdrop_alpha={self.rdrop_alpha}: must be a finite number, 0 or more")
-        if self.adversarial not in (None, "none", "fgm"):
-            raise UserError(f"--adversarial={self.adversarial}: expected fgm or none")
-        if self.adversarial == "fgm" and not (math.isfinite(self.adv_epsilon) and self.adv_epsilon > 0):
-            raise UserError(f"--adv_epsilon={self.adv_epsilon}: must be a finite number above 0")
+        if self.adversarial not in (None, "none", "fgm", "pgd"):
+            raise UserError(f"--adversarial={self.adversarial}: expected fgm, pgd or none")
+        if self.adversarial_steps:
+            check_adversarial(*self.adversarial_steps)
         if int(self.gradient_accumulation_steps) < 1:
             raise UserError(f"--gradient_accumulation_steps={self.gradient_accumulation_steps}: expected 1 or more")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
@@ -248,7 +269,9 @@ class TrainConfig(LoopConfig):
                    if self.class_weights is not None else {}),
                 **({"focal_gamma": self.focal_gamma} if self.focal_gamma else {}),
                 **({"rdrop_alpha": self.rdrop_alpha} if self.rdrop_alpha else {}),
-                **({"adversarial": "fgm", "adv_epsilon": self.adv_epsilon} if self.fgm else {}),
+                **({"adversarial": self.adversarial, "adv_epsilon": self.adv_epsilon} if self.adversarial_steps
+                   else {}),
+                **({"pgd_steps": self.pgd_steps, "pgd_alpha": self.pgd_alpha} if self.adversarial == "pgd" else {}),
                 **({"ema_decay": self.ema_decay, "ema_for_eval": bool(self.ema_for_eval)} if self.ema_decay else {}),
                 "length_buckets": bool(self.length_buckets), "adam_eps": self.adam_epsilon,
                 "lr_schedule": self.lr_schedule}
