@@ -155,7 +155,7 @@ def test_the_config_checks_it_and_a_resumed_run_compares_it():
     TrainConfig(adversarial="fgm", pgd_steps=0).check()  # PGD's numbers are not FGM's
     assert TrainConfig(adversarial="fgm", adv_epsilon=0.5).settings(8)["adv_epsilon"] == 0.5
     assert "pgd_steps" not in TrainConfig(adversarial="fgm").settings(8)
-    assert TrainConfig(adversarial="pgd", adv_epsilon=0.5).adversarial_steps == (0.5, 3, 0.06)
+    assert TrainConfig(adversarial="pgd", adv_epsilon=0.5).adversarial_steps == (0.5, 3, 0.02)
     assert {k: v for k, v in TrainConfig(adversarial="pgd", pgd_steps=2).settings(8).items() if "pgd" in k} == {
-        "pgd_steps": 2, "pgd_alpha": 0.06}
+        "pgd_steps": 2, "pgd_alpha": 0.02}
     assert "adversarial" not in TrainConfig(adversarial="none").settings(8)  # earlier runs resume as they were

@@ -144,7 +144,7 @@ def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google
     assert (run_file["settings"]["class_weights"], run_file["settings"]["focal_gamma"]) == ("auto", 2.0)
     assert run_file["settings"]["rdrop_alpha"] == 4.0
     assert {k: run_file["settings"][k] for k in ("adversarial", "adv_epsilon", "pgd_steps", "pgd_alpha")} == {
-        "adversarial": "pgd", "adv_epsilon": 0.5, "pgd_steps": 2, "pgd_alpha": 0.06}  # its loss: test_adversarial
+        "adversarial": "pgd", "adv_epsilon": 0.5, "pgd_steps": 2, "pgd_alpha": 0.02}  # its loss: test_adversarial
     # google-bert's batching, epsilon and schedule, asked for: recorded (their effects: test_input_pipeline,
     # test_training's schedule, NOTES 83).
     assert {k: run_file["settings"][k] for k in ("length_buckets", "adam_eps", "lr_schedule")} == {

@@ -54,10 +54,10 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
                       "each batch again with every example's word embeddings moved uphill along its loss gradient, "
                       "that loss added. fgm (Miyato et al. 2017): one step of --adv_epsilon (about 2.5x a step's "
                       "time); pgd (Madry et al. 2018): --pgd_steps steps of --pgd_alpha within --adv_epsilon.")
-    flags.DEFINE_float("adv_epsilon", 0.2, "The largest move, an L2 norm over each example's word embeddings "
+    flags.DEFINE_float("adv_epsilon", 0.05, "The largest move, an L2 norm over each example's word embeddings "
                        "(FGM's step). A word embedding's own norm is about 1 (MiniLM, BERT-base).")
     flags.DEFINE_integer("pgd_steps", 3, "PGD's steps (each one more forward and backward pass).")
-    flags.DEFINE_float("pgd_alpha", 0.06, "Each PGD step's size.")
+    flags.DEFINE_float("pgd_alpha", 0.02, "Each PGD step's size.")
     flags.DEFINE_float("ema_decay", 0.0, "Keep an exponential moving average of the weights (as bert4keras' "
                        "ExponentialMovingAverage, Keras' use_ema): each step average = decay x average + (1 - decay) "
                        "x weights; e.g. 0.999 for a long run, 0.99 for a few hundred steps. 0: none.")

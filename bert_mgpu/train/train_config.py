@@ -189,9 +189,9 @@ class TrainConfig(LoopConfig):
     focal_gamma: float = 0.0
     rdrop_alpha: float = 0.0
     adversarial: str | None = None
-    adv_epsilon: float = 0.2
+    adv_epsilon: float = 0.05
     pgd_steps: int = 3
-    pgd_alpha: float = 0.06
+    pgd_alpha: float = 0.02
     length_buckets: bool = False
     adam_epsilon: float = 1e-8
     lr_schedule: str = "linear"
