@@ -16,8 +16,8 @@ size of the embedding matrix, inside the step); with each example's norm a step 
 the gradients of both counted passes are all-reduced once, with the step's.
 
 Example:
-    loss_fn = with_adversarial(objective.loss, epsilon=1.0)                       # FGM
-    loss_fn = with_adversarial(objective.loss, epsilon=1.0, steps=3, alpha=0.3)   # PGD
+    loss_fn = with_adversarial(objective.loss, epsilon=0.05)                        # FGM
+    loss_fn = with_adversarial(objective.loss, epsilon=0.05, steps=3, alpha=0.02)   # PGD
     loss, stats = loss_fn(model, features, labels, training=True)   # stats["adversarial_loss"]
 """
 
@@ -43,10 +43,11 @@ def project(r, epsilon):
     return r * tf.minimum(1.0, tf.math.divide_no_nan(tf.cast(epsilon, r.dtype), norm) + tf.cast(norm == 0, r.dtype))
 
 
-def with_adversarial(loss_fn, epsilon=1.0, steps=1, alpha=None):
+def with_adversarial(loss_fn, epsilon=0.05, steps=1, alpha=None):
     """A training loss `(model, features, labels, training) -> (loss, stats)` from `loss_fn` (the head's) with an
     adversarial pass: FGM with one step (alpha = epsilon), PGD with `steps` steps of `alpha`, each example's r
-    kept within `epsilon`. Evaluation keeps one pass. The model must run the fused encoder. Its statistics are
+    kept within `epsilon` (a word embedding's own norm is about 1; benchmarks/NOTES.md item 87 on the size).
+    Evaluation keeps one pass. The model must run the fused encoder. Its statistics are
     the first pass's and `adversarial_loss`, the last pass's loss. The numbers are `fit`'s to check
     (train_config.check_adversarial)."""
     alpha = epsilon if alpha is None else alpha
@@ -82,6 +83,6 @@ def with_adversarial(loss_fn, epsilon=1.0, steps=1, alpha=None):
     return loss
 
 
-def with_fgm(loss_fn, epsilon=1.0):
+def with_fgm(loss_fn, epsilon=0.05):
     """FGM: `with_adversarial` with one step of `epsilon`."""
     return with_adversarial(loss_fn, epsilon)
