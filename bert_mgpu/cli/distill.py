@@ -65,7 +65,7 @@ class Options:
     def from_flags(cls, values):
         given = lambda name: values[name].value if name in values and values[name].present else None  # noqa: E731
         return cls(values.do_train, values.do_eval, values.teacher,
-                   tuple(values.teacher_layers) if values.teacher_layers else None, values.temperature,
+                   _layers_of("teacher_layers", values.teacher_layers), values.temperature,
                    values.soft_weight, values.hard_weight, values.unlabeled_file, values.eval_batch_size,
                    (given("text_column"), given("text_b_column")), values.hidden_weight, values.attention_weight,
                    _layers_of("layer_map", values.layer_map))
@@ -98,7 +98,7 @@ class Student:
         if o.teacher_layers and init:
             raise UserError("--teacher_layers and --init_checkpoint: the student starts from one of them, not both")
         if o.teacher_layers:
-            student = bert_mgpu.Distiller.student_from_layers(teacher, _layers_of("teacher_layers", o.teacher_layers))
+            student = bert_mgpu.Distiller.student_from_layers(teacher, o.teacher_layers)
         elif init:
             student = self.head.from_pretrained(init, labels=teacher.labels, **keywords)
         else:
