@@ -568,3 +568,122 @@ def test_a_student_learns_the_teachers_hidden_states_and_attention(teacher, tmp_
 
     settings = json.load(open(tmp_path / "student" / "bert_mgpu.json"))["settings"]["distillation"]
     assert (settings["layer_map"], settings["hidden_weight"], settings["attention_weight"]) == ([1], 1.0, 1.0)
+
+
+def test_cached_teacher_logits_teach_as_the_teacher_does_and_are_read_back(teacher, tmp_path, caplog):
+    """--teacher_logits: the teacher predicts the training rows once (unlabelled ones too) into the file; the run
+    that reads its batches' rows from it trains the student as the run whose teacher runs in each step (to
+    float32 round-off), and a second run reads the file and repeats the first bit for bit; a file made for
+    other rows or a teacher of other weights is refused in one line, as is the cache with the intermediate
+    losses."""
+    import logging
+
+    train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(48, 4))]
+    unlabelled = [text for _, text in sentiment_rows(16, 5)]
+    cache = str(tmp_path / "logits.npz")
+
+    def run(name, path):
+        keras.utils.set_random_seed(7)
+        student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
+        history = bert_mgpu.Distiller(teacher, student, temperature=2.0, unlabeled=unlabelled,
+                                      teacher_logits=path).fit(train, str(tmp_path / name), epochs=2,
+                                                               learning_rate=1e-3, verbose=False, log_every=1)
+        return history, [v.numpy() for v in student.model.trainable_variables]
+
+    live, live_weights = run("live", None)
+    with caplog.at_level(logging.INFO, logger="bert_mgpu"):
+        cached, cached_weights = run("cached", cache)
+        assert "teacher logits: predicted 64 rows, kept in " + cache in caplog.text
+        caplog.clear()
+        again, again_weights = run("again", cache)
+        assert "teacher logits: read 64 rows from " + cache in caplog.text
+    assert len(live["step"]) == 8 and live["step"][-1] == 8  # (48 + 16) / 16 rows x 2 epochs
+    for key in ("loss", "distill_soft", "distill_hard"):
+        np.testing.assert_allclose(cached[key], live[key], rtol=2e-5, err_msg=key)
+        assert again[key] == cached[key], key
+    for a, b, c in zip(live_weights, cached_weights, again_weights):
+        np.testing.assert_allclose(b, a, atol=2e-5)
+        np.testing.assert_array_equal(c, b)
+    with np.load(cache) as f:  # the teacher's logits of every training row, unlabelled last, in their order
+        np.testing.assert_allclose(f["logits"][:48], teacher._logits(train, 8, "predict", False)[0], atol=1e-6)
+        np.testing.assert_allclose(f["logits"][48:], teacher._logits(bert_mgpu.Distiller(
+            teacher, teacher, unlabeled=unlabelled).unlabeled, 8, "predict", False)[0], atol=1e-6)
+        assert (f["precision"].item(), f["max_seq_length"].item()) == ("float32", 32)
+    student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
+    with pytest.raises(UserError, match=r"--teacher_logits=.*logits\.npz: made for another train_data_sha256 "
+                       r"\([0-9a-f]{64}, this run [0-9a-f]{64}\); delete it or name a new file"):
+        bert_mgpu.Distiller(teacher, student, teacher_logits=cache).fit(train[:32], str(tmp_path / "other"),
+                                                                        epochs=1, verbose=False)
+    other = bert_mgpu.Distiller.student_from_layers(student, [0])  # the same rows, another teacher
+    with pytest.raises(UserError, match=r"logits\.npz: made for another teacher_sha256 \([0-9a-f]{64}, this "
+                       r"run [0-9a-f]{64}\); delete"):
+        bert_mgpu.Distiller(student, other, unlabeled=unlabelled, teacher_logits=cache).fit(
+            train, str(tmp_path / "other"), epochs=1, verbose=False)
+    with pytest.raises(UserError, match=r"--teacher_logits and --hidden_weight or --attention_weight: the "):
+        bert_mgpu.Distiller(teacher, student, hidden_weight=1.0, teacher_logits=cache)
+    (tmp_path / "bad.npz").write_text("not numbers")
+    with pytest.raises(UserError, match=r"--teacher_logits=.*bad\.npz: not a teacher-logits file of bert_mgpu"):
+        bert_mgpu.Distiller(teacher, student, teacher_logits=str(tmp_path / "bad.npz")).fit(
+            train, str(tmp_path / "bad"), epochs=1, verbose=False)
+
+
+def test_a_taggers_cached_logits_teach_each_word_as_the_teacher_does(tagger, tmp_path):
+    """A tagger's cache holds each window's logits a token; each batch takes its rows' at its own width: the
+    student learns as with the teacher in the step, windows of long sentences (doc_stride) and all."""
+    train = ner_sentences(40, 4, 40, seed=8)  # some longer than a window of 32 pieces
+
+    def run(name, path):
+        keras.utils.set_random_seed(7)
+        student = bert_mgpu.Distiller.student_from_layers(tagger, [0])
+        history = bert_mgpu.Distiller(tagger, student, temperature=2.0, teacher_logits=path).fit(
+            train, str(tmp_path / name), epochs=1, learning_rate=1e-3, verbose=False, log_every=1)
+        return history, [v.numpy() for v in student.model.trainable_variables]
+
+    live, live_weights = run("live", None)
+    cached, cached_weights = run("cached", str(tmp_path / "tags.npz"))
+    with np.load(tmp_path / "tags.npz") as f:
+        logits = f["logits"]
+    windows = tagger._windows(train)
+    assert len(windows) > len(train) and logits.shape == (len(windows), 32, 4)  # a long sentence's windows
+    assert len(live["step"]) == len(windows) // 16 and min(live["distill_soft"]) > 0
+    for key in ("loss", "distill_soft", "distill_hard"):
+        np.testing.assert_allclose(cached[key], live[key], rtol=2e-5, err_msg=key)
+    for a, b in zip(live_weights, cached_weights):
+        np.testing.assert_allclose(b, a, atol=2e-5)
+
+
+def test_the_gpu_step_with_cached_logits_runs_the_student_alone():
+    """NCCL collectives, mixed_float16, the batch carrying `teacher_logits`: the step reads the student's
+    variables alone (as many reads as the student's own step; the teacher's forward reads more), all-reduces
+    as the student's own step does, and its soft term is the cached logits'."""
+    _, strategy = gpu_strategy()
+    with strategy.scope():
+        teacher = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256), 3,
+                                            "mixed_float16")
+        student = modeling.build_classifier(tiny_config(500, hidden_size=64, intermediate_size=256,
+                                                        num_hidden_layers=1), 3, "mixed_float16")
+        teacher.trainable = False
+        opt = optimization.create_optimizer(1e-2, 10, 0, float16=True)
+    kind = Classification()
+    features, _ = memory.classifier_batch(8, 16)
+    labels = (np.arange(8) % 3).astype(np.int32)
+    cached_features = {**features, "teacher_logits": np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32)}
+
+    def graph(loss_fn, batch):
+        trainer = training.Trainer(strategy, student, opt, bytes_per_pack=2**14, loss_fn=loss_fn)
+        trainer.training_batches(tf.data.Dataset.from_tensors(batch))
+        return trainer, trainer.step_graph(trainer.input_spec)
+
+    def reads(g):
+        return sum(op.type == "ReadVariableOp" for op in g.get_operations())
+
+    trainer, cached = graph(with_teacher(kind.loss, teacher, kind, 2.0), (cached_features, labels))
+    _, live = graph(with_teacher(kind.loss, teacher, kind, 2.0), (features, labels))
+    _, alone = graph(kind.loss, (features, labels))
+    assert reads(cached) == reads(alone) < reads(live) and collectives(cached) == collectives(alone)
+    assert {hint for hint, _, _ in collectives(cached)} == {"nccl"}
+    batches = trainer.training_batches(tf.data.Dataset.from_tensors((cached_features, labels)))
+    trainer.train_step(next(batches))
+    s = student(features, training=True)  # no dropout in tiny_config: the step's own first pass
+    want = soft_cross_entropy(s, cached_features["teacher_logits"], 2.0).numpy().mean()
+    assert float(trainer.stats["distill_soft"]) == pytest.approx(want, rel=1e-2)  # float16 logits

@@ -55,6 +55,8 @@ def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(t
     assert heads["multiple_choice"]["differ"] == [] and heads["multiple_choice"]["applied"] >= 1
     assert heads["distilled_tagger"]["differ"] == heads["distilled_tagger"]["teacher_changed"] == []
     assert min(heads["distilled_tagger"]["hidden_and_attention"]) > 0  # the intermediate losses ran in float16
+    cached = heads["distilled_cached"]  # --teacher_logits: the batch's cached outputs teach, no teacher runs
+    assert cached["differ"] == [] and cached["cached_soft"] > 0 and cached["applied"] >= 1
     pgd = heads["adversarial"]
     assert pgd["differ"] == [] and pgd["adversarial_loss"] > 0 and pgd["applied"] >= 1
     assert heads["ema"]["differ"] == [] and heads["ema"]["applied"] >= 2 and heads["ema"]["averages_apart"] > 0

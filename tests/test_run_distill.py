@@ -96,6 +96,9 @@ def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
      "--layer_map=0,1: one teacher layer (0-1) for each of the student's 1 layers"),
     (("--teacher={run}", "--teacher_layers=0", "--layer_map=last"), "--layer_map=last: expected layer numbers, "
      "e.g. 0,2,4"),
+    (("--teacher={run}", "--teacher_layers=0", "--hidden_weight=1", "--teacher_logits={run}/logits.npz"),
+     "--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses need the teacher's "
+     "insides at each step; drop one of them"),
 ])
 def test_what_cannot_be_distilled_is_one_line(classifier_run, tmp_path, extra, message):
     proc = run_script("run_distill_mgpu.py", "--task_name=tsv", f"--data_dir={classifier_run.data}",
@@ -103,3 +106,20 @@ def test_what_cannot_be_distilled_is_one_line(classifier_run, tmp_path, extra, m
                       *(e.format(run=classifier_run.out) for e in extra), check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].endswith(message), proc.stderr[-2000:]
+
+
+def test_cached_teacher_logits_are_predicted_once_and_named_in_the_summary(distilled, tmp_path):
+    """--teacher_logits: the teacher predicts the 640 labelled and 160 unlabelled rows into the file before the
+    first step; the summary says where they came from; the student is a run as any (its 50 steps)."""
+    import numpy as np
+
+    _, args, _ = distilled
+    cache, out = tmp_path / "teacher.npz", tmp_path / "out"
+    drop = ("--output_dir", "--hidden_weight", "--attention_weight", "--do_eval", "--do_predict", "--save_checkp")
+    proc = run_script("run_distill_mgpu.py", *[a for a in args if not a.startswith(drop)], f"--output_dir={out}",
+                      f"--teacher_logits={cache}")
+    assert re.search(rf"^  teacher logits +predicted {re.escape(str(cache))}$", proc.stdout, re.M), proc.stdout
+    with np.load(cache) as f:
+        assert f["logits"].shape == (800, 2) and np.ptp(f["logits"]) > 1 and f["precision"].item() == "float32"
+    run = json.load(open(out / "bert_mgpu.json"))
+    assert run["global_step"] == 50 and run["settings"]["distillation"]["teacher_logits"] == "cached"

@@ -229,6 +229,12 @@ class BertClassifier(FineTuned):
         return self._data(examples, global_batch, training=True, seed=seed, source="train", buckets=buckets,
                           **kwargs)[0]
 
+    def _rows_dataset(self, data, global_batch, rows_multiple):
+        examples, windows = data
+        kwargs = {"windows": windows} if windows is not None else {}
+        return self._data(examples, global_batch, training=False, source="train", rows_multiple=rows_multiple,
+                          **kwargs)[0]
+
     def _as_dev(self, dev):
         return as_examples(dev)
 

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 
 from bert_mgpu.api.fine_tuning import FineTuned
+from bert_mgpu.api.teacher_logits import TeacherLogits
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.distillation import Intermediate, check_distillation, hidden_projection, with_teacher
 from bert_mgpu.model.tagging_objectives import CRFTagging
@@ -54,11 +55,14 @@ class Distiller:
             many heads), layer by layer (model/distillation.py's `Intermediate`).
         layer_map: the teacher's encoder layer (from 0) each student layer learns from. Default: the layers a
             `student_from_layers` student was made of, else TinyBERT's uniform map (the last from the last).
+        teacher_logits: a file that keeps the teacher's outputs on the training rows (api/teacher_logits.py):
+            predicted there once, or read if it was made from the same rows and teacher; the steps then run
+            the student alone. Not with the intermediate losses, which need the teacher's insides each step.
     """
 
     def __init__(self, teacher: FineTuned, student: FineTuned, temperature: float = 1.0,
                  soft_weight: float = 1.0, hard_weight: float = 1.0, unlabeled=None, hidden_weight: float = 0.0,
-                 attention_weight: float = 0.0, layer_map=None):
+                 attention_weight: float = 0.0, layer_map=None, teacher_logits: str | None = None):
         self.temperature, self.soft_weight, self.hard_weight = check_distillation(temperature, soft_weight,
                                                                                   hard_weight)
         for model, role in ((teacher, "teacher"), (student, "student")):
@@ -90,6 +94,11 @@ class Distiller:
             with student.towers.strategy.scope():
                 self.projection = hidden_projection(student.config, teacher.config, student.policy)
         self.unlabeled = teacher.unlabelled_rows(unlabeled) if unlabeled is not None and len(unlabeled) else []
+        if teacher_logits and self.intermediate.active:
+            raise UserError("--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses "
+                            "need the teacher's insides at each step; drop one of them")
+        self.teacher_sha256 = weights_digest(teacher.model)
+        self.cache = TeacherLogits(teacher_logits, teacher, self.teacher_sha256) if teacher_logits else None
 
     @staticmethod
     def student_from_layers(teacher: FineTuned, layers) -> FineTuned:
@@ -114,8 +123,9 @@ class Distiller:
     def settings(self):
         """What a resumed distillation must share: the loss's numbers and the teacher's weights."""
         return {"distillation": {"temperature": self.temperature, "soft_weight": self.soft_weight,
-                                 "hard_weight": self.hard_weight, "teacher_sha256": weights_digest(self.teacher.model),
+                                 "hard_weight": self.hard_weight, "teacher_sha256": self.teacher_sha256,
                                  **({"unlabeled_examples": len(self.unlabeled)} if self.unlabeled else {}),
+                                 **({"teacher_logits": "cached"} if self.cache else {}),
                                  **self.intermediate.settings()}}
 
     def attach(self):
@@ -126,6 +136,8 @@ class Distiller:
                                 self.soft_weight, self.hard_weight, self.intermediate, self.projection)
 
         wrapper.settings = self.settings()  # recorded in the run and compared on resume, as the script's flags
+        if self.cache:
+            wrapper.batches = self.cache.batches  # each batch carries its rows' cached teacher outputs
         self.student.loss_wrapper, self.student.unlabelled = wrapper, self.unlabeled
         return self.student
 

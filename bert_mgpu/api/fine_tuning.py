@@ -93,7 +93,8 @@ class FineTuned:
         self.train_batch_size = towers.train_batch_size  # per tower, unless fit is given one
         self.train_config = None  # the last fit's TrainConfig, kept in bert_mgpu.json
         self.loss_wrapper = None  # training loss -> training loss, around the head's (a Distiller's teacher); its
-        # `settings`, if it has them, join what a resumed run compares
+        # `settings`, if it has them, join what a resumed run compares; its `batches(head, data, digest,
+        # dataset)`, if it has one, adds to each training batch (a Distiller's --teacher_logits)
         self.unlabelled = ()  # rows without labels fit adds to the training rows: a Distiller's teacher labels them
         self._predictor = Trainer(towers.strategy, model)
 
@@ -124,6 +125,11 @@ class FineTuned:
     def _train_dataset(self, data, global_batch, seed, buckets=False):
         """Training batches (features, labels, index) of `data`, shuffled with `seed`, repeated; `buckets`:
         batches of similar lengths (`input_pipeline.length_batches`)."""
+        raise NotImplementedError
+
+    def _rows_dataset(self, data, global_batch, rows_multiple):
+        """`data` once in prediction batches (features, labels, index), `index` the same row numbers as
+        `_train_dataset`'s (a Distiller's teacher predicts them once for --teacher_logits)."""
         raise NotImplementedError
 
     def _as_dev(self, dev):
@@ -299,6 +305,9 @@ class FineTuned:
             run.close()
             return self._finish(hooks, config.load_best_model_at_end, [])
         dataset = self._train_dataset(data, global_batch, config.seed, config.length_buckets).skip(start)
+        teaching = getattr(self.loss_wrapper, "batches", None)  # a Distiller's cached teacher outputs join them
+        if teaching is not None:
+            dataset = teaching(self, data, digest, dataset)
         loop = session.loop(global_batch, config, hooks, callbacks, before_save=finish_with_averages)
         try:
             session.train(loop, dataset, until_step=num_steps)

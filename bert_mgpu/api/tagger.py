@@ -178,6 +178,10 @@ class BertTagger(FineTuned):
         return tagging_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=True, seed=seed,
                                buckets=buckets)
 
+    def _rows_dataset(self, windows, global_batch, rows_multiple):
+        return tagging_dataset(windows, self.tokenizer, self.max_seq_length, global_batch, training=False,
+                               rows_multiple=rows_multiple)
+
     def _as_dev(self, dev):
         return as_sentences(dev, split_words)
 

@@ -155,7 +155,8 @@ def heads_mixed_float16(setup, steps=3):
     with the CRF's float32 transitions (labels on every other position, -1 on the rest), the span head (start
     and end labels) and the choice head (4 choices a question, the last one padding on odd questions); then
     run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words,
-    the hidden-state and attention losses too), --ema_decay's (a classifier's moving averages updated on each
+    the hidden-state and attention losses too), --teacher_logits' (a classifier student taught by outputs the
+    batch carries, no teacher run), --ema_decay's (a classifier's moving averages updated on each
     GPU after its step) and --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings); each trained on
     every tower: finite losses, towers bit-equal after (the averages too, the teacher as it was)."""
     import tensorflow as tf
@@ -192,6 +193,9 @@ def heads_mixed_float16(setup, steps=3):
     heads["distilled_tagger"] = (lambda: modeling.build_tagger(student, 9, "mixed_float16"), with_teacher(
         TokenClassification().loss, teacher, TokenClassification(), 2.0, intermediate=Intermediate((1,), 1.0, 1.0)),
         features, untagged)
+    cached = {**features, "teacher_logits": tf.constant(np.linspace(-2, 2, rows * 2).reshape(rows, 2), tf.float32)}
+    heads["distilled_cached"] = (lambda: modeling.build_classifier(student, 2, "mixed_float16"), with_teacher(
+        Classification().loss, teacher, Classification(), 2.0), cached, np.arange(rows) % 2)
     heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
                     features, np.arange(rows) % 2)
     heads["adversarial"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"),
@@ -212,6 +216,8 @@ def heads_mixed_float16(setup, steps=3):
             facts["teacher_changed"] = [v.path for v, w in zip(teacher.weights, before) if not all(
                 np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
             facts["hidden_and_attention"] = [float(trainer.stats[k]) for k in ("distill_hidden", "distill_attention")]
+        if name == "distilled_cached":
+            facts["cached_soft"] = float(trainer.stats["distill_soft"])
         if name == "adversarial":
             facts["adversarial_loss"] = float(trainer.stats["adversarial_loss"])
         if name == "ema":
@@ -224,7 +230,7 @@ def heads_mixed_float16(setup, steps=3):
         good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and \
             facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
             min(facts.get("hidden_and_attention", [1])) > 0 and facts.get("adversarial_loss", 1) > 0 and \
-            facts.get("averages_apart", 1) > 0
+            facts.get("cached_soft", 1) > 0 and facts.get("averages_apart", 1) > 0
         ok &= good
         out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}
     return {"ok": ok, **out, "summary": "; ".join(

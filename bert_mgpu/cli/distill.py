@@ -39,6 +39,10 @@ def define_flags(head, unlabeled_help):
     flags.DEFINE_list("layer_map", None, "The teacher's encoder layer (from 0) each student layer learns from in "
                       "the two losses above, e.g. 1,3,5. Default: --teacher_layers, else TinyBERT's uniform map "
                       "(the last from the last).")
+    flags.DEFINE_string("teacher_logits", None, "A file (.npz) that keeps the teacher's outputs on the training "
+                        "rows: predicted once, at the start, if it does not exist; read if it was made from the "
+                        "same rows and teacher (else refused). The steps then run the student alone. Not with "
+                        "--hidden_weight or --attention_weight.")
     flags.DEFINE_string("unlabeled_file", None, "In-domain text without labels, added to every epoch's training "
                         f"rows with the soft loss alone: {unlabeled_help}")
 
@@ -60,6 +64,7 @@ class Options:
     hidden_weight: float = 0.0
     attention_weight: float = 0.0
     layer_map: tuple | None = None
+    teacher_logits: str | None = None
 
     @classmethod
     def from_flags(cls, values):
@@ -68,7 +73,7 @@ class Options:
                    _layers_of("teacher_layers", values.teacher_layers), values.temperature,
                    values.soft_weight, values.hard_weight, values.unlabeled_file, values.eval_batch_size,
                    (given("text_column"), given("text_b_column")), values.hidden_weight, values.attention_weight,
-                   _layers_of("layer_map", values.layer_map))
+                   _layers_of("layer_map", values.layer_map), values.teacher_logits)
 
 
 class Student:
@@ -79,6 +84,7 @@ class Student:
 
     def __init__(self, options, head, read_unlabeled, name):
         self.options, self.head, self.read_unlabeled, self.teacher = options, head, read_unlabeled, None
+        self.distiller = None  # the teacher's and the student's, once `open` made it
         self.name = name  # the head's, in messages: classifier, tagger
 
     def open(self, init, labels=None, **keywords):
@@ -109,8 +115,10 @@ class Student:
             if not unlabeled:
                 raise UserError(f"--unlabeled_file={o.unlabeled_file}: no text in it")
         self.teacher = teacher
-        return bert_mgpu.Distiller(teacher, student, o.temperature, o.soft_weight, o.hard_weight, unlabeled,
-                                   o.hidden_weight, o.attention_weight, o.layer_map).attach()
+        self.distiller = bert_mgpu.Distiller(teacher, student, o.temperature, o.soft_weight, o.hard_weight,
+                                             unlabeled, o.hidden_weight, o.attention_weight, o.layer_map,
+                                             o.teacher_logits)
+        return self.distiller.attach()
 
     def facts(self, student, dev):
         """The teacher's and the student's depths, the unlabelled rows, and with --do_eval the teacher's score
@@ -119,6 +127,9 @@ class Student:
             return {"student": _layers(student)}
         out = {"teacher": f"{self.options.teacher} ({_layers(self.teacher)})", "student": _layers(student),
                **({"unlabeled rows": len(student.unlabelled)} if student.unlabelled else {})}
+        cache = self.distiller.cache
+        if cache is not None and cache.source:
+            out["teacher logits"] = f"{cache.source} {cache.path}"
         if self.options.do_eval and dev:
             metric, size = self.teacher.main_metric, self.options.eval_batch_size
             out[f"teacher {metric}"] = self.teacher.evaluate(dev, batch_size=size, verbose=False)[metric]

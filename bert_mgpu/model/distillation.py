@@ -145,10 +145,12 @@ def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, 
                  intermediate=None, projection=None):
     """A training loss `(model, features, labels, training) -> (loss, stats)` from the student head's
     `loss_fn`: its loss times `hard_weight` plus `soft_weight` x the head `objective`'s soft term
-    (`soft_term`) of the student's first pass against `teacher(features)`. A row (or word) without a label
-    (unlabelled text) has no hard term: `objective.hard_part` hides it from the head's loss. With an active
-    `intermediate` (Intermediate; both models on the fused encoder) its weighted terms are added, each the
-    mean over the rows (a long document's windows weighted as the soft term weighs them); `projection`
+    (`soft_term`) of the student's first pass against `teacher(features)`, or against the batch's feature
+    `teacher_logits` where it has one (the teacher's outputs predicted once: api/teacher_logits.py). A row (or
+    word) without a label (unlabelled text) has no hard term: `objective.hard_part` hides it from the head's
+    loss. With an active `intermediate` (Intermediate; both models on the fused encoder) its weighted terms
+    are added, each the mean over the rows (a long document's windows weighted as the soft term weighs them);
+    `projection`
     (`hidden_projection`) maps a narrower or wider student's hidden states to the teacher's, and is trained
     and checkpointed with the student (the loss's `trainable_variables` and `checkpointed`). Statistics: the
     head's, `distill_hard` and `distill_soft`, and `distill_hidden` and `distill_attention` when weighted."""
@@ -161,6 +163,11 @@ def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, 
         return tapped(scores=bool(intermediate.attention_weight)) if inside else contextlib.nullcontext([])
 
     def loss(model, features, labels, training=True):
+        features = dict(features)
+        cached = features.pop("teacher_logits", None)  # the teacher's outputs, predicted once (--teacher_logits)
+        if inside and cached is not None:
+            raise UserError("--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses "
+                            "need the teacher's insides at each step; drop one of them")
         if inside and intermediate.attention_weight and training and any(
                 getattr(layer, "recompute", False) for layer in _compat.sublayers(model)):
             raise UserError("--attention_weight and --recompute: the recomputed layers cannot hand out their "
@@ -169,9 +176,12 @@ def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, 
         hard_features, hard_labels = objective.hard_part(features, labels)
         with taps() as student_taps:
             hard, stats = loss_fn(recording, hard_features, hard_labels, training)
-        inputs = {k: v for k, v in features.items() if k != "window_weight"}
-        with taps() as teacher_taps:
-            teacher_logits = tf.stop_gradient(teacher(inputs, training=False))
+        if cached is None:
+            inputs = {k: v for k, v in features.items() if k != "window_weight"}
+            with taps() as teacher_taps:
+                teacher_logits = tf.stop_gradient(teacher(inputs, training=False))
+        else:
+            teacher_logits = cached
         soft = objective.soft_term(recording.outputs[0], teacher_logits, labels, temperature, features)
         total, stats = hard_weight * hard + soft_weight * soft, {**stats, "distill_hard": hard, "distill_soft": soft}
         if inside:

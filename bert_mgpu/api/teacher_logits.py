@@ -1,0 +1,103 @@
+"""A teacher's outputs on the training rows, predicted once and kept in a file (`--teacher_logits=FILE`): each
+training batch then carries its rows' outputs, looked up by the rows' `index`, and the distillation step runs
+the student alone. The teacher predicts without dropout, so its outputs are the same every epoch: a run of
+E epochs saves E teacher forward passes a row (most of a step when the teacher is the larger model).
+
+The file (NumPy .npz) names what it was made from: the training rows (the run's `train_data_sha256`, unlabelled
+rows included), the teacher's weights, precision and maximum sequence length. Another run of the same data
+and teacher reads it; any other is refused in one line, so a stale cache never teaches. With several workers
+every worker predicts the rows (the prediction's collectives need them all) unless the file exists when they
+start, and the chief writes it.
+
+Example:
+    bert_mgpu.Distiller(teacher, student, teacher_logits="out/teacher_logits.npz").fit(train, "out/student")
+"""
+
+import logging
+import os
+import zipfile
+
+import numpy as np
+import tensorflow as tf
+
+from bert_mgpu.core.errors import UserError
+
+log = logging.getLogger("bert_mgpu")
+
+FEATURE = "teacher_logits"  # the batch feature `model/distillation.with_teacher` reads in place of the teacher
+
+
+class TeacherLogits:
+    """`batches(head, data, digest, dataset)`: the training `dataset` of `head` (the student) with each row's
+    cached teacher outputs as the feature `teacher_logits`, read from `path` or predicted there first.
+    `teacher`: the teacher (a FineTuned of the student's head); `teacher_sha256`: its weights' digest."""
+
+    def __init__(self, path, teacher, teacher_sha256):
+        self.path, self.teacher, self.teacher_sha256 = str(path), teacher, teacher_sha256
+        self.source = None  # after `batches`: "read" or "predicted", for the run's messages
+
+    def facts(self, digest):
+        """What the file must have been made from."""
+        t = self.teacher
+        return {"train_data_sha256": digest, "teacher_sha256": self.teacher_sha256, "precision": t.policy,
+                "max_seq_length": int(t.max_seq_length)}
+
+    def read(self, digest):
+        """The cached outputs for `digest`'s rows, or None without a file; UserError for another run's file."""
+        if not os.path.exists(self.path):
+            return None
+        try:
+            with np.load(self.path, allow_pickle=False) as f:
+                made = {k: f[k].item() for k in self.facts(digest)}
+                logits = f["logits"]
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            raise UserError(f"--teacher_logits={self.path}: not a teacher-logits file of bert_mgpu "
+                            f"({type(e).__name__}: {e}); delete it to predict it anew") from None
+        wanted = self.facts(digest)
+        other = [k for k in wanted if made[k] != wanted[k]]
+        if other:
+            raise UserError(f"--teacher_logits={self.path}: made for another "
+                            f"{', '.join(f'{k} ({made[k]}, this run {wanted[k]})' for k in other)}; delete it or "
+                            "name a new file")
+        return logits
+
+    def predict(self, head, data, rows_multiple=8):
+        """The teacher's outputs on `data` (the student's training rows), in index order, float32."""
+        towers, size = self.teacher.towers, max(int(head.train_batch_size), 8)
+        dataset = head._rows_dataset(data, towers.batch(size), towers.batch(rows_multiple))
+        logits, _ = self.teacher._predictor.predict_logits(dataset)
+        return logits.astype(np.float32)
+
+    def write(self, logits, digest):
+        part = self.path + ".part"
+        with open(part, "wb") as f:
+            np.savez(f, logits=logits, **{k: np.array(v) for k, v in self.facts(digest).items()})
+        os.replace(part, self.path)
+
+    def outputs(self, head, data, digest):
+        """The outputs for the rows of `data`: the file's, or predicted and (by the chief) written."""
+        logits = self.read(digest)
+        if logits is not None:
+            self.source = "read"
+            log.info("teacher logits: read %d rows from %s", len(logits), self.path)
+            return logits
+        logits, self.source = self.predict(head, data), "predicted"
+        if self.teacher.towers.is_chief:
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+            self.write(logits, digest)
+        log.info("teacher logits: predicted %d rows, kept in %s", len(logits), self.path)
+        return logits
+
+    def batches(self, head, data, digest, dataset):
+        logits = self.outputs(head, data, digest)
+        table = tf.constant(logits)
+        per_token = logits.ndim == 3
+
+        def add(features, labels, index):
+            rows = tf.gather(table, index)
+            if per_token:  # the batch's width: the table is as wide as the widest prediction batch
+                width = tf.shape(features["token_ids"])[1]
+                rows = tf.pad(rows, [[0, 0], [0, tf.maximum(width - tf.shape(rows)[1], 0)], [0, 0]])[:, :width]
+            return {**features, FEATURE: rows}, labels, index
+
+        return dataset.map(tf.autograph.experimental.do_not_convert(add), num_parallel_calls=tf.data.AUTOTUNE)
