@@ -3,7 +3,7 @@ student of its layers 0, 2, 4 distilled from it, and the same student fine-tuned
 seeds; dev accuracy of all three and their prediction throughput in one process.
 
     python benchmarks/distill.py --seeds=1,2,3 [--every=1] [--temperature=2] [--layers=0,2,4] [--unlabeled=plot]
-        [--kinds=distilled,plain,inside] [--hidden_weight=1 --attention_weight=1]
+        [--kinds=distilled,plain,inside,cached] [--hidden_weight=1 --attention_weight=1]
 
 The teacher is make demo's recipe (1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length
 128), trained once with seed 1 and kept in --work. Each seed then trains two students from the teacher's
@@ -14,7 +14,9 @@ of the teacher and the student predicting dev (the median of 3 passes each, afte
 --unlabeled=plot adds the corpus's plot summaries of the training movies (the rows make demo drops, no
 label) to the distilled student's training rows; --kinds=distilled leaves out the plain student; the kind
 `inside` is the distilled student with the intermediate losses too (--hidden_weight, --attention_weight; each
-student layer against the teacher layer it was taken from).
+student layer against the teacher layer it was taken from); the kind `cached` is the distilled student taught by
+the teacher's outputs predicted once (--teacher_logits, a file in --work made anew for each seed). Each kind's
+training seconds (its fit, the cache's prediction included) are printed beside its accuracy.
 """
 
 import argparse
@@ -94,7 +96,7 @@ def main():
           f"{teacher.policy}) dev accuracy {teacher_accuracy:.4f}; students of layers {args.layers}, "
           f"{args.student_epochs:g} epochs at {args.student_lr:g}, temperature {args.temperature:g}, "
           f"{len(unlabeled)} unlabelled rows", flush=True)
-    rows, student = [], None
+    rows, student, seconds = [], None, {}
     for seed in (int(s) for s in args.seeds.split(",")):
         got = {}
         for kind in args.kinds.split(","):
@@ -102,12 +104,17 @@ def main():
             keras.utils.set_random_seed(seed)
             student = bert_mgpu.Distiller.student_from_layers(teacher, layers)
             keywords = dict(epochs=args.student_epochs, learning_rate=args.student_lr, seed=seed, verbose=False)
-            if kind in ("distilled", "inside"):
-                inside = dict(hidden_weight=args.hidden_weight, attention_weight=args.attention_weight)
+            start = time.perf_counter()
+            if kind in ("distilled", "inside", "cached"):
+                extra = dict(hidden_weight=args.hidden_weight, attention_weight=args.attention_weight) \
+                    if kind == "inside" else {}
+                if kind == "cached":
+                    extra = {"teacher_logits": os.path.join(out, "teacher_logits.npz")}
                 bert_mgpu.Distiller(teacher, student, temperature=args.temperature, unlabeled=unlabeled,
-                                    **(inside if kind == "inside" else {})).fit(train, out, **keywords)
+                                    **extra).fit(train, out, **keywords)
             else:
                 student.fit(train, out, **keywords)
+            seconds[kind] = seconds.get(kind, 0.0) + time.perf_counter() - start
             got[kind] = accuracy(student, dev)
             shutil.rmtree(out)
         rows.append(got)
@@ -119,6 +126,11 @@ def main():
             paired(f"{kind} - plain", [r[kind] - r["plain"] for r in rows])
     if {"distilled", "inside"} <= set(rows[0]):
         paired("inside - distilled", [r["inside"] - r["distilled"] for r in rows])
+    if {"distilled", "cached"} <= set(rows[0]):
+        paired("cached - distilled", [r["cached"] - r["distilled"] for r in rows])
+    print("training seconds over the seeds: " + ", ".join(f"{k} {v:.0f}" for k, v in seconds.items()) +
+          (f"; distilled / cached {seconds['distilled'] / seconds['cached']:.2f}x" if {"distilled", "cached"} <=
+           set(seconds) else ""))
     fast, slow = throughput(student, dev), throughput(teacher, dev)
     print(f"predicting dev: student {fast:.1f} examples/s, teacher {slow:.1f}: {fast / slow:.2f}x")
     if not args.work:
