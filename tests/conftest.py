@@ -113,15 +113,16 @@ def tiny_config(vocab_size, **overrides):
     return BertConfig(**values)
 
 
-def write_google_release(directory, config=None, seed=0):
-    """A tiny Google-layout release (bert_model.ckpt, bert_config.json, vocab.txt) with random weights."""
+def write_google_release(directory, config=None, seed=0, words=WORDS):
+    """A tiny Google-layout release (bert_model.ckpt, bert_config.json, vocab.txt of `words`) with random
+    weights."""
     import keras
 
     from bert_mgpu.io import checkpoints
     from bert_mgpu.model import modeling
 
     os.makedirs(directory, exist_ok=True)
-    tokens = write_vocab(os.path.join(directory, "vocab.txt"))
+    tokens = write_vocab(os.path.join(directory, "vocab.txt"), words)
     config = config or tiny_config(len(tokens))
     config.to_json_file(os.path.join(directory, "bert_config.json"))
     keras.utils.set_random_seed(seed)

@@ -21,6 +21,8 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.distillation import Intermediate, check_distillation, hidden_projection, with_teacher
 from bert_mgpu.model.tagging_objectives import CRFTagging
 
+ROW_HEADS = ("classification", "regression", "multi_label")  # one output a text: another vocabulary can teach it
+
 
 def weights_digest(model):
     """sha256 of a model's weights, in their order: which teacher a distilled run learnt from."""
@@ -40,8 +42,9 @@ class Distiller:
     Args:
         teacher: a fine-tuned `BertClassifier` (classification, regression or multi-label) or `BertTagger`
             (without a CRF), on the towers the student trains on; its weights are not trained.
-        student: a model of the same head with the teacher's labels and vocabulary on the same towers, e.g.
-            `student_from_layers(teacher, (0, 2, 4))`.
+        student: a model of the same head with the teacher's labels on the same towers, e.g.
+            `student_from_layers(teacher, (0, 2, 4))`; of the teacher's vocabulary, but for a classifier taught
+            from `teacher_logits` (the teacher then reads each training text with its own tokenizer).
         temperature: the soft loss's temperature (Hinton's T; 1: the outputs as they are): both softmaxes'
             (classification, each word's tags) or sigmoids' (multi-label); a regression's squared difference
             has none.
@@ -74,10 +77,14 @@ class Distiller:
         if list(teacher.labels) != list(student.labels):
             raise UserError(f"distillation: the student's labels ({', '.join(student.labels)}) are not the "
                             f"teacher's ({', '.join(teacher.labels)}), in the same order")
-        if (teacher.tokenizer.vocab, teacher.tokenizer.do_lower_case) != (student.tokenizer.vocab,
-                                                                             student.tokenizer.do_lower_case):
-            raise UserError("distillation: the student's vocabulary or casing is not the teacher's; both read "
-                            "the same WordPieces in this version")
+        self.own_words = (teacher.tokenizer.vocab, teacher.tokenizer.do_lower_case) != (
+            student.tokenizer.vocab, student.tokenizer.do_lower_case)  # each reads the text its own way
+        if self.own_words and not (teacher_logits and teacher.objective.name in ROW_HEADS
+                                   and not getattr(teacher, "doc_stride", None)
+                                   and not getattr(student, "doc_stride", None)):
+            raise UserError("distillation: the student's vocabulary or casing is not the teacher's: only a "
+                            "classifier (no --doc_stride) is taught across vocabularies, by --teacher_logits (the "
+                            "teacher reads each training text its own way once)")
         if teacher.towers.strategy is not student.towers.strategy:
             raise UserError("distillation: the teacher and the student must be opened on the same Towers")
         self.teacher, self.student = teacher, student
@@ -98,7 +105,8 @@ class Distiller:
             raise UserError("--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses "
                             "need the teacher's insides at each step; drop one of them")
         self.teacher_sha256 = weights_digest(teacher.model)
-        self.cache = TeacherLogits(teacher_logits, teacher, self.teacher_sha256) if teacher_logits else None
+        self.cache = TeacherLogits(teacher_logits, teacher, self.teacher_sha256, self.own_words) \
+            if teacher_logits else None
 
     @staticmethod
     def student_from_layers(teacher: FineTuned, layers) -> FineTuned:

@@ -13,6 +13,7 @@ Example:
     bert_mgpu.Distiller(teacher, student, teacher_logits="out/teacher_logits.npz").fit(train, "out/student")
 """
 
+import hashlib
 import logging
 import os
 import zipfile
@@ -27,20 +28,28 @@ log = logging.getLogger("bert_mgpu")
 FEATURE = "teacher_logits"  # the batch feature `model/distillation.with_teacher` reads in place of the teacher
 
 
+def vocab_digest(tokenizer):
+    """sha256 of a tokenizer's WordPieces in order and its casing: how the teacher read the texts."""
+    h = hashlib.sha256("\n".join(tokenizer.vocab).encode())
+    h.update(b"lower" if tokenizer.do_lower_case else b"cased")
+    return h.hexdigest()
+
+
 class TeacherLogits:
     """`batches(head, data, digest, dataset)`: the training `dataset` of `head` (the student) with each row's
     cached teacher outputs as the feature `teacher_logits`, read from `path` or predicted there first.
     `teacher`: the teacher (a FineTuned of the student's head); `teacher_sha256`: its weights' digest."""
 
-    def __init__(self, path, teacher, teacher_sha256):
+    def __init__(self, path, teacher, teacher_sha256, own_words=False):
         self.path, self.teacher, self.teacher_sha256 = str(path), teacher, teacher_sha256
+        self.own_words = own_words  # a student of another vocabulary: the teacher tokenizes each text itself
         self.source = None  # after `batches`: "read" or "predicted", for the run's messages
 
     def facts(self, digest):
         """What the file must have been made from."""
         t = self.teacher
         return {"train_data_sha256": digest, "teacher_sha256": self.teacher_sha256, "precision": t.policy,
-                "max_seq_length": int(t.max_seq_length)}
+                "max_seq_length": int(t.max_seq_length), "teacher_vocab_sha256": vocab_digest(t.tokenizer)}
 
     def read(self, digest):
         """The cached outputs for `digest`'s rows, or None without a file; UserError for another run's file."""
@@ -64,6 +73,8 @@ class TeacherLogits:
     def predict(self, head, data, rows_multiple=8):
         """The teacher's outputs on `data` (the student's training rows), in index order, float32."""
         towers, size = self.teacher.towers, max(int(head.train_batch_size), 8)
+        if self.own_words:  # a classifier's rows, each text read by the teacher's tokenizer (Distiller checks)
+            return self.teacher._logits(data[0], size, "train", verbose=False)[0].astype(np.float32)
         dataset = head._rows_dataset(data, towers.batch(size), towers.batch(rows_multiple))
         logits, _ = self.teacher._predictor.predict_logits(dataset)
         return logits.astype(np.float32)
