@@ -7,7 +7,7 @@ The file (NumPy .npz) names what it was made from: the training rows (the run's 
 rows included), the teacher's weights, precision and maximum sequence length. Another run of the same data
 and teacher reads it; any other is refused in one line, so a stale cache never teaches. With several workers
 every worker predicts the rows (the prediction's collectives need them all) unless the file exists when they
-start, and the chief writes it.
+start, and the chief writes it; workers that see it differently stop in one line (`agree.check_same_plan`).
 
 Example:
     bert_mgpu.Distiller(teacher, student, teacher_logits="out/teacher_logits.npz").fit(train, "out/student")
@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.parallel import agree
 
 log = logging.getLogger("bert_mgpu")
 
@@ -86,7 +87,10 @@ class TeacherLogits:
         os.replace(part, self.path)
 
     def outputs(self, head, data, digest):
-        """The outputs for the rows of `data`: the file's, or predicted and (by the chief) written."""
+        """The outputs for the rows of `data`: the file's, or predicted and (by the chief) written. Workers
+        that differ on whether the file is there (no shared storage) end in one line: those without it would
+        wait forever in the prediction's collectives."""
+        agree.check_same_plan(self.teacher.towers.strategy, {"--teacher_logits file": os.path.exists(self.path)})
         logits = self.read(digest)
         if logits is not None:
             self.source = "read"
