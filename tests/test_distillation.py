@@ -729,3 +729,24 @@ def test_a_student_of_another_vocabulary_learns_the_teachers_cached_outputs(goog
     words = bert_mgpu.BertTagger.from_pretrained(other, TAGS, tagger.towers, "float32", max_seq_length=32)
     with pytest.raises(UserError, match=r"only a classifier \(no --doc_stride\)"):
         bert_mgpu.Distiller(tagger, words, teacher_logits=str(tmp_path / "tags.npz"))
+
+
+def test_workers_that_see_the_logits_file_differently_stop_in_one_line(teacher, tmp_path, monkeypatch):
+    """Two workers without shared storage, the file on this one only: the one that would read it and the one
+    that would predict (with collectives) stop in the same one line before either acts. The second worker is
+    simulated: its answer through the coordination service says it has no file (test_multi_worker runs the
+    exchange itself between real workers)."""
+    from bert_mgpu.core import _compat
+    from bert_mgpu.core.errors import RunError
+    from bert_mgpu.parallel import agree
+
+    cache = tmp_path / "logits.npz"
+    cache.write_bytes(b"")
+    monkeypatch.setattr(agree, "worker_of", lambda strategy: (0, 2))
+    monkeypatch.setattr(_compat, "exchange_with_workers", lambda key, value, workers, index, timeout: [
+        value, value.replace('"--teacher_logits file": true', '"--teacher_logits file": false')])
+    from bert_mgpu.api.teacher_logits import TeacherLogits
+
+    with pytest.raises(RunError, match=r"^the workers' plans differ \(--teacher_logits file: worker 0: True, worker "
+                       r"1: False\); every worker must run the same plan"):
+        TeacherLogits(str(cache), teacher, "sha").outputs(head=None, data=None, digest="sha")  # before any read
