@@ -109,7 +109,7 @@ def main():
                 extra = dict(hidden_weight=args.hidden_weight, attention_weight=args.attention_weight) \
                     if kind == "inside" else {}
                 if kind == "cached":
-                    extra = {"teacher_logits": os.path.join(out, "teacher_logits.npz")}
+                    extra = {"teacher_logits": os.path.join(out, "teacher_logits.safetensors")}
                 bert_mgpu.Distiller(teacher, student, temperature=args.temperature, unlabeled=unlabeled,
                                     **extra).fit(train, out, **keywords)
             else:

@@ -570,6 +570,14 @@ def test_a_student_learns_the_teachers_hidden_states_and_attention(teacher, tmp_
     assert (settings["layer_map"], settings["hidden_weight"], settings["attention_weight"]) == ([1], 1.0, 1.0)
 
 
+def read_cache(path):
+    """A --teacher_logits file -> (logits, the metadata: what they were made from)."""
+    import safetensors
+
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        return f.get_tensor("logits"), f.metadata()
+
+
 def test_cached_teacher_logits_teach_as_the_teacher_does_and_are_read_back(teacher, tmp_path, caplog):
     """--teacher_logits: the teacher predicts the training rows once (unlabelled ones too) into the file; the run
     that reads its batches' rows from it trains the student as the run whose teacher runs in each step (to
@@ -580,7 +588,7 @@ def test_cached_teacher_logits_teach_as_the_teacher_does_and_are_read_back(teach
 
     train = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(48, 4))]
     unlabelled = [text for _, text in sentiment_rows(16, 5)]
-    cache = str(tmp_path / "logits.npz")
+    cache = str(tmp_path / "logits.safetensors")
 
     def run(name, path):
         keras.utils.set_random_seed(7)
@@ -604,26 +612,26 @@ def test_cached_teacher_logits_teach_as_the_teacher_does_and_are_read_back(teach
     for a, b, c in zip(live_weights, cached_weights, again_weights):
         np.testing.assert_allclose(b, a, atol=2e-5)
         np.testing.assert_array_equal(c, b)
-    with np.load(cache) as f:  # the teacher's logits of every training row, unlabelled last, in their order
-        np.testing.assert_allclose(f["logits"][:48], teacher._logits(train, 8, "predict", False)[0], atol=1e-6)
-        np.testing.assert_allclose(f["logits"][48:], teacher._logits(bert_mgpu.Distiller(
-            teacher, teacher, unlabeled=unlabelled).unlabeled, 8, "predict", False)[0], atol=1e-6)
-        assert (f["precision"].item(), f["max_seq_length"].item()) == ("float32", 32)
+    logits, made = read_cache(cache)  # the teacher's logits of every training row, unlabelled last, in order
+    np.testing.assert_allclose(logits[:48], teacher._logits(train, 8, "predict", False)[0], atol=1e-6)
+    np.testing.assert_allclose(logits[48:], teacher._logits(bert_mgpu.Distiller(
+        teacher, teacher, unlabeled=unlabelled).unlabeled, 8, "predict", False)[0], atol=1e-6)
+    assert (made["precision"], made["max_seq_length"]) == ("float32", "32")
     student = bert_mgpu.Distiller.student_from_layers(teacher, [1])
-    with pytest.raises(UserError, match=r"--teacher_logits=.*logits\.npz: made for another train_data_sha256 "
+    with pytest.raises(UserError, match=r"--teacher_logits=.*logits\.safetensors: made for another train_data_sha256 "
                        r"\([0-9a-f]{64}, this run [0-9a-f]{64}\); delete it or name a new file"):
         bert_mgpu.Distiller(teacher, student, teacher_logits=cache).fit(train[:32], str(tmp_path / "other"),
                                                                         epochs=1, verbose=False)
     other = bert_mgpu.Distiller.student_from_layers(student, [0])  # the same rows, another teacher
-    with pytest.raises(UserError, match=r"logits\.npz: made for another teacher_sha256 \([0-9a-f]{64}, this "
+    with pytest.raises(UserError, match=r"logits\.safetensors: made for another teacher_sha256 \([0-9a-f]{64}, this "
                        r"run [0-9a-f]{64}\); delete"):
         bert_mgpu.Distiller(student, other, unlabeled=unlabelled, teacher_logits=cache).fit(
             train, str(tmp_path / "other"), epochs=1, verbose=False)
     with pytest.raises(UserError, match=r"--teacher_logits and --hidden_weight or --attention_weight: the "):
         bert_mgpu.Distiller(teacher, student, hidden_weight=1.0, teacher_logits=cache)
-    (tmp_path / "bad.npz").write_text("not numbers")
-    with pytest.raises(UserError, match=r"--teacher_logits=.*bad\.npz: not a teacher-logits file of bert_mgpu"):
-        bert_mgpu.Distiller(teacher, student, teacher_logits=str(tmp_path / "bad.npz")).fit(
+    (tmp_path / "bad.safetensors").write_text("not numbers")
+    with pytest.raises(UserError, match=r"--teacher_logits=.*bad\.safetensors: not a teacher-logits file of bert_mgpu"):
+        bert_mgpu.Distiller(teacher, student, teacher_logits=str(tmp_path / "bad.safetensors")).fit(
             train, str(tmp_path / "bad"), epochs=1, verbose=False)
 
 
@@ -640,9 +648,8 @@ def test_a_taggers_cached_logits_teach_each_word_as_the_teacher_does(tagger, tmp
         return history, [v.numpy() for v in student.model.trainable_variables]
 
     live, live_weights = run("live", None)
-    cached, cached_weights = run("cached", str(tmp_path / "tags.npz"))
-    with np.load(tmp_path / "tags.npz") as f:
-        logits = f["logits"]
+    cached, cached_weights = run("cached", str(tmp_path / "tags.safetensors"))
+    logits, _ = read_cache(tmp_path / "tags.safetensors")
     windows = tagger._windows(train)
     assert len(windows) > len(train) and logits.shape == (len(windows), 32, 4)  # a long sentence's windows
     assert len(live["step"]) == len(windows) // 16 and min(live["distill_soft"]) > 0
@@ -717,18 +724,18 @@ def test_a_student_of_another_vocabulary_learns_the_teachers_cached_outputs(goog
                       - entropy).mean())
 
     before = gap()
-    cache = str(tmp_path / "logits.npz")
+    cache = str(tmp_path / "logits.safetensors")
     bert_mgpu.Distiller(teacher, student, hard_weight=0.0, teacher_logits=cache).fit(
         train, str(tmp_path / "student"), epochs=4, learning_rate=3e-3, verbose=False)
-    with np.load(cache) as f:
-        np.testing.assert_allclose(f["logits"], want, atol=1e-6)  # the teacher's tokenization of each text
-        assert f["teacher_vocab_sha256"].item() != "" and f["logits"].shape == (64, 2)
+    logits, made = read_cache(cache)
+    np.testing.assert_allclose(logits, want, atol=1e-6)  # the teacher's tokenization of each text
+    assert len(made["teacher_vocab_sha256"]) == 64 and logits.shape == (64, 2)
     after = gap()
     assert before > 0.005 and after < 0.1 * before, (before, after)  # 0.0094 -> 0.0002 here
     assert len(texts) == 64 and student.global_step == 16
     words = bert_mgpu.BertTagger.from_pretrained(other, TAGS, tagger.towers, "float32", max_seq_length=32)
     with pytest.raises(UserError, match=r"only a classifier \(no --doc_stride\)"):
-        bert_mgpu.Distiller(tagger, words, teacher_logits=str(tmp_path / "tags.npz"))
+        bert_mgpu.Distiller(tagger, words, teacher_logits=str(tmp_path / "tags.safetensors"))
 
 
 def test_workers_that_see_the_logits_file_differently_stop_in_one_line(teacher, tmp_path, monkeypatch):
@@ -740,7 +747,7 @@ def test_workers_that_see_the_logits_file_differently_stop_in_one_line(teacher, 
     from bert_mgpu.core.errors import RunError
     from bert_mgpu.parallel import agree
 
-    cache = tmp_path / "logits.npz"
+    cache = tmp_path / "logits.safetensors"
     cache.write_bytes(b"")
     monkeypatch.setattr(agree, "worker_of", lambda strategy: (0, 2))
     monkeypatch.setattr(_compat, "exchange_with_workers", lambda key, value, workers, index, timeout: [

@@ -3,20 +3,20 @@ training batch then carries its rows' outputs, looked up by the rows' `index`, a
 the student alone. The teacher predicts without dropout, so its outputs are the same every epoch: a run of
 E epochs saves E teacher forward passes a row (most of a step when the teacher is the larger model).
 
-The file (NumPy .npz) names what it was made from: the training rows (the run's `train_data_sha256`, unlabelled
-rows included), the teacher's weights, precision and maximum sequence length. Another run of the same data
-and teacher reads it; any other is refused in one line, so a stale cache never teaches. With several workers
-every worker predicts the rows (the prediction's collectives need them all) unless the file exists when they
-start, and the chief writes it; workers that see it differently stop in one line (`agree.check_same_plan`).
+The file is safetensors (no code runs when it is read): the logits, and in its metadata what they were made
+from: the training rows (the run's `train_data_sha256`, unlabelled rows included), the teacher's weights,
+vocabulary, precision and maximum sequence length. Another run of the same data and teacher reads it; any
+other is refused in one line, so a stale cache never teaches. With several workers every worker predicts the
+rows (the prediction's collectives need them all) unless the file exists when they start, and the chief
+writes it; workers that see it differently stop in one line (`agree.check_same_plan`).
 
 Example:
-    bert_mgpu.Distiller(teacher, student, teacher_logits="out/teacher_logits.npz").fit(train, "out/student")
+    bert_mgpu.Distiller(teacher, student, teacher_logits="out/teacher_logits.safetensors").fit(train, "out/student")
 """
 
 import hashlib
 import logging
 import os
-import zipfile
 
 import numpy as np
 import tensorflow as tf
@@ -54,16 +54,19 @@ class TeacherLogits:
 
     def read(self, digest):
         """The cached outputs for `digest`'s rows, or None without a file; UserError for another run's file."""
+        import safetensors
+
         if not os.path.exists(self.path):
             return None
+        wanted = {k: str(v) for k, v in self.facts(digest).items()}
         try:
-            with np.load(self.path, allow_pickle=False) as f:
-                made = {k: f[k].item() for k in self.facts(digest)}
-                logits = f["logits"]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+            with safetensors.safe_open(self.path, framework="numpy") as f:
+                stored = f.metadata() or {}
+                made = {k: stored[k] for k in wanted}
+                logits = f.get_tensor("logits")
+        except (OSError, KeyError, safetensors.SafetensorError) as e:
             raise UserError(f"--teacher_logits={self.path}: not a teacher-logits file of bert_mgpu "
                             f"({type(e).__name__}: {e}); delete it to predict it anew") from None
-        wanted = self.facts(digest)
         other = [k for k in wanted if made[k] != wanted[k]]
         if other:
             raise UserError(f"--teacher_logits={self.path}: made for another "
@@ -81,9 +84,11 @@ class TeacherLogits:
         return logits.astype(np.float32)
 
     def write(self, logits, digest):
+        from safetensors.numpy import save_file
+
         part = self.path + ".part"
-        with open(part, "wb") as f:
-            np.savez(f, logits=logits, **{k: np.array(v) for k, v in self.facts(digest).items()})
+        save_file({"logits": np.ascontiguousarray(logits)}, part,
+                  metadata={k: str(v) for k, v in self.facts(digest).items()})
         os.replace(part, self.path)
 
     def outputs(self, head, data, digest):

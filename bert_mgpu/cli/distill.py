@@ -39,7 +39,7 @@ def define_flags(head, unlabeled_help):
     flags.DEFINE_list("layer_map", None, "The teacher's encoder layer (from 0) each student layer learns from in "
                       "the two losses above, e.g. 1,3,5. Default: --teacher_layers, else TinyBERT's uniform map "
                       "(the last from the last).")
-    flags.DEFINE_string("teacher_logits", None, "A file (.npz) that keeps the teacher's outputs on the training "
+    flags.DEFINE_string("teacher_logits", None, "A file (safetensors) that keeps the teacher's outputs on the training "
                         "rows: predicted once, at the start, if it does not exist; read if it was made from the "
                         "same rows and teacher (else refused). The steps then run the student alone. Not with "
                         "--hidden_weight or --attention_weight.")
