@@ -18,7 +18,13 @@ import hashlib
 from bert_mgpu.api.fine_tuning import FineTuned
 from bert_mgpu.api.teacher_logits import TeacherLogits
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.model.distillation import Intermediate, check_distillation, hidden_projection, with_teacher
+from bert_mgpu.model.distillation import (
+    CACHED_AND_INSIDES,
+    Intermediate,
+    check_distillation,
+    hidden_projection,
+    with_teacher,
+)
 from bert_mgpu.model.tagging_objectives import CRFTagging
 
 ROW_HEADS = ("classification", "regression", "multi_label")  # one output a text: another vocabulary can teach it
@@ -102,8 +108,7 @@ class Distiller:
                 self.projection = hidden_projection(student.config, teacher.config, student.policy)
         self.unlabeled = teacher.unlabelled_rows(unlabeled) if unlabeled is not None and len(unlabeled) else []
         if teacher_logits and self.intermediate.active:
-            raise UserError("--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses "
-                            "need the teacher's insides at each step; drop one of them")
+            raise UserError(CACHED_AND_INSIDES)
         self.teacher_sha256 = weights_digest(teacher.model)
         self.cache = TeacherLogits(teacher_logits, teacher, self.teacher_sha256, self.own_words) \
             if teacher_logits else None

@@ -22,11 +22,10 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.model.distillation import CACHED
 from bert_mgpu.parallel import agree
 
 log = logging.getLogger("bert_mgpu")
-
-FEATURE = "teacher_logits"  # the batch feature `model/distillation.with_teacher` reads in place of the teacher
 
 
 def vocab_digest(tokenizer):
@@ -118,6 +117,6 @@ class TeacherLogits:
             if per_token:  # the batch's width: the table is as wide as the widest prediction batch
                 width = tf.shape(features["token_ids"])[1]
                 rows = tf.pad(rows, [[0, 0], [0, tf.maximum(width - tf.shape(rows)[1], 0)], [0, 0]])[:, :width]
-            return {**features, FEATURE: rows}, labels, index
+            return {**features, CACHED: rows}, labels, index
 
         return dataset.map(tf.autograph.experimental.do_not_convert(add), num_parallel_calls=tf.data.AUTOTUNE)

@@ -164,7 +164,7 @@ def heads_mixed_float16(setup, steps=3):
     from bert_mgpu.model import modeling
     from bert_mgpu.model.adversarial import with_adversarial
     from bert_mgpu.model.choice_objectives import MultipleChoice
-    from bert_mgpu.model.distillation import Intermediate, with_teacher
+    from bert_mgpu.model.distillation import CACHED, Intermediate, with_teacher
     from bert_mgpu.model.objectives import Classification
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
@@ -193,7 +193,7 @@ def heads_mixed_float16(setup, steps=3):
     heads["distilled_tagger"] = (lambda: modeling.build_tagger(student, 9, "mixed_float16"), with_teacher(
         TokenClassification().loss, teacher, TokenClassification(), 2.0, intermediate=Intermediate((1,), 1.0, 1.0)),
         features, untagged)
-    cached = {**features, "teacher_logits": tf.constant(np.linspace(-2, 2, rows * 2).reshape(rows, 2), tf.float32)}
+    cached = {**features, CACHED: tf.constant(np.linspace(-2, 2, rows * 2).reshape(rows, 2), tf.float32)}
     heads["distilled_cached"] = (lambda: modeling.build_classifier(student, 2, "mixed_float16"), with_teacher(
         Classification().loss, teacher, Classification(), 2.0), cached, np.arange(rows) % 2)
     heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,

@@ -32,6 +32,10 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.fused_encoder import tapped
 from bert_mgpu.model.rdrop import Recording
 
+CACHED = "teacher_logits"  # a batch's feature holding its rows' teacher outputs, predicted once
+CACHED_AND_INSIDES = ("--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses need the "
+                      "teacher's insides at each step; drop one of them")
+
 
 def soft_cross_entropy(student_logits, teacher_logits, temperature=1.0):
     """Each row's cross-entropy of the student's softmax at `temperature` against the teacher's, in float32,
@@ -150,9 +154,8 @@ def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, 
     word) without a label (unlabelled text) has no hard term: `objective.hard_part` hides it from the head's
     loss. With an active `intermediate` (Intermediate; both models on the fused encoder) its weighted terms
     are added, each the mean over the rows (a long document's windows weighted as the soft term weighs them);
-    `projection`
-    (`hidden_projection`) maps a narrower or wider student's hidden states to the teacher's, and is trained
-    and checkpointed with the student (the loss's `trainable_variables` and `checkpointed`). Statistics: the
+    `projection` (`hidden_projection`) maps a narrower or wider student's hidden states to the teacher's, and
+    is trained and checkpointed with the student (the loss's `trainable_variables` and `checkpointed`). Statistics: the
     head's, `distill_hard` and `distill_soft`, and `distill_hidden` and `distill_attention` when weighted."""
     temperature, soft_weight, hard_weight = check_distillation(temperature, soft_weight, hard_weight)
     if not objective.distillable:
@@ -164,10 +167,9 @@ def with_teacher(loss_fn, teacher, objective, temperature=1.0, soft_weight=1.0, 
 
     def loss(model, features, labels, training=True):
         features = dict(features)
-        cached = features.pop("teacher_logits", None)  # the teacher's outputs, predicted once (--teacher_logits)
+        cached = features.pop(CACHED, None)  # the teacher's outputs, predicted once (--teacher_logits)
         if inside and cached is not None:
-            raise UserError("--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses "
-                            "need the teacher's insides at each step; drop one of them")
+            raise UserError(CACHED_AND_INSIDES)
         if inside and intermediate.attention_weight and training and any(
                 getattr(layer, "recompute", False) for layer in _compat.sublayers(model)):
             raise UserError("--attention_weight and --recompute: the recomputed layers cannot hand out their "
