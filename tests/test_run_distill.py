@@ -96,6 +96,9 @@ def test_the_students_run_is_a_classifier_run(distilled, tmp_path):
      "--layer_map=0,1: one teacher layer (0-1) for each of the student's 1 layers"),
     (("--teacher={run}", "--teacher_layers=0", "--layer_map=last"), "--layer_map=last: expected layer numbers, "
      "e.g. 0,2,4"),
+    (("--teacher={run}", "--teacher_layers=0", "--student_init=teacher_layers=1"),
+     "--student_init with --teacher_layers or --init_checkpoint: give one of them"),
+    (("--teacher={run}", "--student_init={run}/nowhere"), "out/nowhere: checkpoint not found"),  # its checkpoint
     (("--teacher={run}", "--teacher_layers=0", "--hidden_weight=1", "--teacher_logits={run}/logits.safetensors"),
      "--teacher_logits and --hidden_weight or --attention_weight: the intermediate losses need the teacher's "
      "insides at each step; drop one of them"),
@@ -118,13 +121,16 @@ def test_cached_teacher_logits_are_predicted_once_and_named_in_the_summary(disti
     _, args, _ = distilled
     cache, out = tmp_path / "teacher.safetensors", tmp_path / "out"
     drop = ("--output_dir", "--hidden_weight", "--attention_weight", "--do_eval", "--do_predict", "--save_checkp")
+    drop += ("--teacher_layers",)  # the student given by the one flag instead
     proc = run_script("run_distill_mgpu.py", *[a for a in args if not a.startswith(drop)], f"--output_dir={out}",
-                      f"--teacher_logits={cache}", "--do_export", "--export_format=onnx")
+                      f"--teacher_logits={cache}", "--do_export", "--export_format=onnx",
+                      "--student_init=teacher_layers=1")
     assert re.search(rf"^  teacher logits +predicted {re.escape(str(cache))}$", proc.stdout, re.M), proc.stdout
     with safetensors.safe_open(str(cache), framework="numpy") as f:
         logits, made = f.get_tensor("logits"), f.metadata()
     assert logits.shape == (800, 2) and np.ptp(logits) > 1 and made["precision"] == "float32"
     run = json.load(open(out / "bert_mgpu.json"))
     assert run["global_step"] == 50 and run["settings"]["distillation"]["teacher_logits"] == "cached"
+    assert run["settings"]["student_init"] == "teacher_layers=1" and run["bert_config"]["num_hidden_layers"] == 1
     facts = json.load(open(out / "export" / "onnx" / "bert_mgpu.json"))
     assert facts["labels"] == ["neg", "pos"] and facts["max_difference_to_tensorflow"] < 1e-4

@@ -16,7 +16,7 @@ from absl import flags
 from bert_mgpu.core.errors import UserError
 
 SETTINGS = ("teacher", "teacher_layers", "temperature", "soft_weight", "hard_weight", "unlabeled_file",
-            "hidden_weight", "attention_weight", "layer_map")
+            "hidden_weight", "attention_weight", "layer_map", "student_init")
 
 
 def define_flags(head, unlabeled_help):
@@ -26,6 +26,8 @@ def define_flags(head, unlabeled_help):
     flags.DEFINE_list("teacher_layers", None, "The student: these encoder layers of the teacher (e.g. 0,2,4), with "
                       "its embeddings, pooler and head (DistilBERT's start). Default: --init_checkpoint's model, "
                       "with a fresh head.")
+    flags.DEFINE_string("student_init", None, "Where the student starts, in one flag: teacher_layers=0,2,4 (as "
+                        "--teacher_layers) or a checkpoint bert_mgpu reads (as --init_checkpoint).")
     flags.DEFINE_float("temperature", 2.0, "Both softmaxes' temperature in the soft loss (Hinton's T).")
     flags.DEFINE_float("soft_weight", 1.0, "The soft loss's weight (it is also multiplied by T^2).")
     flags.DEFINE_float("hard_weight", 1.0, "The labels' loss's weight.")
@@ -65,15 +67,24 @@ class Options:
     attention_weight: float = 0.0
     layer_map: tuple | None = None
     teacher_logits: str | None = None
+    student_checkpoint: str | None = None  # --student_init=PATH
 
     @classmethod
     def from_flags(cls, values):
         given = lambda name: values[name].value if name in values and values[name].present else None  # noqa: E731
+        layers, checkpoint = values.teacher_layers, None
+        if values.student_init:  # the issue's one flag for --teacher_layers or the student's --init_checkpoint
+            if layers or given("init_checkpoint"):
+                raise UserError("--student_init with --teacher_layers or --init_checkpoint: give one of them")
+            if values.student_init.startswith("teacher_layers="):
+                layers = [v for v in values.student_init.split("=", 1)[1].split(",") if v]
+            else:
+                checkpoint = values.student_init
         return cls(values.do_train, values.do_eval, values.teacher,
-                   _layers_of("teacher_layers", values.teacher_layers), values.temperature,
+                   _layers_of("teacher_layers", layers), values.temperature,
                    values.soft_weight, values.hard_weight, values.unlabeled_file, values.eval_batch_size,
                    (given("text_column"), given("text_b_column")), values.hidden_weight, values.attention_weight,
-                   _layers_of("layer_map", values.layer_map), values.teacher_logits)
+                   _layers_of("layer_map", values.layer_map), values.teacher_logits, checkpoint)
 
 
 class Student:
@@ -93,6 +104,7 @@ class Student:
         o = self.options
         if not o.do_train:
             return self.head.from_pretrained(init, labels=labels, **keywords)
+        init = o.student_checkpoint or init
         if not o.teacher:
             raise UserError(f"--teacher is required to train: the fine-tuned {self.name} run that teaches")
         shared = {k: keywords[k] for k in ("towers", "precision", "max_seq_length")}

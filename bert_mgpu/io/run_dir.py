@@ -163,7 +163,7 @@ def check_same_run(directory, settings, overwrite=False, remove=True):
 
 
 # Settings runs record since a version: a run written before resumes (with the new default, for the last three).
-LATER_SETTINGS = {"vocab_sha256", "num_warmup_steps", "length_buckets", "adam_eps", "lr_schedule"}
+LATER_SETTINGS = {"vocab_sha256", "num_warmup_steps", "length_buckets", "adam_eps", "lr_schedule", "student_init"}
 
 
 def vocab_setting(vocab_file):
