@@ -42,10 +42,10 @@ setup(
                  "jieba>=0.42",  # the zh extra's segmenter
                  "tf2onnx>=1.17", "onnx>=1.17", "onnxruntime>=1.20", "tokenizers>=0.20",  # the onnx extra
                  "ai-edge-litert>=2.1"],  # the tflite extra
-        # transformers (PyTorch) is the reference the parity tests compare against; never imported by the
+        # transformers (PyTorch) is the reference the parity tests compare against (PEFT: LoRA's); never imported by the
         # library. Never beside `gpu`: PyTorch's CUDA wheels (nvidia-*-cu13) overwrite the NCCL and cuDNN
         # files of TensorFlow's (nvidia-*-cu12), so make installs it only where there is no GPU.
-        "reference": ["torch==2.13.0", "transformers>=5,<6"],
+        "reference": ["torch==2.13.0", "transformers>=5,<6", "peft>=0.17"],
         # --report_to=wandb,mlflow (train/reporting.py); TensorBoard needs nothing more.
         "loggers": ["wandb>=0.21", "mlflow-skinny>=3"],
         # --word_segmenter=jieba: Chinese words for whole-word masking (pure Python, its own dictionary).

@@ -244,3 +244,15 @@ def collective_options(strategy):
 
     ops = getattr(strategy.extended, "_cross_device_ops", None)
     return ops._options if isinstance(ops, cross_device_ops.CollectiveAllReduce) else None
+
+
+def add_layer_after_build(layer, name, sublayer):
+    """Set `layer.<name> = sublayer` on a built Keras layer, tracked (its variables join the model's and its
+    checkpoint's). Keras 3 locks a built layer's state; `Dense.enable_lora` unlocks it the same way."""
+    locked = layer._tracker.locked
+    layer._tracker.unlock()
+    try:
+        setattr(layer, name, sublayer)
+    finally:
+        if locked:
+            layer._tracker.lock()

@@ -26,6 +26,7 @@ from bert_mgpu.io.weight_names import (
     google_shape,
     hf_to_google_name,
 )
+from bert_mgpu.model import lora
 from bert_mgpu.model.config import BertConfig
 from bert_mgpu.model.objectives import KINDS
 
@@ -325,6 +326,7 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
             if name in KERAS_LAYOUT_HEADS:  # kept in Keras' [in, out] layout; Google's is [out, in]
                 name, value = KERAS_LAYOUT_HEADS[name], value.T
             encoder[name] = fold_to_google_shape(name, value)
+        encoder = lora.fold(encoder)  # a run trained with LoRA adapters reads as the BERT they make
         return Pretrained("bert_mgpu", path, config, _need(os.path.join(directory, "vocab.txt"), "vocab.txt"),
                           encoder, run.get("do_lower_case"), run, prefix)
 

@@ -8,6 +8,7 @@ import os
 from bert_mgpu.core import storage
 from bert_mgpu.io.checkpoints import RUN_FILE
 from bert_mgpu.io.weight_names import google_name
+from bert_mgpu.model import lora
 from bert_mgpu.model.modeling import head_variables
 
 
@@ -19,7 +20,11 @@ def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
     """
     import tensorflow as tf
 
-    objects = {"encoder": {google_name(v.path): v for v in model.backbone.weights}}
+    encoder = {google_name(v.path): v for v in model.backbone.weights}
+    adapted = lora.adapters(model)
+    if adapted is not None:  # beside the encoder, under Google-style names; a reader folds them in (lora.fold)
+        encoder.update(adapted.named_variables())
+    objects = {"encoder": encoder}
     objects.update({"heads": heads} if heads is not None else {"head": _head(model)})
     if optimizer is not None:
         objects["optimizer"] = optimizer

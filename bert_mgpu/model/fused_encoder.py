@@ -99,6 +99,7 @@ class FusedBertEncoder(keras.layers.Layer):
         # build_backbone records the config's hidden_act; keras-hub's own default is the tanh GELU.
         self.activation = ACTIVATIONS[getattr(backbone, "hidden_act", "gelu_new")]
         self._frozen = _Frozen()  # see frozen_weights()
+        self.adapters = None  # LoRA's (model/lora.py), added to the kernels they name
 
     def compute_output_spec(self, inputs, training=False):
         ids = inputs["token_ids"]
@@ -125,6 +126,13 @@ class FusedBertEncoder(keras.layers.Layer):
         v = _unstored(copy, self.compute_dtype) if copy is not None else tf.cast(_read(variable)[0],
                                                                                  self.compute_dtype)
         return v if shape is None else tf.reshape(v, shape)
+
+    def _kernel(self, index, parts, target, shape=None):
+        """Layer `index`'s `target` kernel in the compute dtype, with its LoRA delta added where it has one."""
+        w = self._w(getattr(parts, target).kernel, shape)
+        if self.adapters is None or target not in self.adapters.spec.targets:
+            return w
+        return w + tf.cast(tf.reshape(self.adapters.delta(index, target), tf.shape(w)), w.dtype)
 
     def _cast_variables(self):
         bb = self.backbone
@@ -177,8 +185,8 @@ class FusedBertEncoder(keras.layers.Layer):
             # The layer's three dropout seeds, drawn in the order the layer uses them.
             seeds = [self._seed() for _ in range(3)] if self._dropping(training) else [None] * 3
 
-            def run(x, layer=layer, seeds=seeds, rows=rows if i == last and not tap else None):
-                return self._layer(layer, _compat.transformer_parts(layer), x, bias, scale, batch, length, heads,
+            def run(x, i=i, layer=layer, seeds=seeds, rows=rows if i == last and not tap else None):
+                return self._layer(i, layer, _compat.transformer_parts(layer), x, bias, scale, batch, length, heads,
                                    size, training, rows, seeds, tap.scores if tap and tap.want_scores else None)
 
             x = keras.remat(run)(x) if self.recompute and training else run(x)
@@ -203,7 +211,7 @@ class FusedBertEncoder(keras.layers.Layer):
         calls.append(Tap(padding_mask, scores))
         return calls[-1]
 
-    def _layer(self, layer, parts, x, bias, scale, batch, length, heads, size, training, rows=None,
+    def _layer(self, index, layer, parts, x, bias, scale, batch, length, heads, size, training, rows=None,
                seeds=(None, None, None), scores_out=None):
         """One encoder layer on x [B*L, hidden]; with rows [B, R], only those rows' outputs [B*R, hidden].
         seeds: its attention-probability, attention-output and feed-forward dropout seeds (None: drawn).
@@ -211,7 +219,7 @@ class FusedBertEncoder(keras.layers.Layer):
         p, hidden = parts, heads * size
         pre_ln = layer.normalize_first
         ln1, ln2 = p.attention_norm, p.output_norm
-        w_qkv = tf.concat([self._w(d.kernel, [hidden, hidden]) for d in (p.query, p.key, p.value)], axis=1)
+        w_qkv = tf.concat([self._kernel(index, p, t, [hidden, hidden]) for t in ("query", "key", "value")], axis=1)
         b_qkv = tf.concat([self._w(d.bias, [hidden]) for d in (p.query, p.key, p.value)], axis=0)
 
         h = kernels.norm(x, *_read(ln1.gamma, ln1.beta), ln1.epsilon) if pre_ln else x
@@ -239,7 +247,7 @@ class FusedBertEncoder(keras.layers.Layer):
         else:
             probs = tf.nn.softmax(scores)
         context = tf.reshape(tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3]), [-1, hidden])
-        out = tf.matmul(context, self._w(p.attention_output.kernel, [hidden, hidden]))
+        out = tf.matmul(context, self._kernel(index, p, "attention_output", [hidden, hidden]))
         mask = self._mask(tf.shape(out), training, seeds[1])
         b_out = self._w(p.attention_output.bias)
         if pre_ln:
@@ -250,10 +258,11 @@ class FusedBertEncoder(keras.layers.Layer):
 
         inner, outer = p.intermediate, p.output
         if training:
-            h = self.activation.fused(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias))
+            h = self.activation.fused(tf.matmul(h, self._kernel(index, p, "intermediate")), self._w(inner.bias))
         else:
-            h = self.activation.inference(tf.nn.bias_add(tf.matmul(h, self._w(inner.kernel)), self._w(inner.bias)))
-        out = tf.matmul(h, self._w(outer.kernel))
+            h = self.activation.inference(tf.nn.bias_add(tf.matmul(h, self._kernel(index, p, "intermediate")),
+                                                         self._w(inner.bias)))
+        out = tf.matmul(h, self._kernel(index, p, "output"))
         mask = self._mask(tf.shape(out), training, seeds[2])
         if pre_ln:
             return kernels.bias_dropout_residual(out, self._w(outer.bias), mask, x)
