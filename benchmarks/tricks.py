@@ -43,17 +43,27 @@ def ner_scores(tagger, sentences):
 
 
 def keyword(trick):
-    name, value = trick.split("=", 1)
-    try:
-        return name, float(value)
-    except ValueError:
-        return name, value
+    """'name=value[ name=value ...]' -> ((name, value), ...): one trick may set several keywords (LoRA and its
+    learning rate), which then replace the recipe's."""
+    pairs = []
+    for part in trick.split():
+        name, value = part.split("=", 1)
+        try:
+            pairs.append((name, float(value)))
+        except ValueError:
+            pairs.append((name, value))
+    return tuple(pairs)
+
+
+def named(trick):
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in trick)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trick", required=True, action="append",
-                    help="a fit keyword and its value, e.g. layerwise_lr_decay=0.95 (again for another trick)")
+                    help="a fit keyword and its value, e.g. layerwise_lr_decay=0.95 (again for another trick); "
+                    "several in one, space-separated: 'lora_rank=8 learning_rate=1e-3'")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--every", type=int, default=6)
     ap.add_argument("--head", choices=("classifier", "ner"), default="classifier")
@@ -95,18 +105,18 @@ def main():
             out = tempfile.mkdtemp()
             keras.utils.set_random_seed(seed)  # the new head's weights too: fit's seed sets order and dropout
             model_ = build()
-            model_.fit(train, out, epochs=1, learning_rate=1e-4, seed=seed, verbose=False,
-                       **(dict([trick]) if trick else {}))
+            model_.fit(train, out, epochs=1, seed=seed, verbose=False,
+                       **{"learning_rate": 1e-4, **dict(trick or ())})
             results[seed, trick] = (*measure(model_, dev), *measure(model_, test))
             shutil.rmtree(out)
-            name = "none" if trick is None else f"{trick[0]}={trick[1]}"
+            name = "none" if trick is None else named(trick)
             got = "; ".join(f"{what} {x:.4f}" for what, x in zip(names, results[seed, trick]))
             print(f"seed {seed} {name}: {got}", flush=True)
     for trick in tricks:
         for i, what in enumerate(names):
             diff = np.array([results[s, trick][i] - results[s, None][i] for s in seeds])
             se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-            print(f"{trick[0]}={trick[1]} {what}: paired mean difference {100 * diff.mean():+.2f} pt "
+            print(f"{named(trick)} {what}: paired mean difference {100 * diff.mean():+.2f} pt "
                   f"(standard error {100 * se:.2f}), {int((diff > 0).sum())} of {len(diff)} seeds better")
 
 

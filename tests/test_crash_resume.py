@@ -121,6 +121,26 @@ def test_a_run_with_moving_averages_resumes_them_bit_identical(tmp_path, google_
 
 
 @pytest.mark.process
+def test_a_run_with_lora_adapters_resumes_them_bit_identical(tmp_path, google_release):
+    """--lora_rank: the adapters travel in each checkpoint beside the frozen encoder, so a run stopped by SIGTERM
+    and rerun ends with the run never stopped's weights, adapters (added in at its end) and evaluation."""
+    args = classifier_run(tmp_path, google_release, 320)
+    lora = ["--lora_rank=2", "--lora_targets=query,value,intermediate", "--learning_rate=1e-2"]
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    run_script("run_classifier_mgpu.py", *args(whole), *lora)
+    code, stdout, stderr = interrupted("run_classifier_mgpu.py", [*args(parts), *lora], signal.SIGTERM, parts, 5)
+    stopped = int(stdout.split("interrupted by SIGTERM at step ")[1].split(";")[0])
+    assert code == 143 and 5 < stopped < 40, stderr[-2000:]
+    middle = tensors(parts, stopped)
+    assert any("lora_b" in name and middle[name].any() for name in middle)  # not yet added in
+    proc = run_script("run_classifier_mgpu.py", *args(parts), *lora)
+    assert f"resuming from {parts}/ckpt-{stopped} at step {stopped}" in proc.stderr, proc.stderr[-2000:]
+    assert_bit_identical(whole, parts, 40)
+    results = [open(os.path.join(d, "eval_results.txt")).read() for d in (whole, parts)]
+    assert results[0] == results[1]
+
+
+@pytest.mark.process
 def test_pretraining_kill_9_resumes_bit_identical(tmp_path):
     from conftest import tiny_config, write_vocab
 

@@ -88,6 +88,7 @@ DEFERRED = {
     "cli.masking": "scripts import it to define flags before TensorFlow loads, as cli",
     "cli.suite": "scripts import it to define flags before TensorFlow loads, as cli",
     "model.config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
+    "train.train_config": "TrainConfig stays without TensorFlow: it loads model.lora only when --lora_rank is given",
     "io.outputs": "plot loads matplotlib, an optional dependency",
     "data.squad_input": "a question answerer's export is served with it where TensorFlow is not installed: only "
                         "training's dataset loads TensorFlow",

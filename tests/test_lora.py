@@ -191,3 +191,107 @@ def test_bad_settings_and_keras_hubs_layers_are_refused_in_one_line():
     lora.enable(model, lora.check_lora(2))  # the same again: nothing
     with pytest.raises(UserError, match="other LoRA adapters"):
         lora.enable(model, lora.check_lora(4))
+
+
+def test_a_script_run_with_lora_trains_the_adapters_and_ends_as_one_bert(sentiment_data, google_release, tmp_path):
+    """run_classifier_mgpu.py --lora_rank=4 on 2 towers, best model loaded at the end, exported as hf: the
+    summary counts the trained parameters; the settings record the adapters; what the adapters did not touch
+    (keys, embeddings, LayerNorms, pooler) is the release's bit for bit in the last checkpoint and in best/ read
+    as weights; the targets moved; the last checkpoint's B is zero (the adapters are added in); best/ and the
+    export, read as weights, are the model the run evaluated (its eval results repeat from best/)."""
+    import json
+    import re
+
+    from conftest import run_script
+    from safetensors.numpy import load_file
+
+    from bert_mgpu.io import checkpoints, weight_names
+
+    out = tmp_path / "run"
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={sentiment_data}",
+                      f"--init_checkpoint={google_release}", f"--output_dir={out}", "--n_gpus=0",
+                      "--towers_per_gpu=2", "--train_batch_size=8", "--eval_batch_size=8", "--max_seq_length=32",
+                      "--precision=float32", "--do_train", "--do_eval", "--num_train_epochs=2",
+                      "--learning_rate=1e-2", "--lora_rank=4", "--lora_alpha=8", "--lora_targets=query,value,output",
+                      "--evaluation_strategy=epoch", "--load_best_model_at_end", "--do_export", "--export_format=hf")
+    block = proc.stdout[proc.stdout.index("== run_classifier_mgpu.py =="):]
+    release = checkpoints.load_pretrained(google_release).weights
+    config = checkpoints.load_pretrained(google_release).config
+    h, inner, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    trained = layers * 4 * ((h + h) + (h + h) + (inner + h)) + (h * 2 + 2)
+    total = sum(v.size for v in release.values() if not v.dtype.kind == "i") + layers * 4 * (5 * h + inner) \
+        + h * 2 + 2
+    match = re.search(r"trained parameters\s+([\d,]+) of ([\d,]+)", block)
+    assert match and (int(match[1].replace(",", "")), int(match[2].replace(",", ""))) == (trained, total), block
+    settings = json.load(open(out / "bert_mgpu.json"))["settings"]
+    assert (settings["lora_rank"], settings["lora_alpha"], settings["lora_targets"]) == (4, 8.0,
+                                                                                          ["query", "value", "output"])
+    targets = re.compile(r"bert/encoder/layer_\d+/(attention/self/(query|value)|output/dense)/kernel")
+    last = checkpoints.read_tf_checkpoint(str(out / "ckpt-8"), only="encoder/")
+    adapters = {k: v for k, v in last.items() if "lora_b" in k}
+    assert len(adapters) == 3 * layers and not any(v.any() for v in adapters.values())
+    for path in (out, out / "best"):
+        weights = checkpoints.load_pretrained(str(path)).weights
+        assert not any("lora" in k for k in weights)
+        for name, value in release.items():
+            if name.startswith("bert/"):
+                moved = not np.array_equal(weights[name], value)
+                assert moved == bool(targets.fullmatch(name)), (path, name)
+    best = checkpoints.load_pretrained(str(out / "best")).weights
+    exported = load_file(str(out / "export" / "hf" / "model.safetensors"))
+    for name, value in best.items():
+        hf, transpose = weight_names.google_to_hf_name(name)
+        if hf in exported:
+            np.testing.assert_allclose(exported[hf].T if transpose else exported[hf], value, atol=1e-6,
+                                       err_msg=name)
+    assert weight_names.google_to_hf_name("bert/encoder/layer_0/attention/self/query/kernel")[0] in exported
+    # The run's evaluation (of the best model, loaded at its end) repeats from best/ read as an ordinary BERT.
+    again = tmp_path / "again"
+    run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={sentiment_data}",
+               f"--init_checkpoint={out / 'best'}", f"--output_dir={again}", "--n_gpus=0", "--towers_per_gpu=2",
+               "--eval_batch_size=8", "--max_seq_length=32", "--precision=float32", "--do_eval")
+
+    def results(path):
+        return dict(line.split(" = ") for line in open(path / "eval_results.txt").read().splitlines())
+    first, second = results(out), results(again)
+    assert float(second["eval_loss"]) == pytest.approx(float(first["eval_loss"]), abs=1e-6)
+    assert second["eval_accuracy"] == first["eval_accuracy"]
+
+
+@pytest.mark.parametrize("head", ["tagger", "crf_tagger", "span", "choice"])
+def test_every_heads_model_takes_the_adapters(head):
+    """The tagger (with and without a CRF), the span model and the multiple-choice model have the fused encoder
+    too: enabled adapters start as a no-op, then change the outputs; only adapters and the head train."""
+    keras.utils.set_random_seed(4)
+    config = tiny_config(60)
+    model = {"tagger": lambda: modeling.build_tagger(config, 5),
+             "crf_tagger": lambda: modeling.build_tagger(config, 5, crf=True),
+             "span": lambda: modeling.build_span_model(config),
+             "choice": lambda: modeling.build_choice_model(config)}[head]()
+    batch = features(4, 10)
+    if head == "choice":
+        batch = {k: np.stack([v, v[::-1]], axis=1) for k, v in batch.items()}  # [batch, 2 choices, length]
+
+    def outputs():
+        got = model(batch, training=False)
+        return np.concatenate([np.ravel(t) for t in (got.values() if isinstance(got, dict) else [got])])
+    before = outputs()
+    lora.enable(model, lora.check_lora(2))
+    np.testing.assert_array_equal(outputs(), before)
+    randomize_b(model)
+    assert np.abs(outputs() - before).max() > 1e-4
+    assert not any(v.path.startswith(("transformer_layer", "token_embedding", "pooled_dense"))
+                   and "lora" not in v.path for v in model.trainable_variables)
+    assert any("lora" in v.path for v in model.trainable_variables)
+
+
+def test_layerwise_decay_gives_each_layers_adapters_that_layers_rate():
+    from bert_mgpu.train import optimization
+
+    _, model = classifier()
+    lora.enable(model, lora.check_lora(2))
+    paths = [v.path for v in model.trainable_variables]
+    rates = dict(zip(paths, optimization.layerwise_rates(paths, 0.5)))
+    assert rates == {**{p: 0.5 ** (2 - int(p.split("_")[2].split("/")[0])) for p in paths if "lora" in p},
+                     "classifier/kernel": 1.0, "classifier/bias": 1.0}
+    assert {rates[p] for p in paths if "lora" in p} == {0.25, 0.5}

@@ -196,7 +196,9 @@ NUMBERS = {"epochs_nan": "--num_train_epochs=nan", "epochs_inf": "--num_train_ep
            "focal_gamma_negative": "--focal_gamma=-1", "class_weights_multi_label": "--class_weights=auto "
            "--task_type=multi_label", "rdrop_negative": "--rdrop_alpha=-1",
            "rdrop_multi_label": "--rdrop_alpha=4 --task_type=multi_label", "adam_eps_zero": "--adam_eps=0",
-           "ema_decay_one": "--ema_decay=1", "adv_epsilon_zero": "--adversarial=fgm --adv_epsilon=0"}
+           "ema_decay_one": "--ema_decay=1", "adv_epsilon_zero": "--adversarial=fgm --adv_epsilon=0",
+           "lora_targets_unknown": "--lora_rank=4 --lora_targets=query,dense",
+           "lora_on_keras_hub_layers": "--lora_rank=4 --fused_encoder=false"}
 
 
 # One case of each stage a run can stop at: its flags, its devices, its data, its checkpoint. TensorFlow
@@ -245,6 +247,9 @@ STARTED_AS_A_USER_DOES = ("negative_gpus", "cuda_names_missing_devices", "invali
     ("adam_eps_zero", r"--adam_eps=0.0: must be a finite number above 0"),
     ("ema_decay_one", r"--ema_decay=1.0: must be 0 \(no average\) or more, and below 1"),
     ("adv_epsilon_zero", r"--adv_epsilon=0.0: must be a finite number above 0"),
+    ("lora_targets_unknown", r"--lora_targets=query,dense: distinct names of query, key, value, attention_output"),
+    ("lora_on_keras_hub_layers", r"--lora_rank runs its adapters in bert_mgpu's fused encoder: leave "
+                                 r"--fused_encoder on"),
     ("train_is_a_file", r"out/train is a file; bert_mgpu writes its TensorBoard events into a directory"),
     ("train_is_a_link", r"out/train is a symbolic link; .* remove the link"),
     ("tab_inside_text", r"train.tsv:3: 3 cells but the first row has 2; a tab inside a text\?"),

@@ -18,6 +18,7 @@ from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
+from bert_mgpu.model import lora
 from bert_mgpu.model.adversarial import with_adversarial
 from bert_mgpu.model.objectives import label_weights
 from bert_mgpu.model.rdrop import with_rdrop
@@ -89,6 +90,7 @@ class FineTuned:
         self.global_step, self.interrupted, self.settings, self.history = 0, None, None, []
         self.trained_steps = 0
         self.stop, self.best_step = None, None  # why the last fit stopped; its best model's step
+        self.trained_parameters = None  # (trained, in all) when LoRA adapters train
         self.report = None  # the last evaluation's per-label (or per-type) report
         self.train_batch_size = towers.train_batch_size  # per tower, unless fit is given one
         self.train_config = None  # the last fit's TrainConfig, kept in bert_mgpu.json
@@ -226,6 +228,11 @@ class FineTuned:
         config.check()
         if not config.overwrite:  # a run written by an older version resumes with the recipe it began with
             config = config.resuming((run_dir.read_run(output_dir) or {}).get("settings"))
+        adapters = config.lora
+        if adapters:  # before the session: its checkpoint holds them
+            with self.towers.strategy.scope():
+                lora.enable(self.model, adapters)
+            self.trained_parameters = lora.trainable_counts(self.model)
         data, rows, digest = self._training_data(examples)
         loss = self._training_loss(config, data)
         dev = None if dev is None else self._as_dev(dev)
@@ -272,8 +279,10 @@ class FineTuned:
         averaged = session.optimizer.averaged_weights if config.ema_decay and config.ema_for_eval else None
 
         def finish_with_averages(loop):
-            if averaged and (loop.step >= num_steps or (loop.stop and not loop.interrupted)):
-                session.optimizer.finalize_averages()
+            if loop.step >= num_steps or (loop.stop and not loop.interrupted):
+                if averaged:
+                    session.optimizer.finalize_averages()
+                lora.merge(self.model)  # the run ends as one BERT: its adapters added into the encoder
         start = session.start
         if session.restored:
             log.info("resuming from %s at step %d", session.restored, start)
@@ -343,6 +352,7 @@ class FineTuned:
 
             best = os.path.join(watch.output_dir, BEST_DIR)
             agree.same_model_loaded(self.towers.strategy, read, self.best_step, best)
+            lora.merge(self.model)  # best/ keeps its adapters apart; the model in memory holds them added in
             self.global_step = self.best_step
             log.info("loaded the best model (%s %.4g at step %d) from %s", watch.choice.metric,
                      watch.best[watch.choice.metric], self.best_step, best)

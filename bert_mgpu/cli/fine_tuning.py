@@ -63,6 +63,13 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
                        "x weights; e.g. 0.999 for a long run, 0.99 for a few hundred steps. 0: none.")
     flags.DEFINE_bool("ema_for_eval", True, "With --ema_decay: evaluate and keep in best/ the averaged weights, and "
                       "end the run with them (its last checkpoint, predictions, exports). False: only keep them.")
+    flags.DEFINE_integer("lora_rank", 0, "LoRA (Hu et al. 2021, as PEFT's LoraConfig r): freeze the encoder and "
+                         "train low-rank adapters of this rank on --lora_targets, with the head; the run ends with "
+                         "them added into the encoder (best/ and exports are one ordinary BERT). e.g. 8. 0: none.")
+    flags.DEFINE_float("lora_alpha", None, "The adapters' scale is alpha / rank (PEFT's lora_alpha); default: the "
+                       "rank (a scale of 1).")
+    flags.DEFINE_list("lora_targets", ["query", "value"], "The dense layers of every encoder layer that get "
+                      "adapters: query, key, value, attention_output, intermediate, output.")
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
     flags.DEFINE_enum("lr_schedule", "linear", ["linear", "google-bert"], "After warmup: linear decay from the peak "
                       "to 0 (linear, transformers'), or google-bert's line from step 0, which starts below the peak.")
@@ -142,5 +149,15 @@ def summary(script, towers, model, facts, results, started, rate="examples/s"):
         **facts,
         "trained": f"{model.trained_steps} steps ({model.stop})" if FLAGS.do_train and model.stop else None,
         "best model": f"step {model.best_step}" if model.best_step is not None else None,
+        "trained parameters": _trained_parameters(model),
         rate: rate_fact(model.history),
         **{k: v for k, v in sorted(results.items()) if k.startswith("eval_")}}, started)
+
+
+def _trained_parameters(model):
+    """'N of M (p%), LoRA rank r' for a run that trained adapters, else None."""
+    counts = getattr(model, "trained_parameters", None)
+    if not counts:
+        return None
+    trained, total = counts
+    return f"{trained:,} of {total:,} ({100 * trained / total:.2f}%): LoRA adapters and the head"

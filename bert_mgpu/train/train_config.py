@@ -165,6 +165,10 @@ class TrainConfig(LoopConfig):
             + (1 - decay) x weights (Keras' `use_ema`, bert4keras' ExponentialMovingAverage); 0: none.
         ema_for_eval: with ema_decay, evaluate and keep in best/ the averaged weights, and end the run with
             them (its last checkpoint, predictions and exports); False: the average is only kept.
+        lora_rank, lora_alpha, lora_targets: LoRA (Hu et al. 2021, as PEFT; model/lora.py): the encoder frozen,
+            adapters of this rank on these of its dense layers (query, key, value, attention_output,
+            intermediate, output) scaled by alpha / rank (alpha: default the rank), trained with the head;
+            the run ends with them added into the encoder. 0: no adapters.
 
     The last three defaults are transformers', not google-bert's: with google-bert's, the same MiniLM
     fine-tuned on news titles scored 6 points below transformers (benchmarks/NOTES.md items 82 and 83).
@@ -197,6 +201,18 @@ class TrainConfig(LoopConfig):
     lr_schedule: str = "linear"
     ema_decay: float = 0.0
     ema_for_eval: bool = True
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    lora_targets: tuple | str = ("query", "value")
+
+    @property
+    def lora(self):
+        """The LoraSpec of lora_rank/alpha/targets, or None (UserError for bad values)."""
+        if not self.lora_rank:
+            return None
+        from bert_mgpu.model import lora  # Keras layers: this module stays without TensorFlow until LoRA is asked
+
+        return lora.check_lora(self.lora_rank, self.lora_alpha, self.lora_targets)
 
     @property
     def adversarial_steps(self):
@@ -210,6 +226,7 @@ class TrainConfig(LoopConfig):
     def check(self):
         super().check()
         check_ema_decay(self.ema_decay)
+        self.lora  # noqa: B018 (checked)
         if self.lr_schedule not in LR_SCHEDULES:
             raise UserError(f"--lr_schedule={self.lr_schedule}: expected one of {', '.join(LR_SCHEDULES)}")
         if not (math.isfinite(self.adam_epsilon) and self.adam_epsilon > 0):
@@ -273,6 +290,7 @@ class TrainConfig(LoopConfig):
                    else {}),
                 **({"pgd_steps": self.pgd_steps, "pgd_alpha": self.pgd_alpha} if self.adversarial == "pgd" else {}),
                 **({"ema_decay": self.ema_decay, "ema_for_eval": bool(self.ema_for_eval)} if self.ema_decay else {}),
+                **(self.lora.settings() if self.lora else {}),
                 "length_buckets": bool(self.length_buckets), "adam_eps": self.adam_epsilon,
                 "lr_schedule": self.lr_schedule}
 
