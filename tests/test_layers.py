@@ -134,4 +134,4 @@ SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "
                          "budget", "agree", "inputs", "onnx_export", "exported", "tflite_export", "prediction_files",
                          "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice", "served",
                          "demo", "flags_reference", "heads", "rdrop", "distillation", "distiller", "teacher_logits",
-                         "distill", "adversarial", "lora"}
+                         "distill", "adversarial", "lora", "peft_adapter"}

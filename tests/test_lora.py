@@ -193,12 +193,40 @@ def test_bad_settings_and_keras_hubs_layers_are_refused_in_one_line():
         lora.enable(model, lora.check_lora(4))
 
 
-def test_a_script_run_with_lora_trains_the_adapters_and_ends_as_one_bert(sentiment_data, google_release, tmp_path):
+def transformers_model(directory):
+    import transformers
+
+    return transformers.AutoModelForSequenceClassification.from_pretrained(str(directory)).eval()
+
+
+def peft_over_release(release, adapter, scratch):
+    """PEFT's model of `adapter` over `release` (a Google checkpoint, exported as transformers reads it)."""
+    import peft
+
+    import bert_mgpu
+
+    bert_mgpu.export_model(release, str(scratch), format="hf")
+    import transformers
+
+    base = transformers.BertForSequenceClassification.from_pretrained(str(scratch), num_labels=2)
+    return peft.PeftModel.from_pretrained(base, str(adapter)).eval()
+
+
+def logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(ids), attention_mask=torch.ones_like(torch.tensor(ids))).logits.numpy()
+
+
+def test_a_script_run_with_lora_trains_the_adapters_and_ends_as_one_bert(sentiment_data, google_release, tmp_path,
+                                                                         reference):
     """run_classifier_mgpu.py --lora_rank=4 on 2 towers, best model loaded at the end, exported as hf: the
     summary counts the trained parameters; the settings record the adapters; what the adapters did not touch
     (keys, embeddings, LayerNorms, pooler) is the release's bit for bit in the last checkpoint and in best/ read
     as weights; the targets moved; the last checkpoint's B is zero (the adapters are added in); best/ and the
-    export, read as weights, are the model the run evaluated (its eval results repeat from best/)."""
+    export, read as weights, are the model the run evaluated (its eval results repeat from best/); PEFT reads the
+    adapters kept apart (peft_adapter/) over the release and computes the exported model's logits."""
     import json
     import re
 
@@ -212,7 +240,7 @@ def test_a_script_run_with_lora_trains_the_adapters_and_ends_as_one_bert(sentime
                       f"--init_checkpoint={google_release}", f"--output_dir={out}", "--n_gpus=0",
                       "--towers_per_gpu=2", "--train_batch_size=8", "--eval_batch_size=8", "--max_seq_length=32",
                       "--precision=float32", "--do_train", "--do_eval", "--num_train_epochs=2",
-                      "--learning_rate=1e-2", "--lora_rank=4", "--lora_alpha=8", "--lora_targets=query,value,output",
+                      "--learning_rate=1e-2", "--lora_rank=4", "--lora_alpha=32", "--lora_targets=query,value,output",
                       "--evaluation_strategy=epoch", "--load_best_model_at_end", "--do_export", "--export_format=hf")
     block = proc.stdout[proc.stdout.index("== run_classifier_mgpu.py =="):]
     release = checkpoints.load_pretrained(google_release).weights
@@ -224,7 +252,7 @@ def test_a_script_run_with_lora_trains_the_adapters_and_ends_as_one_bert(sentime
     match = re.search(r"trained parameters\s+([\d,]+) of ([\d,]+)", block)
     assert match and (int(match[1].replace(",", "")), int(match[2].replace(",", ""))) == (trained, total), block
     settings = json.load(open(out / "bert_mgpu.json"))["settings"]
-    assert (settings["lora_rank"], settings["lora_alpha"], settings["lora_targets"]) == (4, 8.0,
+    assert (settings["lora_rank"], settings["lora_alpha"], settings["lora_targets"]) == (4, 32.0,
                                                                                           ["query", "value", "output"])
     targets = re.compile(r"bert/encoder/layer_\d+/(attention/self/(query|value)|output/dense)/kernel")
     last = checkpoints.read_tf_checkpoint(str(out / "ckpt-8"), only="encoder/")
@@ -245,6 +273,20 @@ def test_a_script_run_with_lora_trains_the_adapters_and_ends_as_one_bert(sentime
             np.testing.assert_allclose(exported[hf].T if transpose else exported[hf], value, atol=1e-6,
                                        err_msg=name)
     assert weight_names.google_to_hf_name("bert/encoder/layer_0/attention/self/query/kernel")[0] in exported
+    # The adapters kept apart in PEFT's layout, over the release as transformers reads it, are the exported model.
+    peft_model = peft_over_release(google_release, out / "peft_adapter", tmp_path / "base")
+    merged = transformers_model(out / "export" / "hf")
+    ids = np.random.default_rng(0).integers(5, config.vocab_size, (3, 9))
+    difference = np.abs(logits(peft_model, ids) - logits(merged, ids)).max()
+    print(f"largest difference of PEFT over the release to the exported model {difference:.2e}")
+    assert difference < 1e-4
+    import torch
+
+    with torch.no_grad():  # and the adapters are what makes them: without B, PEFT's logits move
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.zero_()
+    assert np.abs(logits(peft_model, ids) - logits(merged, ids)).max() > 10 * 1e-4
     # The run's evaluation (of the best model, loaded at its end) repeats from best/ read as an ordinary BERT.
     again = tmp_path / "again"
     run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={sentiment_data}",

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.io import run_checkpoint, run_dir
+from bert_mgpu.io import peft_adapter, run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
 from bert_mgpu.model import lora
 from bert_mgpu.model.adversarial import with_adversarial
@@ -282,7 +282,7 @@ class FineTuned:
             if loop.step >= num_steps or (loop.stop and not loop.interrupted):
                 if averaged:
                     session.optimizer.finalize_averages()
-                lora.merge(self.model)  # the run ends as one BERT: its adapters added into the encoder
+                self._end_adapters(output_dir)
         start = session.start
         if session.restored:
             log.info("resuming from %s at step %d", session.restored, start)
@@ -352,11 +352,20 @@ class FineTuned:
 
             best = os.path.join(watch.output_dir, BEST_DIR)
             agree.same_model_loaded(self.towers.strategy, read, self.best_step, best)
-            lora.merge(self.model)  # best/ keeps its adapters apart; the model in memory holds them added in
+            self._end_adapters(watch.output_dir)  # best/ keeps its adapters apart: the run ends with best's
             self.global_step = self.best_step
             log.info("loaded the best model (%s %.4g at step %d) from %s", watch.choice.metric,
                      watch.best[watch.choice.metric], self.best_step, best)
         return history
+
+    def _end_adapters(self, output_dir):
+        """LoRA: the adapters written apart in PEFT's layout (peft_adapter.py), then added into the encoder, so
+        the run ends as one ordinary BERT. Nothing without adapters, or once they are added in."""
+        if not lora.pending(self.model):
+            return
+        if self.towers.is_chief:
+            peft_adapter.write(self, os.path.join(output_dir, peft_adapter.DIRECTORY))
+        lora.merge(self.model)
 
     def _save_model_dir(self, directory, step):
         """A loadable model directory of the weights as they are (`best/`): encoder, head, run files."""

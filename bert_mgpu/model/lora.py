@@ -169,6 +169,12 @@ def merge(model):
             b.assign(keras.ops.zeros(b.shape))
 
 
+def pending(model):
+    """Whether the model has adapters not yet added into its encoder (some B not zero)."""
+    found = adapters(model)
+    return found is not None and any(bool(np.any(layer.b[t].numpy())) for layer in found.layers for t in layer.b)
+
+
 def trainable_counts(model):
     """(parameters trained, parameters in all) of a model, as PEFT counts them: what --lora_rank saves, for a
     run's summary. Not parameters: seed states and the adapters' scale."""
