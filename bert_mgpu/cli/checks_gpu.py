@@ -157,11 +157,12 @@ def heads_mixed_float16(setup, steps=3):
     run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words,
     the hidden-state and attention losses too), --teacher_logits' (a classifier student taught by outputs the
     batch carries, no teacher run), --ema_decay's (a classifier's moving averages updated on each
-    GPU after its step) and --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings); each trained on
-    every tower: finite losses, towers bit-equal after (the averages too, the teacher as it was)."""
+    GPU after its step), --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings) and
+    --lora_rank's (adapters on every dense kernel); each trained on every tower: finite losses, towers bit-equal
+    after (the averages too, the teacher and LoRA's frozen encoder as they were)."""
     import tensorflow as tf
 
-    from bert_mgpu.model import modeling
+    from bert_mgpu.model import lora, modeling
     from bert_mgpu.model.adversarial import with_adversarial
     from bert_mgpu.model.choice_objectives import MultipleChoice
     from bert_mgpu.model.distillation import CACHED, Intermediate, with_teacher
@@ -200,10 +201,15 @@ def heads_mixed_float16(setup, steps=3):
                     features, np.arange(rows) % 2)
     heads["adversarial"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"),
                     with_adversarial(Classification().loss, 1.0, 2, 0.5), features, np.arange(rows) % 2)
+    heads["lora"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
+                     features, np.arange(rows) % 2)
     out, ok = {}, True
     for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():
             model = build()
+            if name == "lora":  # adapters on every dense kernel, the encoder frozen
+                lora.enable(model, lora.check_lora(4, 8, tuple(lora.TARGETS)))
+            frozen = [(v, v.numpy()) for v in model.backbone.weights] if name == "lora" else []
             opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True, ema_decay=0.9 if name == "ema" else 0)
         trainer = training.Trainer(strategy, model, opt, loss_fn=loss)
         data = tf.data.Dataset.from_tensors((features, labels.astype("int32"))).repeat(steps)
@@ -220,6 +226,11 @@ def heads_mixed_float16(setup, steps=3):
             facts["cached_soft"] = float(trainer.stats["distill_soft"])
         if name == "adversarial":
             facts["adversarial_loss"] = float(trainer.stats["adversarial_loss"])
+        if name == "lora":
+            facts["encoder_changed"] = [v.path for v, w in frozen if not all(
+                np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
+            facts["adapters_moved"] = float(max(np.abs(v.numpy()).max() for n, v in
+                                                lora.adapters(model).named_variables().items() if "lora_b" in n))
         if name == "ema":
             averages = opt.inner_optimizer._model_variables_moving_average
             differ += [f"average of {v.path}" for v in averages if any(not np.array_equal(
@@ -230,7 +241,8 @@ def heads_mixed_float16(setup, steps=3):
         good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and \
             facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
             min(facts.get("hidden_and_attention", [1])) > 0 and facts.get("adversarial_loss", 1) > 0 and \
-            facts.get("cached_soft", 1) > 0 and facts.get("averages_apart", 1) > 0
+            facts.get("cached_soft", 1) > 0 and facts.get("averages_apart", 1) > 0 and \
+            not facts.get("encoder_changed") and facts.get("adapters_moved", 1) > 0
         ok &= good
         out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}
     return {"ok": ok, **out, "summary": "; ".join(
