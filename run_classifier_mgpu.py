@@ -64,11 +64,11 @@ def run(open_classifier=None, settings=("task_name",), script="run_classifier_mg
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
-    cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
+    cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion", "threshold"))
-    if sweep.requested():  # one run a configuration and seed, each a process of its own, then the table
-        return sweep.run_sweep(os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
-    begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
+    if sweep.requested(FLAGS):  # one run a configuration and seed, each a process of its own, then the table
+        return sweep.run_sweep(FLAGS, os.path.join(os.path.dirname(os.path.abspath(__file__)), script))
+    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("task_name", "data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
     if begun is None:
@@ -103,10 +103,10 @@ def run(open_classifier=None, settings=("task_name",), script="run_classifier_mg
         if FLAGS[name].present:
             setattr(clf, name, getattr(FLAGS, name))
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(clf, train, dev, settings)
+        fine_tuning.train(FLAGS, clf, train, dev, settings)
     results = {}
     if FLAGS.do_eval:
-        results, path = fine_tuning.evaluate(clf, dev, towers.is_chief)
+        results, path = fine_tuning.evaluate(FLAGS, clf, dev, towers.is_chief)
         if towers.is_chief:
             main = clf.main_metric
             print(f"eval: {main[len('eval_'):]} {results[main]:.4f} on {len(dev)} examples -> {path}")
@@ -118,12 +118,12 @@ def run(open_classifier=None, settings=("task_name",), script="run_classifier_mg
             paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:
-        cli.run_exports(clf, exports, [e.text_a for e in (dev or test or [])[:64]])
+        cli.run_exports(FLAGS, clf, exports, [e.text_a for e in (dev or test or [])[:64]])
         if FLAGS.do_eval and clf.confusion is not None:
             outputs.draw("write_confusion", FLAGS.output_dir, clf.confusion, clf.labels)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        print(fine_tuning.summary(script, towers, clf, {"task": task.name, **(facts(clf, dev) if facts else {})},
+        print(fine_tuning.summary(FLAGS, script, towers, clf, {"task": task.name, **(facts(clf, dev) if facts else {})},
                                   results, started))
         if FLAGS.sweep_member:  # last: a run killed before this line is run again
             sweep.write_member(FLAGS.output_dir, {k: v for k, v in results.items() if k.startswith("eval_")},

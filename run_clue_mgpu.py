@@ -33,7 +33,7 @@ flags.DEFINE_integer("train_batch_size", None, "Per tower; replaces every task's
 def run():
     from bert_mgpu.api import clue
 
-    suite.run_suite(__file__, "clue_dir", "CLUE", clue)
+    suite.run_suite(FLAGS, __file__, "clue_dir", "CLUE", clue)
 
 
 def _console():

@@ -33,7 +33,7 @@ flags.DEFINE_integer("train_batch_size", None, "Per tower; replaces every task's
 def run():
     from bert_mgpu.api import glue
 
-    suite.run_suite(__file__, "glue_dir", "GLUE", glue, truncation=FLAGS.truncation)
+    suite.run_suite(FLAGS, __file__, "glue_dir", "GLUE", glue, truncation=FLAGS.truncation)
 
 
 def _console():

@@ -46,11 +46,12 @@ def run():
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
-    cli.check_numbers(at_least=fine_tuning.AT_LEAST, positive=fine_tuning.POSITIVE, fraction=("warmup_proportion",))
+    cli.check_numbers(FLAGS, at_least=fine_tuning.AT_LEAST, positive=fine_tuning.POSITIVE,
+                      fraction=("warmup_proportion",))
     for fmt in FLAGS.export_format if FLAGS.do_export else ():
         if fmt not in formats:  # before any training
             raise UserError(f"--export_format={fmt}: run_multiple_choice_mgpu.py exports {', '.join(formats)}")
-    begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
+    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
     if begun is None:
@@ -73,10 +74,10 @@ def run():
     if train:
         mc.probe_choices = max(len(q.choices) for q in train)  # what --auto_batch_size measures with
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(mc, train, dev if watch else None, ("data_format",))
+        fine_tuning.train(FLAGS, mc, train, dev if watch else None, ("data_format",))
     results = {}
     if FLAGS.do_eval:
-        results, path = fine_tuning.evaluate(mc, dev, towers.is_chief)
+        results, path = fine_tuning.evaluate(FLAGS, mc, dev, towers.is_chief)
         if towers.is_chief:
             print(f"eval: accuracy {results['eval_accuracy']:.4f} on {len(dev)} questions -> {path}")
     if FLAGS.do_predict:
@@ -88,11 +89,11 @@ def run():
             paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} questions -> {', '.join(paths)}")
     if towers.is_chief:
-        cli.run_exports(mc, exports)
+        cli.run_exports(FLAGS, mc, exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
         most = max(len(q.choices) for rows in read.values() for q in rows[0])
-        print(fine_tuning.summary("run_multiple_choice_mgpu.py", towers, mc, {"choices": most}, results, started,
+        print(fine_tuning.summary(FLAGS, "run_multiple_choice_mgpu.py", towers, mc, {"choices": most}, results, started,
                                   "questions/s"))
 
 

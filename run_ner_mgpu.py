@@ -64,7 +64,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
-    cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
+    cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
     tag_map = _tag_map()
     from bert_mgpu.io.heads import head_for
@@ -78,7 +78,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
         if fmt not in formats:  # before any training
             raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {', '.join(formats)} "
                             "(keras-hub has no token classifier)")
-    begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
+    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
                         lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
     if begun is None:
@@ -108,10 +108,10 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(tagger, train, dev, settings)
+        fine_tuning.train(FLAGS, tagger, train, dev, settings)
     results = {}
     if FLAGS.do_eval:
-        results, path = fine_tuning.evaluate(tagger, dev, towers.is_chief)
+        results, path = fine_tuning.evaluate(FLAGS, tagger, dev, towers.is_chief)
         if towers.is_chief:
             print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
                   f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
@@ -126,10 +126,10 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
                 print(f"test: entity f1 {float(scores['test_f1']):.4f} (precision {float(scores['test_precision']):.4f}"
                       f", recall {float(scores['test_recall']):.4f}) on {len(test)} sentences")
     if towers.is_chief:
-        cli.run_exports(tagger, exports)
+        cli.run_exports(FLAGS, tagger, exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        print(fine_tuning.summary(script, towers, tagger, {"tags": len(tagger.labels),
+        print(fine_tuning.summary(FLAGS, script, towers, tagger, {"tags": len(tagger.labels),
                                                            **(facts(tagger, dev) if facts else {})}, results,
                                   started, "windows/s"))
 

@@ -92,7 +92,7 @@ def _data(files, tokenizer, refs=()):
     return PretrainingData(FLAGS.input_format, files, tokenizer, max_seq_length=FLAGS.max_seq_length,
                            max_predictions_per_seq=FLAGS.max_predictions_per_seq,
                            masked_lm_prob=FLAGS.masked_lm_prob, seed=FLAGS.seed, sharding=FLAGS.input_sharding,
-                           plan=masking.mask_plan(), word_segmenter=FLAGS.word_segmenter, ref_files=refs)
+                           plan=masking.mask_plan(FLAGS), word_segmenter=FLAGS.word_segmenter, ref_files=refs)
 
 
 def _pretrainer(towers):
@@ -132,6 +132,7 @@ def run():
 
     started = time.monotonic()
     cli.check_numbers(
+        FLAGS,
         at_least={"max_seq_length": 3, "max_predictions_per_seq": 1, "train_batch_size": 1, "eval_batch_size": 1,
                   "num_train_steps": 1, "num_warmup_steps": 0, "save_checkpoints_steps": 1, "max_eval_steps": 1,
                   "train_micro_batch_size_per_gpu": 1, "validation_steps": 1, "log_every_steps": 1,
@@ -144,14 +145,14 @@ def run():
     def micro(plan):  # one micro-batch per tower unless told: the global batch split over every worker's towers
         return FLAGS.train_micro_batch_size_per_gpu or max(1, FLAGS.train_batch_size // plan.job_towers)
 
-    if FLAGS.input_format == "records" and masking.settings():
+    if FLAGS.input_format == "records" and masking.settings(FLAGS):
         raise UserError("--do_whole_word_mask, --word_segmenter, --ref_file, --max_ngram_size and --span_masking mask "
                         "raw text (--input_format=text); records were masked when create_pretraining_data.py wrote "
                         "them")
     def accumulation(plan):  # micro-batches a tower runs a step to make the global batch
         return FLAGS.train_batch_size / (plan.job_towers * micro(plan))
 
-    begun = cli.prelude(("do_train", "do_eval"), ("input_file", "output_dir"), micro, lambda plan: (
+    begun = cli.prelude(FLAGS, ("do_train", "do_eval"), ("input_file", "output_dir"), micro, lambda plan: (
         f"precision: {precision.resolve_precision(FLAGS.precision, plan)[0]}; global batch {FLAGS.train_batch_size}"
         f" = {plan.job_towers} towers x {micro(plan)} x {accumulation(plan):g} accumulation steps"), accumulation)
     if begun is None:
@@ -196,8 +197,8 @@ def run():
         ) if FLAGS.do_validation else None
         settings = {name: getattr(FLAGS, name) for name in (
             "input_file", "input_format", "max_seq_length", "max_predictions_per_seq", "masked_lm_prob", "nsp",
-            "seed", "deterministic", "validation_input_file")} | masking.settings()
-        pre.fit(_data(files, pre.tokenizer, refs), FLAGS.output_dir, budget, cli.pretrain_config(),
+            "seed", "deterministic", "validation_input_file")} | masking.settings(FLAGS)
+        pre.fit(_data(files, pre.tokenizer, refs), FLAGS.output_dir, budget, cli.pretrain_config(FLAGS),
                 validation=validation, settings=settings)
         step = int(pre.trainer.step.numpy())
         if pre.interrupted:
@@ -209,16 +210,16 @@ def run():
                                batch_size=towers.batch(FLAGS.eval_batch_size), max_steps=FLAGS.max_eval_steps)
         if towers.is_chief:
             path = pre.write_eval_results(FLAGS.output_dir, results, step)
-            cli.report_final(results, step)
+            cli.report_final(FLAGS, results, step)
             print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
     if towers.is_chief:
         if exports:
             from bert_mgpu.io.export import from_pretrainer
 
-            cli.run_exports(from_pretrainer(pre, FLAGS.max_seq_length), exports)
+            cli.run_exports(FLAGS, from_pretrainer(pre, FLAGS.max_seq_length), exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        print(cli.summary("run_pretraining_mgpu.py", towers, pre, {
+        print(cli.summary(FLAGS, "run_pretraining_mgpu.py", towers, pre, {
             "trained": f"{step} steps ({pre.stop})" if FLAGS.do_train else None,
             "sequences/s": cli.rate_fact(pre.history), "tokens/s": cli.rate_fact(pre.history, "tokens_per_second"),
             **dict(sorted(results.items()))},

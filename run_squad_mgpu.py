@@ -78,7 +78,7 @@ def run():
     from bert_mgpu.parallel import precision
 
     started = time.monotonic()
-    cli.check_numbers(at_least={**fine_tuning.AT_LEAST, "doc_stride": 1, "max_query_length": 1, "n_best_size": 1,
+    cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1, "max_query_length": 1, "n_best_size": 1,
                                 "max_answer_length": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
     # Training sets these; predicting from a run directory takes the run's own unless a flag is given.
@@ -91,7 +91,8 @@ def run():
         if fmt not in formats:  # before any training
             raise UserError(f"--export_format={fmt}: run_squad_mgpu.py exports {', '.join(formats)} "
                             "(keras-hub has no span head)")
-    begun = cli.prelude(("do_train", "do_eval", "do_predict"), ("output_dir",), lambda plan: FLAGS.train_batch_size,
+    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("output_dir",),
+                        lambda plan: FLAGS.train_batch_size,
                         lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
     if begun is None:
         return
@@ -118,10 +119,10 @@ def run():
         qa.metric = metric_for(questions)
     dev = questions if watch else None
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(qa, train, dev, ("train_file", "predict_file", "metric"))
+        fine_tuning.train(FLAGS, qa, train, dev, ("train_file", "predict_file", "metric"))
     results, found = {}, None
     if FLAGS.do_eval or (FLAGS.do_predict and answered):
-        results, path = fine_tuning.evaluate(qa, questions, towers.is_chief)
+        results, path = fine_tuning.evaluate(FLAGS, qa, questions, towers.is_chief)
         found = qa.answers
         if towers.is_chief:
             print(f"eval: f1 {results['eval_f1']:.2f}, exact match {results['eval_exact_match']:.2f} "
@@ -132,10 +133,10 @@ def run():
             paths = storage.write_set(FLAGS.output_dir, qa.objective.prediction_files(found, v2))
             print(f"predict: {len(questions)} questions -> {', '.join(paths)}")
     if towers.is_chief:
-        cli.run_exports(qa, exports)
+        cli.run_exports(FLAGS, qa, exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
-        print(fine_tuning.summary("run_squad_mgpu.py", towers, qa, {"metric": qa.metric}, results, started,
+        print(fine_tuning.summary(FLAGS, "run_squad_mgpu.py", towers, qa, {"metric": qa.metric}, results, started,
                                   "windows/s"))
 
 

@@ -135,3 +135,16 @@ SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "
                          "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice", "served",
                          "demo", "flags_reference", "heads", "rdrop", "distillation", "distiller", "teacher_logits",
                          "distill", "adversarial", "lora", "peft_adapter"}
+
+
+def test_no_module_of_the_package_reads_absls_global_flags():
+    """Issue 67's flags as data: the scripts read absl's FLAGS and pass them down (`cli.prelude(FLAGS, ...)`,
+    `distill.Options.from_flags(FLAGS)`); nothing in the package names the global, so a flag's route is greppable
+    from its script and `main` runs again in one process (test_script_runner)."""
+    named = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Name) and node.id == "FLAGS" or (
+                    isinstance(node, ast.Attribute) and node.attr == "FLAGS"):
+                named.append(f"{name}:{node.lineno}")
+    assert named == []

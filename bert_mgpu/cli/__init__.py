@@ -10,8 +10,6 @@ from absl import flags
 
 from bert_mgpu.core import quiet
 
-FLAGS = flags.FLAGS
-
 
 def main_wrapper(run, tensorflow=True):
     """An absl `main(argv)` that runs `run()` and turns a UserError or RunError into `script: error: ...`
@@ -89,11 +87,11 @@ def define_export_flags():
 EXPORT_STAMP = ".bert_mgpu_stamp.json"  # in each export: which run, format, precision, step and weights made it
 
 
-def _stamp(fmt, step, weights=None):
+def _stamp(f, fmt, step, weights=None):
     import os
 
-    return {"output_dir": os.path.realpath(FLAGS.output_dir) if FLAGS.output_dir else None, "format": fmt,
-            "precision": FLAGS.export_precision, "step": step, "weights_sha256": weights}
+    return {"output_dir": os.path.realpath(f.output_dir) if f.output_dir else None, "format": fmt,
+            "precision": f.export_precision, "step": step, "weights_sha256": weights}
 
 
 def _stamp_of(directory):
@@ -109,7 +107,7 @@ def _stamp_of(directory):
 _WHERE = ("output_dir", "format", "precision")  # what makes an export this run's, whatever its weights
 
 
-def export_targets(output_dir):
+def export_targets(f, output_dir):
     """[(format, directory)] the export flags ask for; checked before any training, so a long run cannot
     end in an export that was never possible. A directory holding this run's own export of the format
     (a rerun of the same command) is kept for `run_exports` to judge."""
@@ -119,26 +117,26 @@ def export_targets(output_dir):
     from bert_mgpu.io.export import FORMATS, check_new_dir
     from bert_mgpu.io.onnx_export import check_available
 
-    if not FLAGS.do_export:
+    if not f.do_export:
         return []
-    base = FLAGS.export_dir or (output_dir and os.path.join(output_dir, "export"))
+    base = f.export_dir or (output_dir and os.path.join(output_dir, "export"))
     if not base:
         raise UserError("--do_export needs --export_dir or --output_dir")
     from bert_mgpu.io.run_dir import check_output_dir
 
-    check_output_dir(base, "--export_dir" if FLAGS.export_dir else "--output_dir")  # a read-only disk, at once
+    check_output_dir(base, "--export_dir" if f.export_dir else "--output_dir")  # a read-only disk, at once
     targets = []
-    for fmt in FLAGS.export_format:
+    for fmt in f.export_format:
         if fmt not in FORMATS:
             raise UserError(f"--export_format={fmt}: expected one of {', '.join(FORMATS)}")
         check_available(fmt)
         target = os.path.join(base, fmt)
-        stamp, mine = _stamp_of(target) or {}, _stamp(fmt, None)
+        stamp, mine = _stamp_of(target) or {}, _stamp(f, fmt, None)
         targets.append((fmt, target if all(stamp.get(k) == mine[k] for k in _WHERE) else check_new_dir(target)))
     return targets
 
 
-def run_exports(source, targets, texts=None):
+def run_exports(f, source, targets, texts=None):
     """Export `source` (a model in memory or a directory) to each target; prints where each went.
 
     A target already holding this run's export of the same weights is done (a rerun of a finished command).
@@ -162,18 +160,18 @@ def run_exports(source, targets, texts=None):
         check_format(trained, fmt)
     digest = trained.digest()
     for fmt, target in targets:
-        stamp, mine = _stamp_of(target), _stamp(fmt, step, digest)
+        stamp, mine = _stamp_of(target), _stamp(f, fmt, step, digest)
         if stamp is not None and stamp == mine:
             print(f"export: {fmt} -> {target} (already there, from step {step})")
             continue
         if stamp is not None:
-            if not getattr(FLAGS, "overwrite_output_dir", False):
+            if not getattr(f, "overwrite_output_dir", False):
                 raise UserError(f"{target}: holds an earlier export of this run directory (step {stamp.get('step')}, "
                                 f"other weights than the model's now, at step {step}); remove it, or pass "
                                 "--overwrite_output_dir to replace it")
             print(f"export: {fmt} -> {target} (replacing the export of step {stamp.get('step')}: "
                   "--overwrite_output_dir)")
-        export_model(trained, target, fmt, FLAGS.export_precision, FLAGS.allow_approximate_export, texts,
+        export_model(trained, target, fmt, f.export_precision, f.allow_approximate_export, texts,
                      extra_files={EXPORT_STAMP: json.dumps(mine) + "\n"}, replace=stamp is not None)
         print(f"export: {fmt} -> {target}")
 
@@ -214,11 +212,11 @@ def define_tower_flags():
                       "OUTPUT_DIR/mlruns unless MLFLOW_TRACKING_URI names another); all; none.")
 
 
-def report_final(results, step):
+def report_final(f, results, step):
     """--report_to, on the chief: the dev results after training to the loggers training reported to."""
     from bert_mgpu.train import reporting
 
-    reporting.report_results(FLAGS.report_to, FLAGS.output_dir, results, step)
+    reporting.report_results(f.report_to, f.output_dir, results, step)
 
 
 def check_output_file(path, flag, inputs=()):
@@ -243,7 +241,7 @@ def check_output_file(path, flag, inputs=()):
     return path
 
 
-def check_numbers(at_least=None, positive=(), fraction=()):
+def check_numbers(f, at_least=None, positive=(), fraction=()):
     """Numeric flags out of range end in one line before anything is read or written: `at_least` maps a
     flag to its smallest value; `positive` floats must be finite and above 0; `fraction` in [0, 1]. A flag
     left unset (None) is not checked."""
@@ -251,7 +249,6 @@ def check_numbers(at_least=None, positive=(), fraction=()):
 
     from bert_mgpu.core.errors import UserError
 
-    f = FLAGS
     for name, low in (at_least or {}).items():
         if getattr(f, name) is not None and getattr(f, name) < low:
             raise UserError(f"--{name}={getattr(f, name)}: must be at least {low}")
@@ -283,30 +280,27 @@ def check_not_an_input(path, flag, inputs):
                                     "the input; give another output name")
 
 
-def plan_from_flags():
+def plan_from_flags(f):
     """(device plan, cluster or None) the tower flags ask for, the cluster resolved once; listing GPUs does not
     start TensorFlow's runtime."""
     from bert_mgpu.parallel import devices
     from bert_mgpu.parallel.cluster import find_cluster
 
-    f = FLAGS
     job = find_cluster(f.worker_hosts, f.task_index, f.multi_worker, slurm_port=f.slurm_port)
     visible = devices.discover_visible_gpus() if f.n_gpus else ()
     return devices.plan_devices(f.n_gpus, f.towers_per_gpu, visible, job.workers if job else 1), job
 
 
-def towers_from_flags(plan, cluster, train_batch_size):
+def towers_from_flags(f, plan, cluster, train_batch_size):
     """`Towers` for the plan and cluster from `plan_from_flags`: devices configured, strategy made."""
     from bert_mgpu.parallel.devices import Towers
 
-    f = FLAGS
     return Towers.from_plan(plan, f.gpu_memory_per_tower_mb, cluster, f.collective_timeout_seconds or None,
                             train_batch_size)
 
 
-def _loop_flags():
+def _loop_flags(f):
     """The LoopConfig fields both scripts' flags give, under the flags' names."""
-    f = FLAGS
     return dict(learning_rate=f.learning_rate, use_xla=f.use_xla, recompute=f.recompute,
                 save_checkpoints_steps=f.save_checkpoints_steps,
                 save_total_limit=f.save_total_limit, log_every=f.log_every_steps,
@@ -314,12 +308,11 @@ def _loop_flags():
                 report_to=tuple(f.report_to))
 
 
-def train_config():
+def train_config(f):
     """run_classifier_mgpu.py's flags as a TrainConfig. The per-tower batch is the model's (the towers' from
     --train_batch_size, or what --auto_batch_size found), so it is left to `fit`."""
     from bert_mgpu.train.train_config import TrainConfig
 
-    f = FLAGS
     return TrainConfig(
         epochs=f.num_train_epochs, warmup_proportion=f.warmup_proportion, num_warmup_steps=f.num_warmup_steps,
         gradient_accumulation_steps=f.gradient_accumulation_steps, seed=f.seed,
@@ -332,20 +325,19 @@ def train_config():
         pgd_steps=f.pgd_steps, pgd_alpha=f.pgd_alpha,
         length_buckets=f.length_buckets, adam_epsilon=f.adam_eps, lr_schedule=f.lr_schedule, ema_decay=f.ema_decay,
         ema_for_eval=f.ema_for_eval, lora_rank=f.lora_rank, lora_alpha=f.lora_alpha,
-        lora_targets=tuple(f.lora_targets), **_loop_flags())
+        lora_targets=tuple(f.lora_targets), **_loop_flags(f))
 
 
-def pretrain_config():
+def pretrain_config(f):
     """run_pretraining_mgpu.py's flags as a PretrainConfig (its Budget apart)."""
     from bert_mgpu.train.train_config import PretrainConfig
 
-    f = FLAGS
     return PretrainConfig(train_batch_size=f.train_batch_size, optimizer=f.optimizer, beta_1=f.adam_beta1,
                           beta_2=f.adam_beta2, epsilon=f.adam_eps, weight_decay=f.weight_decay,
-                          clipnorm=f.max_grad_norm, **_loop_flags())
+                          clipnorm=f.max_grad_norm, **_loop_flags(f))
 
 
-def prelude(actions, required, batch, dry_run_note, accumulation=None):
+def prelude(f, actions, required, batch, dry_run_note, accumulation=None):
     """What every training script does before its work, in this order: refuse --use_tpu, plan the devices
     (the cluster resolved once), answer --dry_run (the plan, then `dry_run_note(plan)`), refuse a run with
     nothing to do, export alone when that is all it does, require `required` flags, seed, make the towers,
@@ -359,42 +351,42 @@ def prelude(actions, required, batch, dry_run_note, accumulation=None):
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.io import run_dir
 
-    if FLAGS.use_tpu:
+    if f.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
-    plan, cluster = plan_from_flags()
+    plan, cluster = plan_from_flags(f)
     per_tower_batch = batch(plan)
-    steps = accumulation(plan) if accumulation else getattr(FLAGS, "gradient_accumulation_steps", 1)
-    if FLAGS.dry_run:
+    steps = accumulation(plan) if accumulation else getattr(f, "gradient_accumulation_steps", 1)
+    if f.dry_run:
         print(plan.describe(per_tower_batch, steps))
         print(dry_run_note(plan))
         return None
-    if not any(getattr(FLAGS, a) for a in (*actions, "do_export")):
+    if not any(getattr(f, a) for a in (*actions, "do_export")):
         names = [f"--{a}" for a in (*actions, "do_export")]
         raise UserError(f"at least one of {', '.join(names[:-1])} or {names[-1]} must be true")
-    exports = export_targets(FLAGS.output_dir)
-    if not any(getattr(FLAGS, a) for a in actions):  # export alone: the model in --init_checkpoint or --output_dir
-        source = FLAGS.init_checkpoint or FLAGS.output_dir
+    exports = export_targets(f, f.output_dir)
+    if not any(getattr(f, a) for a in actions):  # export alone: the model in --init_checkpoint or --output_dir
+        source = f.init_checkpoint or f.output_dir
         if not source:
             raise UserError("--do_export alone needs the model: --output_dir or --init_checkpoint")
-        run_exports(source, exports)
+        run_exports(f, source, exports)
         return None
     for name in required:
-        if not getattr(FLAGS, name):
+        if not getattr(f, name):
             raise UserError(f"--{name} is required")
     import keras
     import tensorflow as tf
 
-    keras.utils.set_random_seed(FLAGS.seed)
-    if FLAGS.deterministic:
+    keras.utils.set_random_seed(f.seed)
+    if f.deterministic:
         tf.config.experimental.enable_op_determinism()
     # Before any data is read: a tfds task builds tf.data, which would start TensorFlow with its defaults.
-    towers = towers_from_flags(plan, cluster, per_tower_batch)
+    towers = towers_from_flags(f, plan, cluster, per_tower_batch)
     logging.getLogger("bert_mgpu").info("%s", plan.describe(per_tower_batch, steps))
     if towers.cluster:
         logging.getLogger("bert_mgpu").info("%s", towers.cluster.describe())
     if towers.is_chief:
-        run_dir.check_output_dir(FLAGS.output_dir)
-        run_dir.lock_output_dir(FLAGS.output_dir)  # for all this command writes there
+        run_dir.check_output_dir(f.output_dir)
+        run_dir.lock_output_dir(f.output_dir)  # for all this command writes there
     return towers, exports
 
 
@@ -413,7 +405,7 @@ def rate_fact(history, key="examples_per_second"):
     return f"{steady:.4g} (from step {first['step']} on; {first[key]:.4g} up to it, compiling included)"
 
 
-def summary(script, towers, model, facts, started):
+def summary(f, script, towers, model, facts, started):
     """The block a script ends with (outputs.summary): where it ran, its precision, `facts`, the wall time."""
     import time
 
@@ -426,4 +418,4 @@ def summary(script, towers, model, facts, started):
     facts = {"towers": where, "precision": model.policy, **facts,
              "system peak": describe_peaks(getattr(model, "history", None) or []),
              "wall time": f"{time.monotonic() - started:.0f} s"}
-    return outputs.summary(script, facts, FLAGS.output_dir)
+    return outputs.summary(script, facts, f.output_dir)

@@ -1,6 +1,6 @@
 """The flags every fine-tuning script shares (run_classifier_mgpu.py, run_ner_mgpu.py): google-bert's
 run_classifier flags, the towers', reliability and export flags, and evaluation while training under
-Hugging Face's names. Each script adds only its task's own flags; `cli.train_config()` reads these."""
+Hugging Face's names. Each script adds only its task's own flags; `cli.train_config(flag_values)` reads these."""
 
 import logging
 
@@ -8,8 +8,6 @@ from absl import flags
 
 from bert_mgpu.cli import define_export_flags, define_reliability_flags, define_tower_flags, train_config
 from bert_mgpu.core.errors import Interrupted
-
-FLAGS = flags.FLAGS
 
 
 def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_help, auto_batch_help):
@@ -109,45 +107,45 @@ AT_LEAST = {"max_seq_length": 3, "train_batch_size": 1, "eval_batch_size": 1, "p
 POSITIVE = ("num_train_epochs", "learning_rate")
 
 
-def train(model, train_rows, dev, settings=()):
+def train(f, model, train_rows, dev, settings=()):
     """--do_train for a `FineTuned` head: the automatic batch size if asked, then `fit` with the flags' config
     (`settings`: more flags a resumed run must share). Interrupted when a signal stopped it."""
-    if FLAGS.auto_batch_size:
-        model.auto_batch_size(memory_limit_mb=FLAGS.memory_limit_mb, output_dir=FLAGS.output_dir,
-                              memory_per_tower_mb=FLAGS.gpu_memory_per_tower_mb, use_xla=FLAGS.use_xla,
-                              recompute=FLAGS.recompute)
+    if f.auto_batch_size:
+        model.auto_batch_size(memory_limit_mb=f.memory_limit_mb, output_dir=f.output_dir,
+                              memory_per_tower_mb=f.gpu_memory_per_tower_mb, use_xla=f.use_xla,
+                              recompute=f.recompute)
     names = (*settings, "data_dir", "init_checkpoint", "do_lower_case", "auto_batch_size", "deterministic")
-    model.fit(train_rows, FLAGS.output_dir, train_config(), dev=dev,
-              settings={name: getattr(FLAGS, name) for name in names})
+    model.fit(train_rows, f.output_dir, train_config(f), dev=dev,
+              settings={name: getattr(f, name) for name in names})
     if model.interrupted:
         raise Interrupted(f"interrupted by {model.interrupted} at step {model.global_step}; checkpoint saved in "
-                          f"{FLAGS.output_dir}. Rerun the same command to resume", model.interrupted)
+                          f"{f.output_dir}. Rerun the same command to resume", model.interrupted)
 
 
-def evaluate(model, dev, chief):
+def evaluate(f, model, dev, chief):
     """--do_eval: the results logged and, on the chief, written to eval_results.txt -> (results, its path)."""
     from bert_mgpu.io import outputs
 
-    results = model.evaluate(dev, batch_size=FLAGS.eval_batch_size)
+    results = model.evaluate(dev, batch_size=f.eval_batch_size)
     for key in sorted(results):
         logging.info("  %s = %s", key, results[key])
-    path = outputs.write_eval_results(FLAGS.output_dir, results, model.report) if chief else None
+    path = outputs.write_eval_results(f.output_dir, results, model.report) if chief else None
     if chief:
         from bert_mgpu.cli import report_final
 
-        report_final(results, results.get("global_step", model.global_step))
+        report_final(f, results, results.get("global_step", model.global_step))
     return results, path
 
 
-def summary(script, towers, model, facts, results, started, rate="examples/s"):
+def summary(f, script, towers, model, facts, results, started, rate="examples/s"):
     """The closing block of a fine-tuning script: `facts` (the task's own) first, then the steps trained and
     why it stopped, the best model's step, the steady rate (cli.rate_fact) and the dev results."""
     from bert_mgpu.cli import rate_fact
     from bert_mgpu.cli import summary as closing
 
-    return closing(script, towers, model, {
+    return closing(f, script, towers, model, {
         **facts,
-        "trained": f"{model.trained_steps} steps ({model.stop})" if FLAGS.do_train and model.stop else None,
+        "trained": f"{model.trained_steps} steps ({model.stop})" if f.do_train and model.stop else None,
         "best model": f"step {model.best_step}" if model.best_step is not None else None,
         "trained parameters": _trained_parameters(model),
         rate: rate_fact(model.history),

@@ -2,8 +2,6 @@
 
 from absl import flags
 
-FLAGS = flags.FLAGS
-
 
 def define_masking_flags(text_input_only=False):
     """--do_whole_word_mask, --word_segmenter, --ref_file, --max_ngram_size, --span_masking; `text_input_only`: say in
@@ -23,22 +21,22 @@ def define_masking_flags(text_input_only=False):
                       "the masked share allows.")
 
 
-def mask_plan():
+def mask_plan(f):
     """The flags -> masking.MaskPlan (a UserError for contradictory ones)."""
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data.masking import MaskPlan
 
-    if FLAGS.ref_file and FLAGS.word_segmenter != "none":
+    if f.ref_file and f.word_segmenter != "none":
         raise UserError("--ref_file and --word_segmenter both say where words begin; pick one")
-    return MaskPlan(FLAGS.do_whole_word_mask or FLAGS.word_segmenter != "none" or bool(FLAGS.ref_file),
-                    FLAGS.max_ngram_size, FLAGS.span_masking)
+    return MaskPlan(f.do_whole_word_mask or f.word_segmenter != "none" or bool(f.ref_file),
+                    f.max_ngram_size, f.span_masking)
 
 
-def settings():
+def settings(f):
     """The masking flags a resumed run must keep: {} when they are the defaults (runs from before them)."""
-    plan = mask_plan()
+    plan = mask_plan(f)
     if plan == type(plan)():
         return {}
-    words = f"ref_file={','.join(FLAGS.ref_file)}" if FLAGS.ref_file else f"word_segmenter={FLAGS.word_segmenter}"
+    words = f"ref_file={','.join(f.ref_file)}" if f.ref_file else f"word_segmenter={f.word_segmenter}"
     return {"masking": f"whole_word={plan.whole_word} {words} "
                        f"max_ngram_size={plan.max_ngram_size} span={plan.span}"}

@@ -25,7 +25,6 @@ from absl import flags
 from bert_mgpu.core import storage, supervise
 from bert_mgpu.core.errors import Interrupted, UserError
 
-FLAGS = flags.FLAGS
 RESULT_FILE = "sweep_run.json"
 OWN_FLAGS = ("seeds", "grid", "sweep_member")
 log = logging.getLogger("bert_mgpu")
@@ -40,8 +39,8 @@ def define_sweep_flags():
     flags.DEFINE_bool("sweep_member", False, "(Set by a sweep for each of its runs.)")
 
 
-def requested():
-    return bool(FLAGS.seeds or FLAGS.grid)
+def requested(f):
+    return bool(f.seeds or f.grid)
 
 
 def parse_seeds(values):
@@ -55,7 +54,7 @@ def parse_seeds(values):
     return seeds
 
 
-def parse_grid(text, flag_values=FLAGS):
+def parse_grid(text, flag_values):
     """'name=v1,v2 other=v3' -> [{name: v1, other: v3}, {name: v2, other: v3}] (values parsed as the flags
     parse them), in the order the BERT paper's tables list them; [{}] for no grid."""
     axes = []
@@ -94,7 +93,7 @@ def runs(output_dir, configs, seeds):
     return out
 
 
-def child_argv(config, seed, directory, flag_values=FLAGS):
+def child_argv(config, seed, directory, flag_values):
     """The command's own flags (those given), with this run's directory, seed and configuration."""
     replaced = {*OWN_FLAGS, "output_dir", *config, *(["seed"] if seed is not None else [])}
     argv = [flag_values[name].serialize() for name in sorted(_given(flag_values)) if name not in replaced]
@@ -127,19 +126,19 @@ def read_member(directory):
     return json.loads(storage.read_text(path)) if storage.exists(path) else None
 
 
-def run_sweep(script):
+def run_sweep(f, script):
     """Run every configuration and seed of the flags' sweep not yet finished, then write the tables."""
-    if FLAGS.sweep_member:
+    if f.sweep_member:
         raise UserError("--sweep_member is set by a sweep for its runs; with --seeds/--grid, leave it out")
-    if not FLAGS.output_dir:
+    if not f.output_dir:
         raise UserError("--output_dir is required")
-    if getattr(FLAGS, "worker_hosts", None):
+    if getattr(f, "worker_hosts", None):
         raise UserError("--seeds/--grid run on one machine's towers; with several workers, start each "
                         "configuration as a command of its own")
-    if "do_eval" in FLAGS and not FLAGS.do_eval:
+    if "do_eval" in f and not f.do_eval:
         raise UserError("--seeds/--grid compare dev results: add --do_eval")
-    seeds, configs = parse_seeds(FLAGS.seeds), parse_grid(FLAGS.grid)
-    planned = runs(FLAGS.output_dir, configs, seeds)
+    seeds, configs = parse_seeds(f.seeds), parse_grid(f.grid, f)
+    planned = runs(f.output_dir, configs, seeds)
     for i, (config, seed, directory) in enumerate(planned, 1):
         what = f"run {i} of {len(planned)}: {label(config)}" + (f", seed {seed}" if seed is not None else "")
         if read_member(directory) is not None:
@@ -148,7 +147,7 @@ def run_sweep(script):
         log.info("%s -> %s", what, directory)
         # The run hears the sweep's signals and dies with it: SIGTERM to the sweep stops the run as it stops
         # one (a checkpoint, Interrupted's exit code), and no run goes on without its sweep to hold its directory.
-        code, stopped_by = supervise.call_forwarding([sys.executable, script, *child_argv(config, seed, directory)])
+        code, stopped_by = supervise.call_forwarding([sys.executable, script, *child_argv(config, seed, directory, f)])
         stopped = Interrupted(f"sweep: {what} interrupted by {stopped_by}; its checkpoint is in {directory}: rerun "
                               "the same command to resume the sweep", stopped_by)
         if stopped_by is not None and code == stopped.exit_code and read_member(directory) is None:
@@ -158,10 +157,10 @@ def run_sweep(script):
                             f"{directory}; rerun the same command to resume the sweep")
     rows = [(config, seed, read_member(directory)) for config, seed, directory in planned]
     md, tsv = tables(rows)
-    storage.write_atomic(os.path.join(FLAGS.output_dir, "sweep_results.md"), md)
-    storage.write_atomic(os.path.join(FLAGS.output_dir, "sweep_results.tsv"), tsv)
+    storage.write_atomic(os.path.join(f.output_dir, "sweep_results.md"), md)
+    storage.write_atomic(os.path.join(f.output_dir, "sweep_results.tsv"), tsv)
     print(md)
-    print(f"sweep: {len(planned)} runs -> {FLAGS.output_dir}/sweep_results.md and sweep_results.tsv")
+    print(f"sweep: {len(planned)} runs -> {f.output_dir}/sweep_results.md and sweep_results.tsv")
 
 
 def _larger_is_better(measure):
