@@ -30,6 +30,10 @@ Ablations (issue 71 item 2): `--fit KEY=VALUE` passes a keyword to bert_mgpu's `
 three: `--fit=google-bert`). `--ablate` patches the library in this process for what `fit` has no keyword
 for: `weight_decay` (none, as transformers), `epsilon_form` (epsilon added to the bias-corrected sqrt(v), as
 torch's AdamW, not to sqrt(v), as Keras'). Each may be given more than once.
+
+LoRA against PEFT (issue 70 item 6; the classifier sets): `--lora=8 --learning_rate=1e-3` gives bert_mgpu
+`lora_rank=8, lora_alpha=16` on query and value and wraps transformers' model in PEFT's `LoraConfig` of the same
+numbers (no adapter dropout); each draws its own A (B starts at 0 in both, so both start from the same function).
 """
 
 import argparse
@@ -275,21 +279,28 @@ def train_loop(model, rows, loss_of, seed, precision, lr=None):
     model.eval()
 
 
-def transformers_run(directory, labels, train, held, seed, precision):
-    """Accuracy on `held` after transformers' defaults (`train_loop`) with BertForSequenceClassification."""
+def transformers_run(directory, labels, train, held, seed, precision, lora=None):
+    """Accuracy on `held` after transformers' defaults (`train_loop`) with BertForSequenceClassification;
+    `lora` (rank, alpha, targets): PEFT's LoRA on it, as bert_mgpu's --lora_rank."""
     import torch
     from transformers import BertForSequenceClassification, BertTokenizerFast
 
     torch.manual_seed(seed)
     tokenizer = BertTokenizerFast.from_pretrained(directory)
     model = BertForSequenceClassification.from_pretrained(directory)
+    if lora:
+        import peft
+
+        rank, alpha, targets = lora
+        model = peft.get_peft_model(model, peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, r=rank, lora_alpha=alpha,
+                                                           lora_dropout=0.0, target_modules=list(targets)))
     ids = {label: i for i, label in enumerate(labels)}
     encoded = tokenizer([text for text, _ in train], truncation=True, max_length=LENGTH)
     targets = torch.tensor([ids[label] for _, label in train])
     batch_of = lambda index: tokenizer.pad({k: [encoded[k][i] for i in index] for k in encoded},  # noqa: E731
                                            return_tensors="pt")
     train_loop(model, len(train), lambda index: model(**batch_of(index), labels=targets[index]).loss, seed,
-               precision)
+               precision, lr=LR)
     held_encoded = tokenizer([text for text, _ in held], truncation=True, max_length=LENGTH)
     right = 0
     with torch.no_grad():
@@ -313,9 +324,17 @@ def main():
     ap.add_argument("--fit", action="append", default=[], help="KEY=VALUE: a keyword of bert_mgpu's fit (e.g. "
                     "length_buckets=True); google-bert: its three defaults before issue 71 (%s)" % GOOGLE_BERT)
     ap.add_argument("--ablate", action="append", default=[], choices=("weight_decay", "epsilon_form"))
+    ap.add_argument("--lora", type=int, default=0, help="LoRA of this rank on both: bert_mgpu's --lora_rank, PEFT's "
+                    "LoraConfig(r) (alpha 2 x rank, query and value, no dropout)")
+    ap.add_argument("--learning_rate", type=float, default=None, help="the recipe's rate instead of 5e-5 (both)")
     args = ap.parse_args()
+    global LR
+    LR = args.learning_rate or LR
+    lora = (args.lora, 2.0 * args.lora, ("query", "value")) if args.lora else None
     ablate(args.ablate)
     keywords = fit_keywords(args.fit)
+    if lora:
+        keywords.update(lora_rank=lora[0], lora_alpha=lora[1], lora_targets=lora[2])
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -342,8 +361,8 @@ def main():
         ours = (bert_mgpu_tagger_run if tagging else bert_mgpu_run)(model, train, held, seed,
                                                                      os.path.join(work, "run"), keywords)
         middle = time.time()
-        theirs = (transformers_tagger_run if tagging else transformers_run)(init, labels, train, held, seed,
-                                                                             args.precision)
+        theirs = (transformers_tagger_run(init, labels, train, held, seed, args.precision) if tagging else
+                  transformers_run(init, labels, train, held, seed, args.precision, lora))
         diffs.append(ours - theirs)
         print(f"seed {seed}: bert_mgpu {ours:.4f} ({middle - start:.0f} s), transformers {theirs:.4f} "
               f"({time.time() - middle:.0f} s), difference {100 * (ours - theirs):+.2f} pt", flush=True)
