@@ -55,7 +55,7 @@ def run():
         cli.check_not_an_input(path, "--output_file", [("--input_file", FLAGS.input_file),
                                                        ("--vocab_file", FLAGS.vocab_file),
                                                        ("--ref_file", FLAGS.ref_file or [])])
-    plan = masking.mask_plan()
+    plan = masking.mask_plan(FLAGS)
     cfg = pretraining_records.MaskingConfig(
         FLAGS.max_seq_length, FLAGS.max_predictions_per_seq, FLAGS.masked_lm_prob, FLAGS.short_seq_prob,
         FLAGS.dupe_factor, plan.whole_word, FLAGS.word_segmenter, plan.max_ngram_size,

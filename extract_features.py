@@ -73,7 +73,7 @@ def run():
     from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
 
-    cli.check_numbers(at_least={"max_seq_length": 3, "batch_size": 1})
+    cli.check_numbers(FLAGS, at_least={"max_seq_length": 3, "batch_size": 1})
     for name in ("input_file", "init_checkpoint"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
@@ -87,7 +87,7 @@ def run():
     except ValueError:
         raise UserError(f"--layers={','.join(FLAGS.layers)}: expected layer numbers such as -1,-2") from None
     examples = read_inputs(FLAGS.input_file)
-    towers = cli.towers_from_flags(*cli.plan_from_flags(), FLAGS.batch_size)
+    towers = cli.towers_from_flags(FLAGS, *cli.plan_from_flags(FLAGS), FLAGS.batch_size)
     encoder = Encoder.from_pretrained(FLAGS.init_checkpoint, towers, FLAGS.precision, FLAGS.max_seq_length,
                                       FLAGS.do_lower_case, FLAGS.bert_config_file, FLAGS.vocab_file)
     if not FLAGS["layers"].present:  # google-bert's default, the last 4, on a model that may have fewer

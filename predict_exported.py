@@ -45,7 +45,7 @@ def run():
     for name in ("model_dir", "input_file", "output_dir"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
-    cli.check_numbers(at_least={"batch_size": 1, "threads": 1})
+    cli.check_numbers(FLAGS, at_least={"batch_size": 1, "threads": 1})
     model = load_exported(FLAGS.model_dir, FLAGS.threads)
     os.makedirs(FLAGS.output_dir, exist_ok=True)
     for name in FILES[model.kind]:

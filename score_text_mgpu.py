@@ -42,7 +42,7 @@ def run():
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data.text_files import read_lines
 
-    cli.check_numbers(at_least={"max_seq_length": 3, "batch_size": 1, "top_k": 1})
+    cli.check_numbers(FLAGS, at_least={"max_seq_length": 3, "batch_size": 1, "top_k": 1})
     for name in ("input_file", "output_file", "init_checkpoint"):
         if not getattr(FLAGS, name):
             raise UserError(f"--{name} is required")
@@ -50,7 +50,7 @@ def run():
     lines = [(n, text) for n, text in read_lines(FLAGS.input_file) if text.strip()]
     if not lines:
         raise UserError(f"{FLAGS.input_file}: no text")
-    towers = cli.towers_from_flags(*cli.plan_from_flags(), FLAGS.batch_size)
+    towers = cli.towers_from_flags(FLAGS, *cli.plan_from_flags(FLAGS), FLAGS.batch_size)
     pre = BertPretrainer.from_pretrained(FLAGS.init_checkpoint, towers, FLAGS.precision, nsp=False,
                                          do_lower_case=FLAGS.do_lower_case, bert_config_file=FLAGS.bert_config_file,
                                          vocab_file=FLAGS.vocab_file)
