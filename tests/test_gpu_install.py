@@ -43,14 +43,14 @@ def test_a_gpu_install_plans_no_cuda_13_library_and_no_pytorch(tmp_path):
     ours = [Requirement(r) for r in metadata.requires("bert_mgpu")]
     planned = [r for r in ours if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras)]
     names = {r.name for r in planned}
-    assert not names & {"torch", "transformers"}, names
+    assert not names & {"torch", "transformers", "peft"}, names
     cuda = [Requirement(r).name for r in metadata.requires("tensorflow") if 'extra == "and-cuda"' in r]
     assert cuda and all(name.endswith("-cu12") for name in cuda if name.startswith("nvidia-")), cuda
     pinned = re.findall(r"^(nvidia-[A-Za-z0-9_.-]+)==", open(os.path.join(ROOT, "constraints.txt")).read(), re.M)
     assert pinned and not [p for p in pinned if p.endswith("-cu13")], pinned
     reference = [r for r in ours if r.marker is not None and r.marker.evaluate({"extra": "reference"})
                  and not r.marker.evaluate({"extra": "gpu"})]
-    assert {r.name for r in reference} == {"torch", "transformers"}
+    assert {r.name for r in reference} == {"torch", "transformers", "peft"}  # PEFT pulls PyTorch too
 
 
 def test_the_gpu_extra_is_tensorflow_and_cuda_and_every_cuda_wheel_is_pinned_in_its_range():

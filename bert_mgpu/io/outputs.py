@@ -13,7 +13,7 @@ from bert_mgpu.io.checkpoints import found_damaged
 def summary(title, facts, output_dir):
     """The block a run ends with: `facts` (name -> value, None left out), then every file and directory
     in `output_dir` with what it is."""
-    width = max(len(k) for k in facts) if facts else 0
+    width = max((len(k) for k, v in facts.items() if v is not None), default=0)  # the lines shown
     lines = [f"== {title} =="]
     lines += [f"  {k.ljust(width)}  {v:.4g}" if isinstance(v, float) else f"  {k.ljust(width)}  {v}"
               for k, v in facts.items() if v is not None]
