@@ -21,6 +21,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.io.weight_names import (
     HEAD_PREFIXES,
     KERAS_LAYOUT_HEADS,
+    family_names,
     fold_to_google_shape,
     google_name,
     google_shape,
@@ -28,6 +29,7 @@ from bert_mgpu.io.weight_names import (
 )
 from bert_mgpu.model import lora
 from bert_mgpu.model.config import BertConfig
+from bert_mgpu.model.modeling import encoder_variables
 from bert_mgpu.model.objectives import KINDS
 
 log = logging.getLogger("bert_mgpu")
@@ -37,13 +39,13 @@ RUN_FILE = "bert_mgpu.json"  # marks a bert_mgpu output directory (config, label
 def encoder_weights(backbone):
     """The backbone's weights as {Google name: float32 array}."""
     return {google_name(v.path): np.asarray(v.numpy(), np.float32).reshape(google_shape(v.path, v.shape))
-            for v in backbone.weights}
+            for v in encoder_variables(backbone)}
 
 
 def assign_encoder(backbone, weights, source):
     """Put {Google name: array} into the backbone; UserError listing every mismatch. Returns unused heads."""
     missing, misshaped, used = [], [], set()
-    for var in backbone.weights:
+    for var in encoder_variables(backbone):
         name = google_name(var.path)
         want = google_shape(var.path, var.shape)
         if name not in weights:
@@ -61,7 +63,7 @@ def assign_encoder(backbone, weights, source):
             problems.append(f"{label}: {shown}")
     if problems:
         raise UserError(f"{source}: checkpoint does not match the model config: " + " | ".join(problems))
-    for var in backbone.weights:
+    for var in encoder_variables(backbone):
         var.assign(weights[google_name(var.path)].reshape(tuple(var.shape)))
     return heads
 
@@ -294,7 +296,7 @@ def load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=F
 
 
 _SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-               "hidden_act", "max_position_embeddings", "type_vocab_size")
+               "hidden_act", "max_position_embeddings", "type_vocab_size", "model_type", "embedding_size")
 
 
 def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=False):
@@ -360,8 +362,13 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
         config = BertConfig.from_json_file(config_file)
         vocab = vocab_file or _need(os.path.join(directory, "vocab.txt"), "vocab.txt")
         facts = storage.read_json(config_file)  # bert_mgpu's exports add the head's labels (see _head_facts)
-        return Pretrained("google", prefix, config, vocab, read_tf_checkpoint(prefix), facts.get("do_lower_case"),
-                          **_head_facts(facts))
+        weights, family = family_names(read_tf_checkpoint(prefix))  # google-research/electra's scope: electra/
+        if family != config.model_type:
+            if config.model_type != "bert":
+                raise UserError(f"{config_file}: says model_type={config.model_type!r}, but {prefix} holds a "
+                                f"{family.upper()} (its names are under {family}/)")
+            config = dataclasses.replace(config, model_type=family)
+        return Pretrained("google", prefix, config, vocab, weights, facts.get("do_lower_case"), **_head_facts(facts))
     raise UserError(f"{path}: not a Google checkpoint, a Hugging Face or keras-hub directory, "
                     "or a bert_mgpu output directory")
 

@@ -99,6 +99,36 @@ def check_format(trained, format):
     trained.spec.check_format(format)
     if format == "hf" and trained.head is not None:
         trained.head.hf_architecture(trained.weights)  # a head transformers has no class for (a CRF) says so
+    if trained.config.model_type == "electra":
+        _check_electra(trained, format)
+
+
+# transformers' ELECTRA classes whose head is bert_mgpu's; its sequence and choice heads add a dense layer
+# before the output one, so a google-research/electra head (the output layer on [CLS]) has no class there.
+_ELECTRA_HF = {"BertForTokenClassification": "ElectraForTokenClassification",
+               "BertForQuestionAnswering": "ElectraForQuestionAnswering"}
+
+
+def _check_electra(trained, format):
+    if format == "keras_hub":
+        raise UserError("--export_format=keras_hub: an ELECTRA model is written as saved_model, onnx, tflite, "
+                        "google (google-research/electra's names) or hf")
+    if format == "hf" and _hf_architecture(trained) is None:
+        raise UserError(f"--export_format=hf: transformers has no ELECTRA class with this {trained.kind}'s head "
+                        "(its ElectraFor... heads add a dense layer); export saved_model, onnx or google")
+
+
+def _hf_architecture(trained):
+    """transformers' class of `trained`, or None: an ELECTRA head it has no class for."""
+    if trained.head is not None:
+        architecture = trained.head.hf_architecture(trained.weights)
+    elif "cls/predictions/output_bias" in trained.weights:
+        architecture = MaskedLanguageModel().hf_architecture(trained.weights)
+    else:
+        architecture = "BertModel"
+    if trained.config.model_type == "electra":
+        return "ElectraModel" if architecture == "BertModel" else _ELECTRA_HF.get(architecture)
+    return architecture
 
 
 def _copy_vocab(trained, directory, name="vocab.txt"):
@@ -113,7 +143,8 @@ def write_google(trained, directory):
     config.pop("encoder_ln_mode")  # post-LN, google-bert's only kind
     storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config, indent=2) + "\n")
     _copy_vocab(trained, directory)
-    checkpoints.write_google_checkpoint(trained.weights, os.path.join(directory, "bert_model.ckpt"))
+    weights = weight_names.to_family(trained.weights, trained.config.model_type)  # ELECTRA's: electra/...
+    checkpoints.write_google_checkpoint(weights, os.path.join(directory, "bert_model.ckpt"))
 
 
 # ---------------------------------------------------------------- Hugging Face
@@ -125,17 +156,14 @@ def write_hf(trained, directory):
     `BertForPreTraining` (masked-LM and next-sentence heads) or `BertForMaskedLM`."""
     from safetensors.numpy import save_file
 
-    tensors = {}
+    tensors, family = {}, trained.config.model_type
     for name, value in trained.weights.items():
         hf, transpose = weight_names.google_to_hf_name(name)
+        hf = family + hf[len("bert"):] if hf.startswith("bert.") else hf  # ELECTRA's: electra.encoder...
         tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
-    if trained.head is not None:
-        architecture = trained.head.hf_architecture(trained.weights)
-    elif "cls/predictions/output_bias" in trained.weights:
-        architecture = MaskedLanguageModel().hf_architecture(trained.weights)
-    else:
-        architecture = "BertModel"
-        tensors = {k[len("bert."):]: v for k, v in tensors.items()}  # BertModel's own names have no prefix
+    architecture = _hf_architecture(trained)
+    if architecture in ("BertModel", "ElectraModel"):  # their own names have no prefix
+        tensors = {k.split(".", 1)[1]: v for k, v in tensors.items()}
     c = trained.config
     config = trained.hf_config(architecture)
     storage.write_atomic(os.path.join(directory, "config.json"), json.dumps(config, indent=2) + "\n")

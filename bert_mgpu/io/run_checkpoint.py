@@ -9,7 +9,7 @@ from bert_mgpu.core import storage
 from bert_mgpu.io.checkpoints import RUN_FILE
 from bert_mgpu.io.weight_names import google_name
 from bert_mgpu.model import lora
-from bert_mgpu.model.modeling import head_variables
+from bert_mgpu.model.modeling import encoder_variables, head_variables
 
 
 def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
@@ -20,7 +20,7 @@ def training_checkpoint(model, optimizer=None, step=None, heads=None, **state):
     """
     import tensorflow as tf
 
-    encoder = {google_name(v.path): v for v in model.backbone.weights}
+    encoder = {google_name(v.path): v for v in encoder_variables(model.backbone)}
     adapted = lora.adapters(model)
     if adapted is not None:  # beside the encoder, under Google-style names; a reader folds them in (lora.fold)
         encoder.update(adapted.named_variables())

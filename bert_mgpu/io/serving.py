@@ -29,6 +29,7 @@ from bert_mgpu.io import weight_names
 from bert_mgpu.io.checkpoints import EXTRA, META  # where an export's own facts go (read back there)
 from bert_mgpu.io.heads import SQUAD_DEFAULTS  # noqa: F401 (serving.SQUAD_DEFAULTS, as before)
 from bert_mgpu.io.trained import build_model
+from bert_mgpu.model.modeling import encoder_variables
 
 
 def _text_specs(pairs):
@@ -107,7 +108,7 @@ def _tf_variable(variable):
 
 
 def _named_variables(model, backbone):
-    named = {weight_names.google_name(v.path): v for v in backbone.weights}
+    named = {weight_names.google_name(v.path): v for v in encoder_variables(backbone)}
     if getattr(model, "head", None) is not None:
         named["classifier/kernel"], named["classifier/bias"] = model.head.kernel, model.head.bias
     return named

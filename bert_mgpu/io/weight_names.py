@@ -13,6 +13,7 @@ _KERAS_TO_GOOGLE = [
     (r"position_embedding/embeddings", r"bert/embeddings/position_embeddings"),
     (r"segment_embedding/embeddings", r"bert/embeddings/token_type_embeddings"),
     (r"embeddings_layer_norm/(gamma|beta)", r"bert/embeddings/LayerNorm/\1"),
+    (r"embeddings_projection/(kernel|bias)", r"bert/embeddings_project/\1"),  # ELECTRA's
     (r"transformer_layer_(\d+)/self_attention_layer/(query|key|value)/(kernel|bias)",
      r"bert/encoder/layer_\1/attention/self/\2/\3"),
     (r"transformer_layer_(\d+)/self_attention_layer/attention_output/(kernel|bias)",
@@ -27,8 +28,26 @@ _KERAS_TO_GOOGLE = [
 ]
 # Head tensors a bert_mgpu checkpoint keeps in Keras' layout, and their Google name.
 KERAS_LAYOUT_HEADS = {"cls/seq_relationship/kernel": "cls/seq_relationship/output_weights"}
-# Tensors a classifier does not use: pretraining heads and other tasks' heads.
-HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias", "crf/")
+# Tensors a classifier does not use: pretraining heads and other tasks' heads (ELECTRA's discriminator and
+# generator heads, and the generator of a checkpoint that keeps both).
+HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias", "crf/", "discriminator_predictions",
+                 "generator")
+
+
+def family_names(weights):
+    """{name: array} under a family's own scope -> under google-bert's (`electra/encoder/...` ->
+    `bert/encoder/...`), and the family read from the names: "electra" or "bert"."""
+    if not any(n.startswith("electra/") for n in weights):
+        return weights, "bert"
+    renamed = {("bert/" + n[len("electra/"):]) if n.startswith("electra/") else n: v for n, v in weights.items()}
+    return renamed, "electra"
+
+
+def to_family(weights, family):
+    """The inverse of `family_names`: google-bert's encoder names under `family`'s scope."""
+    if family == "bert":
+        return weights
+    return {(family + "/" + n[len("bert/"):]) if n.startswith("bert/") else n: v for n, v in weights.items()}
 
 
 def google_name(keras_path):
@@ -101,7 +120,7 @@ def hf_to_google_name(name):
         return None, False
     if name in _HF_HEADS:
         return _HF_HEADS[name]
-    n = name[len("bert."):] if name.startswith("bert.") else name
+    n = name.split(".", 1)[1] if name.startswith(("bert.", "electra.")) else name
     n = re.sub(r"layer\.(\d+)\.", r"layer_\1.", n)
     parts = n.split(".")
     leaf, scope = parts[-1], parts[:-1]
@@ -113,5 +132,6 @@ def hf_to_google_name(name):
     elif leaf == "weight":
         leaf, transpose = "kernel", True
     parts = scope + ([leaf] if leaf else [])
-    prefix = "" if parts[0] in ("cls", "classifier") else "bert/"
+    prefix = "" if parts[0] in ("cls", "classifier", "discriminator_predictions") or parts[0].startswith(
+        "generator") else "bert/"
     return prefix + "/".join(parts), transpose

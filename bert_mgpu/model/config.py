@@ -1,4 +1,5 @@
-"""BertConfig: google-research/bert's bert_config.json (Hugging Face's config.json uses the same keys)."""
+"""BertConfig: google-research/bert's bert_config.json (Hugging Face's config.json uses the same keys), and
+ELECTRA's, whose discriminator is a BERT with narrower embeddings projected to the hidden width."""
 
 import dataclasses
 import json
@@ -26,6 +27,10 @@ class BertConfig:
         initializer_range: stddev of the truncated-normal initializer.
         encoder_ln_mode: `post-ln` (BERT's) or `pre-ln` (LayerNorm before each sub-layer, for training
             from scratch at high learning rates).
+        model_type: `bert`, or `electra`: an ELECTRA discriminator (Google's and HFL's releases, transformers'
+            ElectraModel), which has no pooler ([CLS]'s output is its pooled output, as google-research/electra
+            fine-tunes) and, when `embedding_size` is not `hidden_size`, a projection after the embeddings.
+        embedding_size: the embeddings' width (ELECTRA's); None: hidden_size.
 
     Example:
         config = BertConfig.from_json_file("uncased_L-12_H-768_A-12/bert_config.json")
@@ -47,22 +52,26 @@ class BertConfig:
     # bert_mgpu's addition: "pre-ln" normalizes before each sub-layer (stabler from scratch at high LR,
     # as academic-budget-bert and Cramming train); Google's and Hugging Face's configs lack it: post-ln.
     encoder_ln_mode: str = "post-ln"
+    model_type: str = "bert"
+    embedding_size: int = None
 
     @classmethod
     def from_dict(cls, d, source="config"):
-        if d.get("model_type", "bert") != "bert":
-            raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT")
+        if d.get("model_type", "bert") not in FAMILIES:
+            raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT or ELECTRA")
         other = _other_family(d)
         if other:
             raise UserError(f"{source}: {other}, not BERT; it does not load here (transformers or bert4keras "
                             "read it)")
+        if d.get("embedding_size") not in (None, d.get("hidden_size")):
+            d = {**d, "model_type": "electra"}  # HFL's TF releases: a BERT config with ELECTRA's embedding_size
         fields = {f.name: f for f in dataclasses.fields(cls)}
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in d]
         if missing:
             raise UserError(f"{source}: missing {', '.join(missing)}; is this a BERT config?")
         try:
             values = {n: fields[n].type(d[n]) if fields[n].type in (int, float, str) else d[n]
-                      for n in fields if n in d}
+                      for n in fields if n in d and d[n] is not None}
         except (TypeError, ValueError) as e:
             raise UserError(f"{source}: bad value ({e})") from None
         config = cls(**values)
@@ -77,6 +86,11 @@ class BertConfig:
         return cls.from_dict(d, source=path)
 
     def validate(self, source="config"):
+        if self.model_type not in FAMILIES:
+            raise UserError(f"{source}: model_type={self.model_type!r}: expected one of {', '.join(FAMILIES)}")
+        if self.embedding_size is not None and self.model_type != "electra" and self.embedding_size != self.hidden_size:
+            raise UserError(f"{source}: embedding_size={self.embedding_size} differs from "
+                            f"hidden_size={self.hidden_size}, which only ELECTRA (model_type electra) can have")
         if self.encoder_ln_mode not in ("post-ln", "pre-ln"):
             raise UserError(f"{source}: encoder_ln_mode={self.encoder_ln_mode!r}: expected post-ln or pre-ln")
         from bert_mgpu.model.kernels import ACTIVATIONS
@@ -93,6 +107,15 @@ class BertConfig:
                      "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"{source}: {name} must be positive")
+
+    @property
+    def embedding_width(self):
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def has_pooler(self):
+        """BERT's tanh pooler; an ELECTRA discriminator has none (its [CLS] output is pooled)."""
+        return self.model_type == "bert"
 
     def check_vocab(self, vocab_file, vocab_size):
         """A vocabulary larger than the embedding table cannot be used with this model; a smaller one can
@@ -114,10 +137,17 @@ class BertConfig:
                             f"(max_position_embeddings={self.max_position_embeddings})")
 
     def to_dict(self):
-        return dataclasses.asdict(self)
+        """The config's keys; BERT's leave out ELECTRA's two, so its files stay google-bert's."""
+        d = dataclasses.asdict(self)
+        if self.model_type == "bert":
+            del d["model_type"], d["embedding_size"]
+        return d
 
     def to_json_file(self, path):
         storage.write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+FAMILIES = ("bert", "electra")
 
 
 def _other_family(d):
@@ -125,9 +155,6 @@ def _other_family(d):
     releases ship them as bert_config.json too), or None."""
     if "num_hidden_groups" in d or "inner_group_num" in d:
         return f"an ALBERT config (num_hidden_groups, embedding_size={d.get('embedding_size')})"
-    if "embedding_size" in d and d["embedding_size"] != d.get("hidden_size"):
-        return (f"embedding_size={d['embedding_size']} differs from hidden_size={d.get('hidden_size')}: an ALBERT or "
-                "ELECTRA config")
     if d.get("use_relative_position") or "max_relative_position" in d:
         return "a NEZHA config (use_relative_position: relative position encodings)"
     return None

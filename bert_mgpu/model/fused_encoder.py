@@ -136,7 +136,8 @@ class FusedBertEncoder(keras.layers.Layer):
 
     def _cast_variables(self):
         bb = self.backbone
-        dense = [bb.pooled_dense]
+        dense = [bb.pooled_dense] if getattr(bb, "has_pooler", True) else []
+        dense += [bb.embeddings_projection] if hasattr(bb, "embeddings_projection") else []
         for p in map(_compat.transformer_parts, bb.transformer_layers):  # not kept: Keras would track them
             dense += [p.query, p.key, p.value, p.attention_output, p.intermediate, p.output]
         return [v for d in dense for v in (d.kernel, d.bias) if v.dtype != self.compute_dtype]
@@ -166,7 +167,11 @@ class FusedBertEncoder(keras.layers.Layer):
         x = words + bb.position_embedding.position_embeddings[:length] + bb.segment_embedding(segments)
         ln = bb.embeddings_layer_norm
         x = kernels.norm(tf.cast(x, dtype), *_read(ln.gamma, ln.beta), ln.epsilon)
-        x = tf.reshape(x * self._mask(tf.shape(x), training), [tokens, hidden])
+        x = x * self._mask(tf.shape(x), training)
+        project = getattr(bb, "embeddings_projection", None)  # ELECTRA's, when its embeddings are narrower
+        if project is not None:
+            x = tf.matmul(tf.reshape(x, [tokens, -1]), self._w(project.kernel)) + self._w(project.bias)
+        x = tf.reshape(x, [tokens, hidden])
 
         neg = tf.constant(_NEG.get(dtype, -1e9), dtype)
         bias = tf.where(tf.cast(inputs["padding_mask"], tf.bool), tf.constant(0.0, dtype), neg)
@@ -196,8 +201,11 @@ class FusedBertEncoder(keras.layers.Layer):
             x = tf.reshape(tf.gather(tap.hidden[-1], rows, batch_dims=1), [-1, hidden])
 
         sequence = tf.reshape(x, [batch, -1, hidden])
-        pool = bb.pooled_dense
-        pooled = tf.tanh(tf.matmul(sequence[:, 0], self._w(pool.kernel)) + self._w(pool.bias))
+        if getattr(bb, "has_pooler", True):
+            pool = bb.pooled_dense
+            pooled = tf.tanh(tf.matmul(sequence[:, 0], self._w(pool.kernel)) + self._w(pool.bias))
+        else:  # ELECTRA: [CLS]'s output, as google-research/electra fine-tunes
+            pooled = sequence[:, 0]
         return {"sequence_output": sequence if rows is None else sequence[:, 1:], "pooled_output": pooled}
 
     def _tap(self, padding_mask, training):

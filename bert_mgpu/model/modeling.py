@@ -15,15 +15,17 @@ import keras
 import keras_hub
 
 from bert_mgpu.core import _compat
+from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import CRF
 from bert_mgpu.model.fused_encoder import FusedBertEncoder
 from bert_mgpu.model.kernels import ACTIVATIONS
 
 
 def build_backbone(config, policy="float32"):
-    """A keras-hub BertBackbone shaped by a google-bert BertConfig, with the config's activation."""
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=config.vocab_size,
+    """A keras-hub BertBackbone shaped by a google-bert BertConfig, with the config's activation; for an
+    ELECTRA config keras-hub's ElectraBackbone (the same layers, and the embeddings' projection when their
+    width is not the hidden one), whose pooler is left untrained and unused: ELECTRA has none."""
+    shape = dict(
         num_layers=config.num_hidden_layers,
         num_heads=config.num_attention_heads,
         hidden_dim=config.hidden_size,
@@ -34,6 +36,13 @@ def build_backbone(config, policy="float32"):
         dtype=keras.DTypePolicy(policy),
         name="bert",
     )
+    if config.has_pooler:
+        backbone = keras_hub.models.BertBackbone(vocabulary_size=config.vocab_size, **shape)
+    else:
+        backbone = keras_hub.models.ElectraBackbone(vocab_size=config.vocab_size, embedding_dim=config.embedding_width,
+                                                    **shape)
+        backbone.pooled_dense.trainable = False
+    backbone.has_pooler = config.has_pooler  # what FusedBertEncoder and encoder_variables read
     # keras-hub fixes tanh-GELU in its constructor; the feed-forward Dense applies `activation` at call
     # time, so setting it here gives the activation the checkpoint was trained with.
     backbone.hidden_act = config.hidden_act  # what FusedBertEncoder computes
@@ -43,6 +52,14 @@ def build_backbone(config, policy="float32"):
         # `normalize_first`, read at call time); the MLM head's own LayerNorm then normalizes the output.
         layer.normalize_first = config.encoder_ln_mode == "pre-ln"
     return backbone
+
+
+def encoder_variables(backbone):
+    """The backbone's variables a checkpoint holds: all of them but an ELECTRA backbone's unused pooler."""
+    if getattr(backbone, "has_pooler", True):
+        return list(backbone.weights)
+    skip = {id(v) for v in backbone.pooled_dense.weights}
+    return [v for v in backbone.weights if id(v) not in skip]
 
 
 def build_classifier(config, num_labels, policy="float32", dropout=None, fused=True):
@@ -130,6 +147,9 @@ def _with_head(config, num_labels, policy, dropout, fused, output, name):
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
     }
     pooled_only = output == "pooled_output"  # the fused encoder then skips the last layer's other rows
+    if not fused and not config.has_pooler:
+        raise UserError("--fused_encoder=false: ELECTRA runs on the fused encoder only (keras-hub's backbone "
+                        "would pool with a pooler ELECTRA does not have)")
     encoder = FusedBertEncoder(backbone, pooled_only=pooled_only) if fused else backbone
     rate = config.hidden_dropout_prob if dropout is None else dropout
     hidden = keras.layers.Dropout(rate, name="classifier_dropout")(encoder(inputs)[output])

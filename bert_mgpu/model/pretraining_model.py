@@ -58,6 +58,9 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
 
     Attributes `.backbone`, `.mlm_head` and `.nsp_head` (None without NSP) address the parts.
     """
+    if config.model_type != "bert":
+        raise UserError(f"model_type={config.model_type}: run_pretraining trains BERT's masked-LM and next-sentence "
+                        "heads; an ELECTRA discriminator is fine-tuned (run_classifier, run_ner, run_squad, ...)")
     backbone = build_backbone(config, policy)
     init = keras.initializers.TruncatedNormal(stddev=config.initializer_range)
     inputs = {

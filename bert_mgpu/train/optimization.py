@@ -239,7 +239,8 @@ def layerwise_rates(paths, decay):
     depth = max((int(m.group(1)) for m in layers if m), default=-1) + 1
     if decay == 1.0 or depth == 0:
         return tuple(1.0 for _ in paths)
-    embedding = re.compile(r"(?:.*/)?(token_embedding|position_embedding|segment_embedding|embeddings_layer_norm)/")
+    embedding = re.compile(r"(?:.*/)?(token_embedding|position_embedding|segment_embedding|embeddings_layer_norm|"
+                           r"embeddings_projection)/")
     return tuple(float(decay ** (depth - int(m.group(1)))) if m else
                  float(decay ** (depth + 1)) if embedding.match(p) else 1.0 for p, m in zip(paths, layers))
 
