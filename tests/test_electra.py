@@ -253,23 +253,31 @@ def test_a_script_fine_tunes_an_electra_release_on_two_towers_and_exports_it(sen
     assert repeated["eval_accuracy"] == results["eval_accuracy"]
 
 
-def test_a_taggers_hf_export_is_transformers_electra_for_token_classification(tmp_path, reference):
-    """A tagger on an ELECTRA release, exported as hf: transformers' ElectraForTokenClassification reads it
-    (no missing or unexpected tensor) and gives the tagger's logits to 1e-4."""
+@pytest.mark.parametrize("head", ["tagger", "question_answerer"])
+def test_the_hf_export_of_a_token_head_is_transformers_electra_class(tmp_path, reference, head):
+    """A tagger (a question answerer) on an ELECTRA release, exported as hf: transformers'
+    ElectraForTokenClassification (ElectraForQuestionAnswering) reads it with no missing or unexpected tensor and
+    gives the model's logits to 1e-4."""
     import transformers
 
     import bert_mgpu
 
     hf_electra(str(tmp_path / "release"), discriminator_head=False)
-    tagger = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "release"), labels=["O", "B-X", "I-X"],
-                                                  precision="float32", max_seq_length=16)
-    tagger.export(str(tmp_path / "hf"), "hf")
-    theirs, info = transformers.ElectraForTokenClassification.from_pretrained(str(tmp_path / "hf"),
-                                                                               output_loading_info=True)
+    if head == "tagger":
+        ours = bert_mgpu.BertTagger.from_pretrained(str(tmp_path / "release"), labels=["O", "B-X", "I-X"],
+                                                    precision="float32", max_seq_length=16)
+        reader = transformers.ElectraForTokenClassification
+    else:
+        ours = bert_mgpu.BertQuestionAnswerer.from_pretrained(str(tmp_path / "release"), precision="float32",
+                                                              max_seq_length=16)
+        reader = transformers.ElectraForQuestionAnswering
+    ours.export(str(tmp_path / "hf"), "hf")
+    theirs, info = reader.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     batch = features(3, 12)
-    ours = tagger.model(batch).numpy()
-    got = torch_outputs(theirs.eval(), batch).logits.numpy()
-    difference = np.abs(got - ours)[batch["padding_mask"]].max()
-    print(f"largest logit difference to ElectraForTokenClassification {difference:.2e}")
+    expected = ours.model(batch).numpy()
+    got = torch_outputs(theirs.eval(), batch)
+    got = got.logits.numpy() if head == "tagger" else np.stack([got.start_logits.numpy(), got.end_logits.numpy()], -1)
+    difference = np.abs(got - expected)[batch["padding_mask"]].max()
+    print(f"largest logit difference to {reader.__name__} {difference:.2e}")
     assert difference < 1e-4

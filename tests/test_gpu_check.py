@@ -62,6 +62,8 @@ def test_gpu_check_runs_every_check_on_logical_cpu_devices_and_writes_its_json(t
     assert heads["ema"]["differ"] == [] and heads["ema"]["applied"] >= 2 and heads["ema"]["averages_apart"] > 0
     adapted = heads["lora"]  # --lora_rank: the adapters moved on every tower alike, the encoder not at all
     assert adapted["differ"] == adapted["encoder_changed"] == [] and adapted["adapters_moved"] > 0
+    electra = heads["electra"]  # embeddings half as wide, projected; no pooler trained
+    assert electra["differ"] == [] and electra["projection_moved"] > 0 and electra["pooler_trained"] is False
     failing = checks["failing_tower"]
     assert failing["message"].startswith("out of memory on tower 1 at per-tower batch 4 x sequence length 32")
     assert failing["seconds"] < 120

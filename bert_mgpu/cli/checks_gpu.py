@@ -158,7 +158,8 @@ def heads_mixed_float16(setup, steps=3):
     the hidden-state and attention losses too), --teacher_logits' (a classifier student taught by outputs the
     batch carries, no teacher run), --ema_decay's (a classifier's moving averages updated on each
     GPU after its step), --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings) and
-    --lora_rank's (adapters on every dense kernel); each trained on every tower: finite losses, towers bit-equal
+    --lora_rank's (adapters on every dense kernel) and an ELECTRA's (embeddings half as wide, projected); each
+    trained on every tower: finite losses, towers bit-equal
     after (the averages too, the teacher and LoRA's frozen encoder as they were)."""
     import tensorflow as tf
 
@@ -203,6 +204,10 @@ def heads_mixed_float16(setup, steps=3):
                     with_adversarial(Classification().loss, 1.0, 2, 0.5), features, np.arange(rows) % 2)
     heads["lora"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
                      features, np.arange(rows) % 2)
+    tiny = _config("tiny")
+    electra = dataclasses.replace(tiny, model_type="electra", embedding_size=tiny.hidden_size // 2)
+    heads["electra"] = (lambda: modeling.build_classifier(electra, 2, "mixed_float16"), Classification().loss,
+                        features, np.arange(rows) % 2)
     out, ok = {}, True
     for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():
@@ -210,6 +215,7 @@ def heads_mixed_float16(setup, steps=3):
             if name == "lora":  # adapters on every dense kernel, the encoder frozen
                 lora.enable(model, lora.check_lora(4, 8, tuple(lora.TARGETS)))
             frozen = [(v, v.numpy()) for v in model.backbone.weights] if name == "lora" else []
+            projection = model.backbone.embeddings_projection.kernel.numpy() if name == "electra" else None
             opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True, ema_decay=0.9 if name == "ema" else 0)
         trainer = training.Trainer(strategy, model, opt, loss_fn=loss)
         data = tf.data.Dataset.from_tensors((features, labels.astype("int32"))).repeat(steps)
@@ -231,6 +237,10 @@ def heads_mixed_float16(setup, steps=3):
                 np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
             facts["adapters_moved"] = float(max(np.abs(v.numpy()).max() for n, v in
                                                 lora.adapters(model).named_variables().items() if "lora_b" in n))
+        if name == "electra":  # the embeddings' projection trains; the pooler ELECTRA lacks stays out
+            facts["projection_moved"] = float(np.abs(model.backbone.embeddings_projection.kernel.numpy()
+                                                     - projection).max())
+            facts["pooler_trained"] = any(v.path.startswith("pooled_dense") for v in model.trainable_variables)
         if name == "ema":
             averages = opt.inner_optimizer._model_variables_moving_average
             differ += [f"average of {v.path}" for v in averages if any(not np.array_equal(
@@ -242,7 +252,8 @@ def heads_mixed_float16(setup, steps=3):
             facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
             min(facts.get("hidden_and_attention", [1])) > 0 and facts.get("adversarial_loss", 1) > 0 and \
             facts.get("cached_soft", 1) > 0 and facts.get("averages_apart", 1) > 0 and \
-            not facts.get("encoder_changed") and facts.get("adapters_moved", 1) > 0
+            not facts.get("encoder_changed") and facts.get("adapters_moved", 1) > 0 and \
+            facts.get("projection_moved", 1) > 0 and not facts.get("pooler_trained")
         ok &= good
         out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}
     return {"ok": ok, **out, "summary": "; ".join(
