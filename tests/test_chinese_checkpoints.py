@@ -111,15 +111,16 @@ def test_an_hfl_roberta_wwm_ext_release_loads_and_predicts_as_transformers_bert(
 
 
 @pytest.mark.parametrize("family, extra, expected", [
-    ("albert_zh", {"embedding_size": 128, "num_hidden_groups": 1, "inner_group_num": 1},
-     "an ALBERT config (num_hidden_groups, embedding_size=128), not BERT"),
+    ("albert_zh", {"embedding_size": 128, "ln_type": "postln"},
+     "brightmart's albert_zh config (ln_type: its checkpoints keep one layer_shared, not Google's ALBERT names), "
+     "not BERT"),
     ("nezha-cn-base", {"max_relative_position": 64, "use_relative_position": True},
      "a NEZHA config (use_relative_position: relative position encodings), not BERT"),
 ])
 def test_a_release_of_another_family_is_refused_by_name(tmp_path, family, extra, expected):
-    """ALBERT and NEZHA Chinese releases ship BERT-like configs; read as BERT they would load nothing that fits
-    (or, NEZHA, the wrong positions), so the config says which family it is. (HFL's ELECTRA configs load:
-    test_electra.py.)"""
+    """brightmart's albert_zh and NEZHA Chinese releases ship BERT-like configs; read as BERT they would load
+    nothing that fits (or, NEZHA, the wrong positions), so the config says which family it is. (HFL's ELECTRA
+    configs and Google's ALBERT ones load: test_electra.py, test_albert.py.)"""
     from bert_mgpu.core.errors import UserError
 
     path = tmp_path / "bert_config.json"

@@ -212,11 +212,11 @@ def test_what_electra_cannot_do_is_refused_in_one_line(tmp_path):
         clf.export(str(tmp_path / "hf"), "hf")
     assert not os.path.exists(tmp_path / "kh") and not os.path.exists(tmp_path / "hf")
 
-    with pytest.raises(UserError, match="an ELECTRA discriminator is fine-tuned"):
+    with pytest.raises(UserError, match="an ELECTRA is fine-tuned here"):
         build_pretrainer(electra_config())
     with pytest.raises(UserError, match="--fused_encoder=false: ELECTRA runs on the fused encoder only"):
         modeling.build_classifier(electra_config(), 2, fused=False)
-    with pytest.raises(UserError, match="embedding_size=16 differs from hidden_size=32, which only ELECTRA"):
+    with pytest.raises(UserError, match="embedding_size=16 differs from hidden_size=32, which only ELECTRA and ALBERT"):
         tiny_config(60, embedding_size=16, model_type="bert").validate()
 
 

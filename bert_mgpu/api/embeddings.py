@@ -14,6 +14,7 @@ Example:
 import dataclasses
 
 import keras
+import keras_hub
 import numpy as np
 import tensorflow as tf
 
@@ -22,6 +23,7 @@ from bert_mgpu.data.input_pipeline import make_dataset, pair_kind, traced_encode
 from bert_mgpu.data.tasks import as_examples
 from bert_mgpu.data.tokenization import FullTokenizer, rows
 from bert_mgpu.io.loading import open_checkpoint
+from bert_mgpu.model import modeling
 from bert_mgpu.model.modeling import build_backbone
 from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train.training import Trainer
@@ -55,13 +57,18 @@ def pooling_model(backbone, pooling="mean", layers=(-1,), width=None):
     pooling="layers" the `layers` (google-bert's numbering: -1 is the last) [batch, len(layers), width, hidden]."""
     if pooling not in (*POOLINGS, "layers"):
         raise UserError(f"pooling={pooling!r}: expected one of {', '.join(POOLINGS)}")
-    count = len(backbone.transformer_layers)
+    count = len(getattr(backbone, "schedule", backbone.transformer_layers))  # ALBERT's passes
     wrong = [n for n in layers if not -count <= n < count]
     if wrong:
         raise UserError(f"--layers={','.join(map(str, wrong))}: the model has {count} layers (-{count} to {count - 1})")
-    names = [f"transformer_layer_{n % count}" for n in layers]
-    inner = keras.Model(backbone.input, {"states": [backbone.get_layer(n).output for n in names],
-                                         "pooled": backbone.output["pooled_output"]})
+    if isinstance(backbone, keras_hub.models.BertBackbone):
+        names = [f"transformer_layer_{n % count}" for n in layers]
+        inner = keras.Model(backbone.input, {"states": [backbone.get_layer(n).output for n in names],
+                                             "pooled": backbone.output["pooled_output"]})
+    else:  # ELECTRA's [CLS] row as its pooled output, ALBERT's shared layers pass by pass
+        family = modeling.reference_encoder(backbone, hidden_states=True)
+        inner = keras.Model(family.input, {"states": [family.output["hidden_states"][n % count] for n in layers],
+                                           "pooled": family.output["pooled_output"]})
     inputs = {k: keras.Input(shape=(None,), dtype=t, name=k)
               for k, t in (("token_ids", "int32"), ("segment_ids", "int32"), ("padding_mask", "bool"))}
     out = inner(inputs)

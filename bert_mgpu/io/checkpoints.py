@@ -25,6 +25,7 @@ from bert_mgpu.io.weight_names import (
     fold_to_google_shape,
     google_name,
     google_shape,
+    hf_family_to_bert,
     hf_to_google_name,
 )
 from bert_mgpu.model import lora
@@ -70,8 +71,9 @@ def assign_encoder(backbone, weights, source):
 
 # ---------------------------------------------------------------- Hugging Face (safetensors only)
 
-def read_safetensors(path):
-    """Hugging Face safetensors -> {Google name: float32 array}, without torch and without pickle."""
+def read_safetensors(path, config=None):
+    """Hugging Face safetensors -> {Google name: float32 array}, without torch and without pickle. `config`:
+    the model's (BERT when None), whose family names the tensors (ALBERT's shared layers)."""
     from safetensors import SafetensorError
     from safetensors.tensorflow import load_file
 
@@ -79,8 +81,11 @@ def read_safetensors(path):
         tensors = load_file(path)
     except (OSError, SafetensorError) as e:
         raise UserError(f"{path}: not a readable safetensors file ({e})") from None
-    out = {}
+    out, albert = {}, config is not None and config.model_type == "albert"
     for hf_name, tensor in tensors.items():
+        if albert:  # AlbertModel saved alone names its tensors without the albert. of its task models
+            bare = not hf_name.startswith(("albert.", "predictions.", "sop_classifier.", "classifier.", "qa_outputs."))
+            hf_name = hf_family_to_bert("albert." + hf_name if bare else hf_name, config.inner_group_num)
         name, transpose = hf_to_google_name(hf_name)
         if name is None:
             continue
@@ -351,7 +356,7 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
         if storage.exists(tok_cfg):
             lower = storage.read_json(tok_cfg).get("do_lower_case")
         vocab = vocab_file or _need(os.path.join(path, "vocab.txt"), "vocab.txt")
-        return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors), lower,
+        return Pretrained("huggingface", path, config, vocab, read_safetensors(safetensors, config), lower,
                           **_head_facts(cfg))
 
     if storage.isdir(path) and is_saved_model(path):
@@ -362,7 +367,8 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
         config = BertConfig.from_json_file(config_file)
         vocab = vocab_file or _need(os.path.join(directory, "vocab.txt"), "vocab.txt")
         facts = storage.read_json(config_file)  # bert_mgpu's exports add the head's labels (see _head_facts)
-        weights, family = family_names(read_tf_checkpoint(prefix))  # google-research/electra's scope: electra/
+        # google-research/electra's scope (electra/), ALBERT's shared layers: read as google-bert's names
+        weights, family = family_names(read_tf_checkpoint(prefix), config.inner_group_num)
         if family != config.model_type:
             if config.model_type != "bert":
                 raise UserError(f"{config_file}: says model_type={config.model_type!r}, but {prefix} holds a "

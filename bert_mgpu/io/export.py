@@ -99,8 +99,8 @@ def check_format(trained, format):
     trained.spec.check_format(format)
     if format == "hf" and trained.head is not None:
         trained.head.hf_architecture(trained.weights)  # a head transformers has no class for (a CRF) says so
-    if trained.config.model_type == "electra":
-        _check_electra(trained, format)
+    if trained.config.model_type != "bert":
+        _check_family(trained, format)
 
 
 # transformers' ELECTRA classes whose head is bert_mgpu's; its sequence and choice heads add a dense layer
@@ -109,10 +109,10 @@ _ELECTRA_HF = {"BertForTokenClassification": "ElectraForTokenClassification",
                "BertForQuestionAnswering": "ElectraForQuestionAnswering"}
 
 
-def _check_electra(trained, format):
+def _check_family(trained, format):
     if format == "keras_hub":
-        raise UserError("--export_format=keras_hub: an ELECTRA model is written as saved_model, onnx, tflite, "
-                        "google (google-research/electra's names) or hf")
+        raise UserError(f"--export_format=keras_hub: an {trained.config.model_type.upper()} model is written as "
+                        "saved_model, onnx, tflite, google (its family's Google names) or hf")
     if format == "hf" and _hf_architecture(trained) is None:
         raise UserError(f"--export_format=hf: transformers has no ELECTRA class with this {trained.kind}'s head "
                         "(its ElectraFor... heads add a dense layer); export saved_model, onnx or google")
@@ -128,6 +128,8 @@ def _hf_architecture(trained):
         architecture = "BertModel"
     if trained.config.model_type == "electra":
         return "ElectraModel" if architecture == "BertModel" else _ELECTRA_HF.get(architecture)
+    if trained.config.model_type == "albert":  # ALBERT's task classes have BERT's heads
+        return "Albert" + architecture[len("Bert"):]
     return architecture
 
 
@@ -143,7 +145,8 @@ def write_google(trained, directory):
     config.pop("encoder_ln_mode")  # post-LN, google-bert's only kind
     storage.write_atomic(os.path.join(directory, "bert_config.json"), json.dumps(config, indent=2) + "\n")
     _copy_vocab(trained, directory)
-    weights = weight_names.to_family(trained.weights, trained.config.model_type)  # ELECTRA's: electra/...
+    c = trained.config  # ELECTRA's names under electra/, ALBERT's shared layers under bert/encoder/transformer/
+    weights = weight_names.to_family(trained.weights, c.model_type, c.inner_group_num)
     checkpoints.write_google_checkpoint(weights, os.path.join(directory, "bert_model.ckpt"))
 
 
@@ -156,15 +159,14 @@ def write_hf(trained, directory):
     `BertForPreTraining` (masked-LM and next-sentence heads) or `BertForMaskedLM`."""
     from safetensors.numpy import save_file
 
-    tensors, family = {}, trained.config.model_type
+    tensors, c = {}, trained.config
     for name, value in trained.weights.items():
         hf, transpose = weight_names.google_to_hf_name(name)
-        hf = family + hf[len("bert"):] if hf.startswith("bert.") else hf  # ELECTRA's: electra.encoder...
+        hf = weight_names.bert_to_hf_family(hf, c.model_type, c.inner_group_num)  # ELECTRA's, ALBERT's names
         tensors[hf] = np.ascontiguousarray(value.T if transpose else value, np.float32)
     architecture = _hf_architecture(trained)
-    if architecture in ("BertModel", "ElectraModel"):  # their own names have no prefix
+    if architecture in ("BertModel", "ElectraModel", "AlbertModel"):  # their own names have no prefix
         tensors = {k.split(".", 1)[1]: v for k, v in tensors.items()}
-    c = trained.config
     config = trained.hf_config(architecture)
     storage.write_atomic(os.path.join(directory, "config.json"), json.dumps(config, indent=2) + "\n")
     weights_file = os.path.join(directory, "model.safetensors")

@@ -34,20 +34,100 @@ HEAD_PREFIXES = ("cls/", "classifier", "output_weights", "output_bias", "crf/", 
                  "generator")
 
 
-def family_names(weights):
-    """{name: array} under a family's own scope -> under google-bert's (`electra/encoder/...` ->
-    `bert/encoder/...`), and the family read from the names: "electra" or "bert"."""
-    if not any(n.startswith("electra/") for n in weights):
+# ALBERT's layer tensors in Google's checkpoints (under bert/encoder/transformer/group_G/inner_group_J/) and in
+# Hugging Face's (under albert.encoder.albert_layer_groups.G.albert_layers.J.), and google-bert's for the same.
+_ALBERT_GOOGLE = (("attention_1/self/", "attention/self/"), ("attention_1/output/dense/", "attention/output/dense/"),
+                  ("LayerNorm/", "attention/output/LayerNorm/"), ("ffn_1/intermediate/dense/", "intermediate/dense/"),
+                  ("ffn_1/intermediate/output/dense/", "output/dense/"), ("LayerNorm_1/", "output/LayerNorm/"))
+_ALBERT_HF = (("attention.query.", "attention.self.query."), ("attention.key.", "attention.self.key."),
+              ("attention.value.", "attention.self.value."), ("attention.dense.", "attention.output.dense."),
+              ("attention.LayerNorm.", "attention.output.LayerNorm."), ("ffn.", "intermediate.dense."),
+              ("ffn_output.", "output.dense."), ("full_layer_layer_norm.", "output.LayerNorm."))
+_ALBERT_GROUP = re.compile(r"bert/encoder/transformer/group_(\d+)/inner_group_(\d+)/(.*)")
+_BERT_LAYER = re.compile(r"bert/encoder/layer_(\d+)/(.*)")
+
+
+def _swap(rest, pairs, reverse=False):
+    for theirs, ours in pairs:
+        a, b = (ours, theirs) if reverse else (theirs, ours)
+        if rest.startswith(a):
+            return b + rest[len(a):]
+    raise KeyError(rest)
+
+
+def family_names(weights, inner_group_num=1):
+    """{name: array} of a Google checkpoint -> under google-bert's names, and its family read from them:
+    google-research/electra's scope (`electra/encoder/...` -> `bert/encoder/...`), ALBERT's shared layers
+    (`bert/encoder/transformer/group_G/inner_group_J/...` -> `bert/encoder/layer_<G x inner_group_num + J>/...`,
+    `bert/encoder/embedding_hidden_mapping_in` -> `bert/embeddings_project`), or "bert"."""
+    if any(n.startswith("electra/") for n in weights):
+        renamed = {("bert/" + n[len("electra/"):]) if n.startswith("electra/") else n: v for n, v in weights.items()}
+        return renamed, "electra"
+    if not any(_ALBERT_GROUP.match(n) for n in weights):
         return weights, "bert"
-    renamed = {("bert/" + n[len("electra/"):]) if n.startswith("electra/") else n: v for n, v in weights.items()}
-    return renamed, "electra"
+    renamed = {}
+    for name, value in weights.items():
+        found = _ALBERT_GROUP.fullmatch(name)
+        if found:
+            group, inner, rest = int(found[1]), int(found[2]), found[3]
+            name = f"bert/encoder/layer_{group * inner_group_num + inner}/{_swap(rest, _ALBERT_GOOGLE)}"
+        elif name.startswith("bert/encoder/embedding_hidden_mapping_in/"):
+            name = "bert/embeddings_project/" + name.rsplit("/", 1)[1]
+        renamed[name] = value
+    return renamed, "albert"
 
 
-def to_family(weights, family):
-    """The inverse of `family_names`: google-bert's encoder names under `family`'s scope."""
-    if family == "bert":
+def to_family(weights, family, inner_group_num=1):
+    """The inverse of `family_names`: google-bert's names as `family`'s checkpoints keep them."""
+    if family == "electra":
+        return {(family + "/" + n[len("bert/"):]) if n.startswith("bert/") else n: v for n, v in weights.items()}
+    if family != "albert":
         return weights
-    return {(family + "/" + n[len("bert/"):]) if n.startswith("bert/") else n: v for n, v in weights.items()}
+    out = {}
+    for name, value in weights.items():
+        found = _BERT_LAYER.fullmatch(name)
+        if found:
+            group, inner = divmod(int(found[1]), inner_group_num)
+            name = f"bert/encoder/transformer/group_{group}/inner_group_{inner}/" + _swap(found[2], _ALBERT_GOOGLE,
+                                                                                          reverse=True)
+        elif name.startswith("bert/embeddings_project/"):
+            name = "bert/encoder/embedding_hidden_mapping_in/" + name.rsplit("/", 1)[1]
+        out[name] = value
+    return out
+
+
+_HF_ALBERT_LAYER = re.compile(r"albert\.encoder\.albert_layer_groups\.(\d+)\.albert_layers\.(\d+)\.(.*)")
+_HF_BERT_LAYER = re.compile(r"bert\.encoder\.layer\.(\d+)\.(.*)")
+# ALBERT's other tensors in Hugging Face's names, and google-bert's; its pretraining heads go under cls.
+_HF_ALBERT_OTHER = (("albert.embeddings.", "bert.embeddings."),
+                    ("albert.encoder.embedding_hidden_mapping_in.", "bert.embeddings_project."),
+                    ("albert.pooler.", "bert.pooler.dense."), ("predictions.", "cls.albert_predictions."),
+                    ("sop_classifier.classifier.", "cls.albert_sop."))
+
+
+def hf_family_to_bert(name, inner_group_num=1):
+    """A Hugging Face ELECTRA or ALBERT tensor's name -> BertModel's (ELECTRA's `electra.` reads as `bert.`)."""
+    found = _HF_ALBERT_LAYER.fullmatch(name)
+    if found:
+        layer = int(found[1]) * inner_group_num + int(found[2])
+        return f"bert.encoder.layer.{layer}.{_swap(found[3], _ALBERT_HF)}"
+    if name.startswith(("albert.", "predictions.", "sop_classifier.")):
+        return _swap(name, _HF_ALBERT_OTHER)
+    return name
+
+
+def bert_to_hf_family(name, family, inner_group_num=1):
+    """A BertModel tensor's name (`bert.encoder.layer.3...`) -> `family`'s in Hugging Face's layout."""
+    if family == "electra":
+        return "electra" + name[len("bert"):] if name.startswith("bert.") else name
+    if family != "albert" or not name.startswith("bert."):
+        return name
+    found = _HF_BERT_LAYER.fullmatch(name)
+    if found:
+        group, inner = divmod(int(found[1]), inner_group_num)
+        return f"albert.encoder.albert_layer_groups.{group}.albert_layers.{inner}." + _swap(found[2], _ALBERT_HF,
+                                                                                             reverse=True)
+    return _swap(name, _HF_ALBERT_OTHER, reverse=True)
 
 
 def google_name(keras_path):

@@ -1,5 +1,6 @@
 """BertConfig: google-research/bert's bert_config.json (Hugging Face's config.json uses the same keys), and
-ELECTRA's, whose discriminator is a BERT with narrower embeddings projected to the hidden width."""
+the two BERTs it also describes: ELECTRA's discriminator (narrower embeddings projected to the hidden width) and
+ALBERT (the same projection, and layers shared in groups)."""
 
 import dataclasses
 import json
@@ -27,10 +28,14 @@ class BertConfig:
         initializer_range: stddev of the truncated-normal initializer.
         encoder_ln_mode: `post-ln` (BERT's) or `pre-ln` (LayerNorm before each sub-layer, for training
             from scratch at high learning rates).
-        model_type: `bert`, or `electra`: an ELECTRA discriminator (Google's and HFL's releases, transformers'
+        model_type: `bert`; `electra`: an ELECTRA discriminator (Google's and HFL's releases, transformers'
             ElectraModel), which has no pooler ([CLS]'s output is its pooled output, as google-research/electra
-            fine-tunes) and, when `embedding_size` is not `hidden_size`, a projection after the embeddings.
-        embedding_size: the embeddings' width (ELECTRA's); None: hidden_size.
+            fine-tunes) and, when `embedding_size` is not `hidden_size`, a projection after the embeddings;
+            `albert`: ALBERT (Google's releases, transformers' AlbertModel): that projection always, and
+            `num_hidden_groups` x `inner_group_num` layers run `num_hidden_layers` times in all.
+        embedding_size: the embeddings' width (ELECTRA's and ALBERT's); None: hidden_size.
+        num_hidden_groups, inner_group_num: ALBERT's groups of shared layers, and layers in a group. Pass i
+            of num_hidden_layers runs group i // (num_hidden_layers / num_hidden_groups), each of its layers.
 
     Example:
         config = BertConfig.from_json_file("uncased_L-12_H-768_A-12/bert_config.json")
@@ -54,16 +59,20 @@ class BertConfig:
     encoder_ln_mode: str = "post-ln"
     model_type: str = "bert"
     embedding_size: int = None
+    num_hidden_groups: int = 1
+    inner_group_num: int = 1
 
     @classmethod
     def from_dict(cls, d, source="config"):
         if d.get("model_type", "bert") not in FAMILIES:
-            raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT or ELECTRA")
+            raise UserError(f"{source}: model_type={d['model_type']!r} is not BERT, ELECTRA or ALBERT")
         other = _other_family(d)
         if other:
             raise UserError(f"{source}: {other}, not BERT; it does not load here (transformers or bert4keras "
                             "read it)")
-        if d.get("embedding_size") not in (None, d.get("hidden_size")):
+        if "num_hidden_groups" in d or "inner_group_num" in d:
+            d = {**d, "model_type": "albert"}  # Google's ALBERT configs say so by these keys alone
+        elif d.get("embedding_size") not in (None, d.get("hidden_size")):
             d = {**d, "model_type": "electra"}  # HFL's TF releases: a BERT config with ELECTRA's embedding_size
         fields = {f.name: f for f in dataclasses.fields(cls)}
         missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in d]
@@ -88,9 +97,21 @@ class BertConfig:
     def validate(self, source="config"):
         if self.model_type not in FAMILIES:
             raise UserError(f"{source}: model_type={self.model_type!r}: expected one of {', '.join(FAMILIES)}")
-        if self.embedding_size is not None and self.model_type != "electra" and self.embedding_size != self.hidden_size:
+        if self.model_type == "bert" and self.embedding_width != self.hidden_size:
             raise UserError(f"{source}: embedding_size={self.embedding_size} differs from "
-                            f"hidden_size={self.hidden_size}, which only ELECTRA (model_type electra) can have")
+                            f"hidden_size={self.hidden_size}, which only ELECTRA and ALBERT can have (model_type)")
+        if self.model_type != "albert" and (self.num_hidden_groups, self.inner_group_num) != (1, 1):
+            raise UserError(f"{source}: num_hidden_groups and inner_group_num are ALBERT's (model_type albert)")
+        if self.model_type == "albert":
+            if self.embedding_width == self.hidden_size:
+                raise UserError(f"{source}: an ALBERT whose embedding_size is its hidden_size "
+                                f"({self.hidden_size}) is not supported: ALBERT's releases project narrower embeddings")
+            if min(self.num_hidden_groups, self.inner_group_num) < 1 or \
+                    self.num_hidden_layers % self.num_hidden_groups:
+                raise UserError(f"{source}: num_hidden_layers={self.num_hidden_layers} is not a multiple of "
+                                f"num_hidden_groups={self.num_hidden_groups}")
+            if self.encoder_ln_mode != "post-ln":
+                raise UserError(f"{source}: ALBERT is post-LN")
         if self.encoder_ln_mode not in ("post-ln", "pre-ln"):
             raise UserError(f"{source}: encoder_ln_mode={self.encoder_ln_mode!r}: expected post-ln or pre-ln")
         from bert_mgpu.model.kernels import ACTIVATIONS
@@ -114,8 +135,22 @@ class BertConfig:
 
     @property
     def has_pooler(self):
-        """BERT's tanh pooler; an ELECTRA discriminator has none (its [CLS] output is pooled)."""
-        return self.model_type == "bert"
+        """BERT's tanh pooler (ALBERT's too); an ELECTRA discriminator has none (its [CLS] output is pooled)."""
+        return self.model_type != "electra"
+
+    @property
+    def layer_count(self):
+        """The encoder's distinct layers: ALBERT's groups x inner layers, else num_hidden_layers."""
+        return self.num_hidden_groups * self.inner_group_num if self.model_type == "albert" else self.num_hidden_layers
+
+    @property
+    def schedule(self):
+        """The distinct layer each pass runs, in order (ALBERT's sharing; else each layer once)."""
+        if self.model_type != "albert":
+            return tuple(range(self.num_hidden_layers))
+        per_group = self.num_hidden_layers // self.num_hidden_groups
+        return tuple(i // per_group * self.inner_group_num + j for i in range(self.num_hidden_layers)
+                     for j in range(self.inner_group_num))
 
     def check_vocab(self, vocab_file, vocab_size):
         """A vocabulary larger than the embedding table cannot be used with this model; a smaller one can
@@ -137,8 +172,11 @@ class BertConfig:
                             f"(max_position_embeddings={self.max_position_embeddings})")
 
     def to_dict(self):
-        """The config's keys; BERT's leave out ELECTRA's two, so its files stay google-bert's."""
+        """The config's keys; BERT's leave out the other families' (ELECTRA's leaves out ALBERT's), so its files
+        stay google-bert's."""
         d = dataclasses.asdict(self)
+        if self.model_type != "albert":
+            del d["num_hidden_groups"], d["inner_group_num"]
         if self.model_type == "bert":
             del d["model_type"], d["embedding_size"]
         return d
@@ -147,14 +185,15 @@ class BertConfig:
         storage.write_atomic(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
-FAMILIES = ("bert", "electra")
+FAMILIES = ("bert", "electra", "albert")
 
 
 def _other_family(d):
     """What a config of a BERT-like family that bert_mgpu cannot load says about itself (the Chinese
     releases ship them as bert_config.json too), or None."""
-    if "num_hidden_groups" in d or "inner_group_num" in d:
-        return f"an ALBERT config (num_hidden_groups, embedding_size={d.get('embedding_size')})"
+    if "ln_type" in d:
+        return ("brightmart's albert_zh config (ln_type: its checkpoints keep one layer_shared, not Google's ALBERT "
+                "names)")
     if d.get("use_relative_position") or "max_relative_position" in d:
         return "a NEZHA config (use_relative_position: relative position encodings)"
     return None

@@ -185,14 +185,16 @@ class FusedBertEncoder(keras.layers.Layer):
         tap = self._tap(inputs["padding_mask"], training)
         if tap:
             tap.hidden.append(tf.reshape(x, [batch, length, hidden]))
-        last = len(bb.transformer_layers) - 1
-        for i, layer in enumerate(bb.transformer_layers):
+        schedule = getattr(bb, "schedule", range(len(bb.transformer_layers)))  # ALBERT's passes of shared layers
+        last = len(schedule) - 1
+        for i, index in enumerate(schedule):
+            layer = bb.transformer_layers[index]
             # The layer's three dropout seeds, drawn in the order the layer uses them.
             seeds = [self._seed() for _ in range(3)] if self._dropping(training) else [None] * 3
 
-            def run(x, i=i, layer=layer, seeds=seeds, rows=rows if i == last and not tap else None):
-                return self._layer(i, layer, _compat.transformer_parts(layer), x, bias, scale, batch, length, heads,
-                                   size, training, rows, seeds, tap.scores if tap and tap.want_scores else None)
+            def run(x, index=index, layer=layer, seeds=seeds, rows=rows if i == last and not tap else None):
+                return self._layer(index, layer, _compat.transformer_parts(layer), x, bias, scale, batch, length,
+                                   heads, size, training, rows, seeds, tap.scores if tap and tap.want_scores else None)
 
             x = keras.remat(run)(x) if self.recompute and training else run(x)
             if tap:

@@ -15,18 +15,18 @@ import keras
 import keras_hub
 
 from bert_mgpu.core import _compat
-from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import CRF
 from bert_mgpu.model.fused_encoder import FusedBertEncoder
 from bert_mgpu.model.kernels import ACTIVATIONS
 
 
 def build_backbone(config, policy="float32"):
-    """A keras-hub BertBackbone shaped by a google-bert BertConfig, with the config's activation; for an
-    ELECTRA config keras-hub's ElectraBackbone (the same layers, and the embeddings' projection when their
-    width is not the hidden one), whose pooler is left untrained and unused: ELECTRA has none."""
+    """A keras-hub BertBackbone shaped by a google-bert BertConfig, with the config's activation. For ELECTRA
+    and ALBERT keras-hub's ElectraBackbone: the same layers, and the embeddings' projection when their width
+    is not the hidden one. ELECTRA's pooler is left untrained and unused (it has none); ALBERT's distinct
+    layers (`config.layer_count`) run in `backbone.schedule`'s order, which the encoders follow."""
     shape = dict(
-        num_layers=config.num_hidden_layers,
+        num_layers=config.layer_count,
         num_heads=config.num_attention_heads,
         hidden_dim=config.hidden_size,
         intermediate_dim=config.intermediate_size,
@@ -36,13 +36,13 @@ def build_backbone(config, policy="float32"):
         dtype=keras.DTypePolicy(policy),
         name="bert",
     )
-    if config.has_pooler:
+    if config.model_type == "bert":
         backbone = keras_hub.models.BertBackbone(vocabulary_size=config.vocab_size, **shape)
     else:
         backbone = keras_hub.models.ElectraBackbone(vocab_size=config.vocab_size, embedding_dim=config.embedding_width,
                                                     **shape)
-        backbone.pooled_dense.trainable = False
-    backbone.has_pooler = config.has_pooler  # what FusedBertEncoder and encoder_variables read
+        backbone.pooled_dense.trainable = config.has_pooler
+    backbone.has_pooler, backbone.schedule = config.has_pooler, config.schedule  # what the encoders follow
     # keras-hub fixes tanh-GELU in its constructor; the feed-forward Dense applies `activation` at call
     # time, so setting it here gives the activation the checkpoint was trained with.
     backbone.hidden_act = config.hidden_act  # what FusedBertEncoder computes
@@ -52,6 +52,41 @@ def build_backbone(config, policy="float32"):
         # `normalize_first`, read at call time); the MLM head's own LayerNorm then normalizes the output.
         layer.normalize_first = config.encoder_ln_mode == "pre-ln"
     return backbone
+
+
+class _FirstRow(keras.layers.Layer):
+    """[batch, length, hidden] -> [CLS]'s row [batch, hidden]: ELECTRA's pooled output."""
+
+    def call(self, x):
+        return x[:, 0]
+
+    def compute_output_spec(self, x):
+        return keras.KerasTensor((x.shape[0], x.shape[-1]), x.dtype)
+
+
+def reference_encoder(backbone, hidden_states=False):
+    """keras-hub's own layers of an ELECTRA or ALBERT `backbone` called in its family's order: each pass of
+    `backbone.schedule` (ALBERT's shared layers), ELECTRA's [CLS] row as the pooled output. The unfused
+    reference, which the exports convert, as BertBackbone is BERT's. `hidden_states`: also each pass's output
+    ("hidden_states", a list)."""
+    b = backbone
+    inputs = {"token_ids": keras.Input(shape=(None,), dtype="int32", name="token_ids"),
+              "segment_ids": keras.Input(shape=(None,), dtype="int32", name="segment_ids"),
+              "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask")}
+    tokens = b.token_embedding(inputs["token_ids"])
+    x = b.embeddings_add((tokens, b.position_embedding(tokens), b.segment_embedding(inputs["segment_ids"])))
+    x = b.embeddings_dropout(b.embeddings_layer_norm(x))
+    if hasattr(b, "embeddings_projection"):
+        x = b.embeddings_projection(x)
+    states = []
+    for index in b.schedule:
+        x = b.transformer_layers[index](x, padding_mask=inputs["padding_mask"])
+        states.append(x)
+    first = _FirstRow(dtype=b.dtype_policy, name="first_row")(x)
+    outputs = {"sequence_output": x, "pooled_output": b.pooled_dense(first) if b.has_pooler else first}
+    if hidden_states:
+        outputs["hidden_states"] = states
+    return keras.Model(inputs, outputs, name="reference_encoder")
 
 
 def encoder_variables(backbone):
@@ -147,10 +182,10 @@ def _with_head(config, num_labels, policy, dropout, fused, output, name):
         "padding_mask": keras.Input(shape=(None,), dtype="bool", name="padding_mask"),
     }
     pooled_only = output == "pooled_output"  # the fused encoder then skips the last layer's other rows
-    if not fused and not config.has_pooler:
-        raise UserError("--fused_encoder=false: ELECTRA runs on the fused encoder only (keras-hub's backbone "
-                        "would pool with a pooler ELECTRA does not have)")
-    encoder = FusedBertEncoder(backbone, pooled_only=pooled_only) if fused else backbone
+    if fused:
+        encoder = FusedBertEncoder(backbone, pooled_only=pooled_only)
+    else:
+        encoder = backbone if config.model_type == "bert" else reference_encoder(backbone)
     rate = config.hidden_dropout_prob if dropout is None else dropout
     hidden = keras.layers.Dropout(rate, name="classifier_dropout")(encoder(inputs)[output])
     head = keras.layers.Dense(

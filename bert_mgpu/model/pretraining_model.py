@@ -60,7 +60,8 @@ def build_pretrainer(config, policy="float32", nsp=True, fused=True):
     """
     if config.model_type != "bert":
         raise UserError(f"model_type={config.model_type}: run_pretraining trains BERT's masked-LM and next-sentence "
-                        "heads; an ELECTRA discriminator is fine-tuned (run_classifier, run_ner, run_squad, ...)")
+                        f"heads; an {config.model_type.upper()} is fine-tuned here (run_classifier, run_ner, "
+                        "run_squad, ...), not pretrained")
     backbone = build_backbone(config, policy)
     init = keras.initializers.TruncatedNormal(stddev=config.initializer_range)
     inputs = {
