@@ -227,6 +227,28 @@ def test_the_graph_exports_serve_the_models_outputs(tmp_path, family, fmt):
     assert difference <= 1e-5
 
 
+def test_lora_adapts_each_shared_layer_once_and_folds_back():
+    """--lora_rank on an ALBERT: one adapter per distinct layer (4, used by 8 passes), the encoder frozen; the
+    adapted model's outputs are those of its kernels with the adapters folded in (merge), to 1e-5."""
+    from test_lora import randomize_b
+
+    from bert_mgpu.model import lora
+
+    keras.utils.set_random_seed(2)
+    model = modeling.build_classifier(albert_config(), 3)
+    adapters = lora.enable(model, lora.check_lora(2, 4.0, ("query", "value")))
+    assert len(adapters.layers) == 4
+    randomize_b(model)
+    batch = features()
+    adapted = model(batch).numpy()
+    paths = [v.path for v in model.trainable_variables]
+    assert {p for p in paths if "lora" not in p} == {"classifier/kernel", "classifier/bias"}
+    assert len(paths) == 2 + 4 * 2 * 2  # A and B of query and value in each of the 4 distinct layers
+    lora.merge(model)
+    assert not lora.pending(model)
+    np.testing.assert_allclose(model(batch).numpy(), adapted, atol=1e-5)
+
+
 def test_what_albert_cannot_be_is_refused_in_one_line():
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.model.pretraining_model import build_pretrainer

@@ -118,6 +118,9 @@ class Distiller:
         """A student of `len(layers)` encoder layers, each the teacher's layer of that index, with the teacher's
         embeddings, pooler and head (DistilBERT takes every second layer; HFL's RBT3 the first three)."""
         layers = [int(i) for i in layers]
+        if teacher.config.model_type == "albert":
+            raise UserError("teacher_layers: an ALBERT's layers are shared by its passes, so a student cannot take "
+                            "some of them; give the student's own checkpoint or config")
         depth = teacher.config.num_hidden_layers
         if not layers or any(not 0 <= i < depth for i in layers) or len(set(layers)) != len(layers):
             raise UserError(f"teacher_layers={','.join(map(str, layers))}: distinct layers of the teacher's "

@@ -96,7 +96,7 @@ class Intermediate:
             value = getattr(self, name)
             if not 0 <= value < float("inf"):
                 raise UserError(f"--{name}={value}: must be a finite number, 0 or more")
-        layers, depth = student_config.num_hidden_layers, teacher_config.num_hidden_layers
+        layers, depth = len(student_config.schedule), len(teacher_config.schedule)  # an ALBERT's passes
         given = ",".join(map(str, self.layer_map))
         if len(self.layer_map) != layers or any(not 0 <= i < depth for i in self.layer_map):
             raise UserError(f"--layer_map={given}: one teacher layer (0-{depth - 1}) for each of the student's "
