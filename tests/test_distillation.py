@@ -608,7 +608,11 @@ def test_cached_teacher_logits_teach_as_the_teacher_does_and_are_read_back(teach
     assert len(live["step"]) == 8 and live["step"][-1] == 8  # (48 + 16) / 16 rows x 2 epochs
     for key in ("loss", "distill_soft", "distill_hard"):
         np.testing.assert_allclose(cached[key], live[key], rtol=2e-5, err_msg=key)
-        assert again[key] == cached[key], key
+        if key != "loss":
+            assert again[key] == cached[key], key
+    # The logged total, a mean over towers reduced apart from its two terms, differed in its last bit in 3 of 13
+    # repeats of one run on an AMD EPYC (weights and both terms equal): one float32 ulp.
+    np.testing.assert_allclose(again["loss"], cached["loss"], rtol=2.0 ** -23, atol=0)
     for a, b, c in zip(live_weights, cached_weights, again_weights):
         np.testing.assert_allclose(b, a, atol=2e-5)
         np.testing.assert_array_equal(c, b)
