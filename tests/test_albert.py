@@ -6,14 +6,13 @@ the sum over its passes; a script fine-tunes one on 2 towers and its hf export i
 AlbertForSequenceClassification; ELECTRA's and ALBERT's graph exports (SavedModel, ONNX) serve the model's
 outputs."""
 
-import json
 import os
 
 import keras
 import numpy as np
 import pytest
 from conftest import WORDS, tiny_config, write_vocab
-from test_electra import features, google_electra_release, gpu_step, torch_outputs
+from test_electra import family_release, features, google_electra_release, gpu_step, torch_outputs
 
 from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
@@ -99,19 +98,8 @@ def test_features_of_each_pass_are_transformers_hidden_states(tmp_path, referenc
 def google_albert_release(directory, weights=None, seed=0, words=WORDS):
     """A Google TF1 ALBERT release: the shared layers under bert/encoder/transformer/group_G/inner_group_J/, the
     projection as embedding_hidden_mapping_in, an MLM head, Google's albert_config.json keys (no model_type)."""
-    os.makedirs(directory, exist_ok=True)
-    tokens = write_vocab(os.path.join(directory, "vocab.txt"), words)
-    config = albert_config(len(tokens))
-    if weights is None:
-        keras.utils.set_random_seed(seed)
-        weights = checkpoints.encoder_weights(modeling.build_backbone(config))
-    on_disk = weight_names.to_family(weights, "albert", config.inner_group_num)
-    on_disk["cls/predictions/output_bias"] = np.zeros(len(tokens), np.float32)
-    google = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "encoder_ln_mode")}
-    with open(os.path.join(directory, "bert_config.json"), "w") as f:
-        json.dump(google, f)
-    checkpoints.write_google_checkpoint(on_disk, os.path.join(directory, "bert_model.ckpt"))
-    return directory, weights
+    return family_release(directory, albert_config, weights, seed, words,
+                          lambda vocab, rng: {"cls/predictions/output_bias": np.zeros(vocab, np.float32)})
 
 
 def test_googles_tf1_layout_reads_as_the_hugging_face_model(tmp_path, reference):

@@ -86,26 +86,34 @@ def test_the_fused_encoder_computes_transformers_electra_on_the_same_weights(tmp
     np.testing.assert_array_equal(ours["pooled_output"].numpy(), sequence[:, 0])
 
 
+def family_release(directory, config_of, weights=None, seed=0, words=WORDS, heads=lambda vocab, rng: {}):
+    """A Google TF1 release of the family `config_of(vocab_size)` gives: `weights` ({google-bert name: array}; by
+    default random ones) under the family's own names, `heads(vocab_size, rng)` beside them, and its config's
+    keys as the release writes them (no model_type, which Google's configs lack)."""
+    os.makedirs(directory, exist_ok=True)
+    tokens = write_vocab(os.path.join(directory, "vocab.txt"), words)
+    config = config_of(len(tokens))
+    if weights is None:
+        keras.utils.set_random_seed(seed)
+        weights = checkpoints.encoder_weights(modeling.build_backbone(config))
+    on_disk = weight_names.to_family(weights, config.model_type, config.inner_group_num)
+    on_disk.update(heads(len(tokens), np.random.default_rng(seed)))
+    release_config = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "encoder_ln_mode")}
+    with open(os.path.join(directory, "bert_config.json"), "w") as f:
+        json.dump(release_config, f)
+    checkpoints.write_google_checkpoint(on_disk, os.path.join(directory, "bert_model.ckpt"))
+    return directory, weights
+
+
 def google_electra_release(directory, hf_weights=None, seed=0, words=WORDS):
     """A Google TF1 ELECTRA release as google-research/electra writes its pretraining checkpoint (the
     discriminator under `electra/`, its head, a generator beside it) with HFL's BERT-like config (no model_type,
     `embedding_size`), `hf_weights` ({Google name: array}) or random weights."""
-    os.makedirs(directory, exist_ok=True)
-    tokens = write_vocab(os.path.join(directory, "vocab.txt"), words)
-    config = electra_config(len(tokens))
-    if hf_weights is None:
-        keras.utils.set_random_seed(seed)
-        hf_weights = checkpoints.encoder_weights(modeling.build_backbone(config))
-    on_disk = weight_names.to_family(hf_weights, "electra")
-    rng = np.random.default_rng(seed)
-    on_disk.update({"discriminator_predictions/dense/kernel": rng.normal(size=(32, 32)).astype(np.float32),
-                    "generator/encoder/layer_0/output/dense/kernel": rng.normal(size=(16, 8)).astype(np.float32),
-                    "generator_predictions/output_bias": rng.normal(size=(len(tokens),)).astype(np.float32)})
-    hfl = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "encoder_ln_mode")}
-    with open(os.path.join(directory, "bert_config.json"), "w") as f:
-        json.dump(hfl, f)
-    checkpoints.write_google_checkpoint(on_disk, os.path.join(directory, "bert_model.ckpt"))
-    return directory, hf_weights
+    def heads(vocab, rng):
+        return {"discriminator_predictions/dense/kernel": rng.normal(size=(32, 32)).astype(np.float32),
+                "generator/encoder/layer_0/output/dense/kernel": rng.normal(size=(16, 8)).astype(np.float32),
+                "generator_predictions/output_bias": rng.normal(size=(vocab,)).astype(np.float32)}
+    return family_release(directory, electra_config, hf_weights, seed, words, heads)
 
 
 def test_googles_tf1_layout_and_hfls_config_read_as_the_hugging_face_model(tmp_path, reference):
