@@ -191,7 +191,10 @@ def test_every_head_takes_the_gpu_step_on_electra(head):
     assert sum(n for _, _, n in sent) == sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     moved = {v.path for v in model.weights if not np.array_equal(v.numpy(), before[v.path])}
     assert np.isfinite(np.asarray(losses[0])).all()
-    assert trained <= moved and not any(p.startswith("pooled_dense") for p in moved)
+    # A choice head's bias adds the same to every choice, and a softmax over them cancels it: its gradient is 0
+    # (round-off moved it with oneDNN on, not with it off).
+    still = {"classifier/bias"} if head == "choice" else set()
+    assert trained - still <= moved and not any(p.startswith("pooled_dense") for p in moved)
     for v in model.trainable_variables:
         x, y = trainer.strategy.experimental_local_results(v.value)
         assert np.array_equal(x.numpy(), y.numpy()), v.path
