@@ -372,7 +372,7 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
         if family != config.model_type:
             if config.model_type != "bert":
                 raise UserError(f"{config_file}: says model_type={config.model_type!r}, but {prefix} holds a "
-                                f"{family.upper()} (its names are under {family}/)")
+                                f"{family.upper()} checkpoint (by its tensors' names)")
             config = dataclasses.replace(config, model_type=family)
         return Pretrained("google", prefix, config, vocab, weights, facts.get("do_lower_case"), **_head_facts(facts))
     raise UserError(f"{path}: not a Google checkpoint, a Hugging Face or keras-hub directory, "
