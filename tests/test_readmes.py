@@ -125,6 +125,18 @@ def test_the_flags_reference_is_the_scripts_own_help():
         assert f.read() == reference(), "run `python -m bert_mgpu.cli.flags_reference > docs/flags.md`"
 
 
+def test_the_flags_reference_takes_defaults_from_absl_not_from_the_help():
+    """The default column is absl's own quoted default; a help's words "(default: half a window)" for a flag
+    whose default is None stay in the help (they once became the column: "half a window). (an integer")."""
+    from bert_mgpu.cli.flags_reference import flags_of
+
+    rows = {name: (default, text) for name, default, text in flags_of("run_ner_mgpu.py")}
+    assert rows["doc_stride"] == ("", "WordPieces between the starts of a long sentence's windows (default: half a "
+                                  "window).")
+    assert rows["max_seq_length"][0] == "128"
+    assert rows["labels"][0] == "" and rows["labels"][1].endswith("(default: the tags of the training data).")
+
+
 
 def test_setup_installs_every_script_the_flags_reference_lists():
     """setup.py's console scripts and docs/flags.md's scripts come from one rule (a top-level .py file with a

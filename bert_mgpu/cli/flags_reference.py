@@ -54,10 +54,11 @@ def flags_of(script):
             current[2] += " " + line.strip()
     rows = []
     for name, _, words in out:
-        default = re.search(r"\(default: (.*?)\)\s*(?:\(an? [a-z ]+\))?\s*$", words)
+        # absl quotes a default ('128'); a help text's own "(default: ...)" is left in the help
+        default = re.search(r"\(default: '(.*?)'\)\s*(?:\(an? [a-z ]+\)|\(a comma separated list\))?\s*$", words)
         kind = re.search(r"\((an? [a-z ]+|a comma separated list)\)\s*$", words)
         help_text = words[:default.start()] if default else words[:kind.start()] if kind else words
-        rows.append((name, default.group(1).strip("'") if default else "", help_text.strip()))
+        rows.append((name, default.group(1) if default else "", help_text.strip()))
     return rows
 
 
