@@ -113,8 +113,7 @@ def run(open_classifier=None, settings=("task_name",), script="run_classifier_mg
     if FLAGS.do_predict:
         predicted = clf.predict(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            guids = [e.guid for e in test]
-            files = clf.objective.prediction_files(predicted, clf.labels, guids, clf.threshold, FLAGS.predict_format)
+            files = clf.reader(predict_format=FLAGS.predict_format).prediction_files(predicted, test)
             paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} examples -> {', '.join(paths)}")
     if towers.is_chief:

@@ -85,7 +85,7 @@ def run():
         predicted = mc.predict(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
             form = choices.detect_format(test_files[0]) if FLAGS.data_format == "auto" else FLAGS.data_format
-            files = mc.objective.prediction_files(test, [p["probabilities"] for p in predicted], form)
+            files = mc.reader(submission=form).prediction_files([p["probabilities"] for p in predicted], test)
             paths = storage.write_set(FLAGS.output_dir, files)
             print(f"predict: {len(test)} questions -> {', '.join(paths)}")
     if towers.is_chief:

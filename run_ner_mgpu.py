@@ -118,7 +118,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     if FLAGS.do_predict:
         predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            written = tagger.objective.prediction_files(test, predicted, forms["test"])
+            written = tagger.reader(data_format=forms["test"]).prediction_files(predicted, test)
             paths = storage.write_set(FLAGS.output_dir, written)
             print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
             if "test_results.txt" in written:  # the test file has its tags

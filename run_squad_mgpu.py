@@ -130,7 +130,7 @@ def run():
     if FLAGS.do_predict:
         found = found or qa.answer(questions, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            paths = storage.write_set(FLAGS.output_dir, qa.objective.prediction_files(found, v2))
+            paths = storage.write_set(FLAGS.output_dir, qa.reader().prediction_files(found, questions))
             print(f"predict: {len(questions)} questions -> {', '.join(paths)}")
     if towers.is_chief:
         cli.run_exports(FLAGS, qa, exports)

@@ -151,12 +151,12 @@ def test_bad_swag_c3_and_chid_files_are_named(tmp_path):
 def test_the_leaderboard_files_are_clues(tmp_path):
     questions = [ChoiceQuestion("12", "c", "q", ["a", "b", "c"]), ChoiceQuestion("#idiom000003#", "c", "", ["x", "y"])]
     probabilities = [np.array([0.1, 0.7, 0.2]), np.array([0.4, 0.6])]
-    files = MultipleChoice().prediction_files(questions, probabilities, "c3")
+    files = MultipleChoice().read_as(submission="c3").prediction_files(probabilities, questions)
     assert files["c311_predict.json"] == '{"id": 12, "label": 1}\n{"id": "#idiom000003#", "label": 1}\n'
     assert files["predict.txt"] == "1\n1\n"
     first = json.loads(files["predictions.jsonl"].splitlines()[0])
     assert first == {"id": "12", "label": 1, "answer": "b", "probabilities": [0.1, 0.7, 0.2]}
-    chid = MultipleChoice().prediction_files(questions[1:], probabilities[1:], "chid")
+    chid = MultipleChoice().read_as(submission="chid").prediction_files(probabilities[1:], questions[1:])
     assert json.loads(chid["chid11_predict.json"]) == {"#idiom000003#": 1}
 
 

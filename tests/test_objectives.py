@@ -32,7 +32,7 @@ def test_classification():
     p = np.exp(LOGITS) / np.exp(LOGITS).sum(1, keepdims=True)
     assert float(loss) == pytest.approx(-np.mean(np.log([p[0, 0], p[1, 1]])), rel=1e-6)
     np.testing.assert_allclose(kind.predict(LOGITS), p, rtol=1e-6)
-    files = kind.prediction_files(p, ["neg", "pos"], ["a", "b"])
+    files = kind.read_as(label_names=["neg", "pos"]).prediction_files(p, [Example("a", "x"), Example("b", "y")])
     assert files["predict.txt"] == "neg\npos\n" and sorted(files) == ["predict.txt", "predictions.tsv",
                                                                        "test_results.tsv"]
     assert kind.hf_facts(["neg", "pos"])["id2label"] == {"0": "neg", "1": "pos"}
@@ -52,7 +52,7 @@ def test_regression():
     loss, _ = kind.loss(model(), {}, tf.constant([1.0, 0.0]))
     assert float(loss) == pytest.approx(((2.0 - 1.0) ** 2 + 0.5 ** 2) / 2)
     assert kind.predict(LOGITS).tolist() == [2.0, 0.5]
-    assert kind.prediction_files(np.array([2.0, 0.5]), [], ["a", "b"])["predictions.tsv"] == \
+    assert kind.prediction_files(np.array([2.0, 0.5]), rows)["predictions.tsv"] == \
         "id\tscore\na\t2.000000\nb\t0.500000\n"
     assert kind.serving(tf.constant(LOGITS), None)["scores"].numpy().tolist() == [2.0, 0.5]
     assert kind.main_metric() == "eval_pearson" and kind.hf_facts([])["problem_type"] == "regression"
@@ -66,7 +66,8 @@ def test_multi_label():
     assert "'art' is not one of news" in kind.check_label("news|art", ["news"])
     probabilities = kind.predict(LOGITS)
     np.testing.assert_allclose(probabilities, 1 / (1 + np.exp(-LOGITS)), rtol=1e-6)
-    assert kind.prediction_files(probabilities, ["news", "sport"], ["a", "b"], threshold=0.5)["predict.txt"] == \
+    assert kind.read_as(label_names=["news", "sport"], threshold=0.5).prediction_files(probabilities, rows)[
+        "predict.txt"] == \
         "news\nnews|sport\n"
     assert kind.run_facts(0.3) == {"label_separator": "|", "threshold": 0.3}
     assert kind.main_metric() == "eval_f1_micro" and kind.hf_facts(["a"])["problem_type"] == \
@@ -159,3 +160,30 @@ def test_auto_class_weights_are_sklearns_balanced_and_other_heads_refuse_them():
                      (CRFTagging(), "a CRF's loss is the whole path's likelihood")):
         with pytest.raises(UserError, match=why):
             obj.reweighted((1.0, 2.0), 0.0)
+
+
+def test_every_objective_reads_outputs_with_the_same_two_calls():
+    """Issue 67's seam: `evaluate(outputs, targets)` and `prediction_files(predictions, rows)` for every head
+    kind; what a kind reads besides (label names, a threshold, a file format) is set by `read_as`, on a copy."""
+    import inspect
+
+    from bert_mgpu.model.choice_objectives import MultipleChoice
+    from bert_mgpu.model.objectives import MaskedLanguageModel
+    from bert_mgpu.model.span_objectives import SpanExtraction
+    from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
+
+    kinds = [objective(name) for name in KINDS] + [TokenClassification(), CRFTagging(), SpanExtraction(),
+                                                   MultipleChoice(), MaskedLanguageModel()]
+    for kind in kinds:
+        assert list(inspect.signature(kind.evaluate).parameters)[:2] == ["outputs", "targets"], kind.name
+        assert list(inspect.signature(kind.prediction_files).parameters) == ["predictions", "rows"], kind.name
+    kind = objective("classification")
+    reader = kind.read_as(label_names=["neg", "pos"], metric_names=("f1_macro",))
+    assert kind.label_names == () and reader.label_names == ["neg", "pos"]  # a copy: the objective is unchanged
+    with pytest.raises(TypeError, match="reads no data_format"):
+        kind.read_as(data_format="cluener")
+    results = reader.evaluate(LOGITS, np.array([0, 0]))  # predicted 0 and 1
+    assert results["eval_accuracy"] == 0.5 and results["eval_f1_macro"] == pytest.approx((2 / 3 + 0) / 2)
+    assert results.confusion.tolist() == [[1, 1], [0, 0]] and results.report["neg"][:3] == (1.0, 0.5,
+                                                                                              pytest.approx(2 / 3))
+    assert isinstance(results, dict) and "report" not in results  # eval_results.txt holds the numbers only

@@ -201,7 +201,7 @@ def test_version_2_learns_when_there_is_no_answer(tmp_path, release):
     assert results["eval_NoAns_total"] + results["eval_HasAns_total"] == 40
     assert results["eval_HasAns_exact"] >= 90 and results["eval_NoAns_exact"] >= 90, results
     assert "eval_best_f1_thresh" in results and len(qa.answers.null_odds) == 40
-    files = qa.objective.prediction_files(qa.answers, version_2_with_negative=True)
+    files = qa.reader().prediction_files(qa.answers, test)  # the answerer's own settings: SQuAD v2
     assert sorted(files) == ["nbest_predictions.json", "null_odds.json", "predictions.json"]
     assert sum(1 for v in json.loads(files["predictions.json"]).values() if v == "") == results["eval_NoAns_total"]
 

@@ -56,10 +56,10 @@ def test_logits_and_loss_equal_transformers_on_the_same_weights(reference, fused
 
 def test_the_objective_scores_entities_and_names_its_export():
     kind = TokenClassification()
-    results, per_type = kind.evaluate([["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "O"]])
+    results = kind.evaluate([["B-PER", "I-PER", "O", "O"]], [["B-PER", "I-PER", "O", "B-LOC"]])  # predicted, true
     assert results == {"eval_precision": 1.0, "eval_recall": 0.5, "eval_f1": pytest.approx(2 / 3),
                        "eval_accuracy": 0.75}
-    assert per_type["LOC"]["recall"] == 0.0 and per_type["PER"]["f1"] == 1.0 and kind.main_metric() == "eval_f1"
+    assert results.report == {"LOC": (0.0, 0.0, 0.0, 1), "PER": (1.0, 1.0, 1.0, 1)} and kind.main_metric() == "eval_f1"
     assert kind.hf_architecture({}) == "BertForTokenClassification"
     assert kind.hf_facts(["O", "B-PER"])["id2label"] == {"0": "O", "1": "B-PER"}
 
@@ -149,7 +149,7 @@ def test_a_space_token_keeps_predict_txt_three_columns_and_reads_back(tmp_path):
     sentences = [Sentence("test-0", list(text), ["B-PER", "I-PER", "I-PER", "O", "O", "O", "B-LOC", "I-LOC"], 1),
                  Sentence("test-1", ["New York", "is"], ["B-LOC", "O"], 1)]
     predicted = [["B-PER", "I-PER", "I-PER", "I-PER", "O", "O", "B-LOC", "I-LOC"], ["B-LOC", "O"]]
-    files = TokenClassification().prediction_files(sentences, predicted, "cluener")
+    files = TokenClassification().read_as(data_format="cluener").prediction_files(predicted, sentences)
     lines = [line for line in files["predict.txt"].splitlines() if line]
     assert all(len(line.split(" ")) == 3 for line in lines), lines
     assert lines[3] == "[SPACE] O I-PER" and lines[5] == "[SPACE] O O" and lines[8] == "New[SPACE]York B-LOC B-LOC"
@@ -167,7 +167,7 @@ def test_prediction_files_give_conll_columns_entities_with_character_offsets_and
     sentences = [Sentence("test-0", list("张三在北京"), None, 1), Sentence("test-1", ["New", "York", "is"], ["B-LOC",
                  "I-LOC", "O"], 1)]
     predicted = [["B-PER", "I-PER", "O", "B-LOC", "I-LOC"], ["B-LOC", "I-LOC", "I-PER"]]
-    files = TokenClassification().prediction_files(sentences, predicted, "cluener")
+    files = TokenClassification().read_as(data_format="cluener").prediction_files(predicted, sentences)
     assert files["predict.txt"].split("\n\n")[1] == "New B-LOC B-LOC\nYork I-LOC I-LOC\nis O I-PER"
     assert files["predict.txt"].startswith("张 B-PER\n三 I-PER\n在 O\n")
     first, second = (json.loads(line) for line in files["predictions.jsonl"].splitlines())
@@ -180,7 +180,7 @@ def test_prediction_files_give_conll_columns_entities_with_character_offsets_and
     assert "test_results.txt" not in files  # the first sentence has no true tags
     tagged = [Sentence("test-0", list("张三在北京"), ["B-PER", "I-PER", "O", "B-LOC", "O"], 1), sentences[1]]
     results = dict(line.split(" = ") for line in TokenClassification().prediction_files(
-        tagged, predicted)["test_results.txt"].splitlines())
+        predicted, tagged)["test_results.txt"].splitlines())
     # Right: 张三 and New York; predicted 4 (张三, 北京, New York, is), true 3 (张三, 北, New York): P 2/4, R 2/3.
     assert float(results["test_precision"]) == 0.5 and float(results["test_recall"]) == pytest.approx(2 / 3)
     assert float(results["test_f1"]) == pytest.approx(4 / 7) and float(results["test_accuracy"]) == 6 / 8

@@ -218,11 +218,12 @@ def test_predict_txt_holds_labels_or_their_index(tmp_path):
     from bert_mgpu.model.objectives import objective
 
     p = np.array([[0.1, 0.9], [0.8, 0.2]])
-    files = objective("classification").prediction_files(p, ["neg", "pos"], ["a", "b"])
+    reader = objective("classification").read_as(label_names=["neg", "pos"])
+    files = reader.prediction_files(p, ["a", "b"])  # the rows' ids stand for the rows
     assert files["predict.txt"] == "pos\nneg\n"
     assert files["predictions.tsv"] == "id\tlabel\tp_neg\tp_pos\na\tpos\t0.10000000\t0.90000000\n" \
         "b\tneg\t0.80000000\t0.20000000\n"
-    files = objective("classification").prediction_files(p, ["neg", "pos"], ["a", "b"], predict_format="index")
+    files = reader.read_as(predict_format="index").prediction_files(p, ["a", "b"])
     assert files["predict.txt"] == "1\n0\n"
 
 

@@ -306,6 +306,10 @@ class BertClassifier(FineTuned):
         return Encoder(self.model.backbone, self.tokenizer, self.towers, self.max_seq_length).embed(
             texts, pooling, batch_size)
 
+    def _reading(self):
+        return {"label_names": self.labels, "task": self.task, "metric_names": tuple(self.metrics),
+                "threshold": self.threshold}
+
     def evaluate(self, examples, batch_size: int = 8, verbose="auto", metrics: Sequence[str] | None = None) -> dict:
         """google-bert's eval results plus the task's GLUE metric (F1 for MRPC, MCC for CoLA) and `metrics`
         (default `self.metrics`: accuracy, f1, f1_macro, f1_micro, mcc, auc, pearson, spearman) as
@@ -317,6 +321,6 @@ class BertClassifier(FineTuned):
         if any(e.label is None for e in examples):
             raise UserError("evaluation examples need labels")
         logits, labels = self._logits(examples, batch_size, "eval", verbose)
-        results, self.confusion, self.report = self.objective.evaluate(
-            logits, labels, self.labels, task=self.task, names=names, threshold=self.threshold)
+        results = self.reader(metric_names=names).evaluate(logits, labels)
+        self.confusion, self.report = results.confusion, results.report
         return {**results, "global_step": self.global_step, "eval_examples": len(examples)}

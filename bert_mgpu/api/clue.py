@@ -77,7 +77,8 @@ def run(clue_dir, init_checkpoint, output_dir, tasks=None, towers=None, do_predi
                       train_batch_size=batch_size or task.batch_size, **fit_args)
         opened = dict(towers=towers, precision=precision, max_seq_length=max_seq_length or task.max_seq_length)
         log.info("CLUE %s: %g epochs at %g", task.title, recipe["epochs"], recipe["learning_rate"])
-        train = {"classification": _classifier, "tagging": _tagger, "span": _answerer, "choice": _chooser}[task.kind]
+        train = {"classifier": _classifier, "tagger": _tagger, "question_answerer": _answerer,
+                 "multiple_choice": _chooser}[task.head]
         model, dev, predict = train(task, folder, init_checkpoint, opened, recipe, os.path.join(output_dir, name))
         if model.interrupted:
             raise Interrupted(f"CLUE {task.title}: interrupted by {model.interrupted}; rerun to resume",
@@ -130,7 +131,8 @@ def _tagger(task, folder, init_checkpoint, opened, recipe, output_dir):
 
     def predict(batch_size):
         test = read("test")
-        files = tagger.objective.prediction_files(test, tagger.predict_tags(test, batch_size=batch_size), "cluener")
+        files = tagger.reader(data_format="cluener").prediction_files(tagger.predict_tags(test, batch_size=batch_size),
+                                                                      test)
         return files["cluener_predict.json"]
 
     return tagger, read("dev"), predict
@@ -164,6 +166,7 @@ def _chooser(task, folder, init_checkpoint, opened, recipe, output_dir):
     def predict(batch_size):
         test = read("test")
         scored = mc.predict(test, batch_size=batch_size)
-        return mc.objective.prediction_files(test, [p["probabilities"] for p in scored], task.name)[task.submission]
+        files = mc.reader(submission=task.name).prediction_files([p["probabilities"] for p in scored], test)
+        return files[task.submission]
 
     return mc, read("dev"), predict

@@ -185,6 +185,16 @@ class FineTuned:
             log.info("class weights: %s", ", ".join(f"{label} {w:.4g}" for label, w in zip(self.labels, weights)))
         return self.objective.reweighted(weights, config.focal_gamma).loss
 
+    def reader(self, **settings):
+        """This head's objective set to read its outputs as this model does (`_reading`: its labels, threshold,
+        metric), with `settings` (a prediction file's format) on top: `reader().evaluate(outputs, targets)`,
+        `reader(...).prediction_files(predictions, rows)`."""
+        return self.objective.read_as(**{**self._reading(), **settings})
+
+    def _reading(self):
+        """The objective's reading settings this model holds (objectives.Objective.read_as)."""
+        return {}
+
     def evaluate(self, examples, batch_size=8, verbose="auto"):
         raise NotImplementedError
 

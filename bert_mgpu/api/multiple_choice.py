@@ -157,5 +157,5 @@ class BertMultipleChoice(FineTuned):
         if any(q.label is None for q in questions):
             raise UserError("evaluation questions need labels")
         questions, scores = self.scores(questions, batch_size, verbose, "eval")
-        results = self.objective.evaluate(scores, [q.label for q in questions])
+        results = self.reader().evaluate(scores, [q.label for q in questions])
         return {**results, "global_step": self.global_step, "eval_examples": len(questions)}

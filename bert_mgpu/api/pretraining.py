@@ -225,7 +225,7 @@ class BertPretrainer:
         trainer = Trainer(self.towers.strategy, self.model, loss_fn=self.objective.loss)
         with data.reading():
             stats = trainer.evaluate(data.dataset(batch_size, training=False), max_steps)
-        return self.objective.evaluate(stats)
+        return dict(self.objective.evaluate(stats))
 
     def fill_mask(self, texts: str | Sequence[str], top_k: int = 5, batch_size: int = 32,
                   max_seq_length: int = 512) -> list:

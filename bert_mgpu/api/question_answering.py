@@ -186,6 +186,9 @@ class BertQuestionAnswerer(FineTuned):
         questions = as_questions(questions)
         return best_of(questions, self.answer(questions, batch_size, verbose))
 
+    def _reading(self):
+        return {"metric": self.metric or "squad", "version_2_with_negative": self.version_2_with_negative}
+
     def evaluate(self, questions, batch_size: int = 8, verbose="auto") -> dict:
         """The official scores (`self.metric`, else told from the data: SQuAD's or CMRC 2018's) and the mean
         loss over windows, as eval_<name>; keeps the answers in `self.answers`."""
@@ -196,8 +199,7 @@ class BertQuestionAnswerer(FineTuned):
         self.answers = best_answers(questions, windows, logits, cut, self.n_best_size, self.max_answer_length,
                                     self.version_2_with_negative, self.null_score_diff_threshold)
         gold = {q.qid: [] if q.impossible else [text for text, _ in q.answers] for q in questions}
-        results = self.objective.evaluate(gold, self.answers, self.metric or metric_for(questions),
-                                          self.version_2_with_negative)
+        results = self.reader(metric=self.metric or metric_for(questions)).evaluate(self.answers, gold)
         return {**results, "eval_loss": _window_loss(windows, logits),
                 "global_step": self.global_step, "eval_examples": len(questions)}
 

@@ -250,8 +250,7 @@ class BertTagger(FineTuned):
         if any(s.tags is None for s in sentences):
             raise UserError("evaluation sentences need tags")
         ids, loss = self._tag_ids(sentences, batch_size, verbose, "eval")
-        results, per_type = self.objective.evaluate([s.tags for s in sentences],
-                                                    [[self.labels[i] for i in row] for row in ids])
-        self.report = {kind: (v["precision"], v["recall"], v["f1"], v["support"]) for kind, v in per_type.items()}
+        results = self.reader().evaluate([[self.labels[i] for i in row] for row in ids], [s.tags for s in sentences])
+        self.report = results.report
         return {**results, "eval_loss": loss, "global_step": self.global_step, "eval_examples": len(sentences)}
 

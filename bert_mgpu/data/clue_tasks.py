@@ -43,7 +43,8 @@ class ClueTask:
     batch_size: int = 32
     max_seq_length: int = 128
     folders: tuple = ()
-    kind: str = "classification"  # or "tagging" (CLUENER), "span" (CMRC 2018), "choice" (CHID, C3)
+    head: str = "classifier"  # its head's name (io/heads.py): "tagger" (CLUENER), "question_answerer" (CMRC
+    # 2018), "multiple_choice" (CHID, C3)
     metric: str = "eval_accuracy"  # its score in CLUE's table
 
     def find(self, clue_dir):
@@ -64,7 +65,7 @@ class ClueTask:
     def test_file(self, folder):
         """The test file to predict for the leaderboard, or None: test.json; a multiple-choice task's
         test1.1.json (or test1.0.json)."""
-        if self.kind == "choice":
+        if self.head == "multiple_choice":
             try:
                 return choices.find_split(folder, "test")[0]
             except UserError:
@@ -165,16 +166,16 @@ TASKS = {t.name: t for t in (
     ClueTask("csl", "CSL", labels=("0", "1"), submission="csl_predict.json", learning_rate=1e-5, batch_size=4,
              max_seq_length=256),
     # NER and reading comprehension: run_ner_mgpu.py's and google-bert run_squad's recipes.
-    ClueTask("cluener", "CLUENER", submission="cluener_predict.json", learning_rate=3e-5, kind="tagging",
+    ClueTask("cluener", "CLUENER", submission="cluener_predict.json", learning_rate=3e-5, head="tagger",
              metric="eval_f1"),
     ClueTask("cmrc2018", "CMRC2018", submission="cmrc2018_predict.json", epochs=2, learning_rate=3e-5,
-             batch_size=12, max_seq_length=512, kind="span", metric="eval_exact_match"),
+             batch_size=12, max_seq_length=512, head="question_answerer", metric="eval_exact_match"),
     # Multiple choice: CLUE's PyTorch reading-comprehension baseline's run_c3.sh (a batch of 16 by
     # accumulation, 256 tokens) and bert4keras's CLUE chid.py (64 tokens around the blank, batch 12).
     ClueTask("chid", "CHID", submission="chid11_predict.json", epochs=5, batch_size=12, max_seq_length=64,
-             kind="choice"),
+             head="multiple_choice"),
     ClueTask("c3", "C3", submission="c311_predict.json", epochs=8, batch_size=16, max_seq_length=256,
-             kind="choice"),
+             head="multiple_choice"),
 )}
 ALIASES = {"wsc": "cluewsc2020", "cluewsc": "cluewsc2020", "tnews1.1": "tnews"}
 

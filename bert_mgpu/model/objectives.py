@@ -9,10 +9,17 @@ is shared, so a new head kind (spans, multiple choice) is a new objective and it
 `objective(name)` is the one place a --task_type string is read. Token classification's objectives
 (NER, with or without a CRF) are in tagging_objectives.py.
 
+Every objective reads a head's outputs through the same two calls, `evaluate(outputs, targets)` (a dict of
+`eval_*` numbers, with `report` and `confusion` beside them) and `prediction_files(predictions, rows)` ({file
+name: text}); what a kind needs besides (label names, a threshold, a file format) it is given once by
+`read_as`, which returns a copy that reads that way.
+
 Example:
     obj = objective("multi_label")
     loss, _ = obj.loss(model, features, labels)
-    files = obj.prediction_files(obj.predict(logits), labels=["a", "b"], guids=["test-0"], threshold=0.5)
+    reader = obj.read_as(label_names=["a", "b"], threshold=0.5)
+    reader.evaluate(logits, obj.encode(dev, ["a", "b"]))["eval_f1_micro"]
+    files = reader.prediction_files(obj.predict(logits), test)     # test: the rows, with their guids
 """
 
 import copy
@@ -42,11 +49,46 @@ def _is_number(text):
         return False
 
 
+class Evaluation(dict):
+    """`Objective.evaluate`'s answer: the evaluation's numbers ({"eval_f1": ...}), and beside them what a head
+    reports per class or entity type (`report`: {name: (precision, recall, F1, support)}) and a classifier's
+    confusion matrix (`confusion`), None where a head has none."""
+
+    def __init__(self, numbers, report=None, confusion=None):
+        super().__init__(numbers)
+        self.report, self.confusion = report, confusion
+
+
 class Objective:
-    """What every head kind has: the loss the session trains with, the metric a run is judged by and the
-    architecture a Hugging Face export names."""
+    """What every head kind has: the loss the session trains with, the metric a run is judged by, the
+    architecture a Hugging Face export names, and how its outputs are read: `evaluate(outputs, targets)` and
+    `prediction_files(predictions, rows)`, the same two calls for every kind, with the settings in `reading`
+    given by `read_as`."""
 
     name = None
+    reading = ()  # the settings `evaluate` and `prediction_files` read (attributes with their defaults)
+
+    def read_as(self, **settings):
+        """A copy of this objective that reads outputs with `settings` (names in `reading`): the head's label
+        names, a decision threshold, a file format."""
+        unknown = sorted(set(settings) - set(self.reading))
+        if unknown:
+            raise TypeError(f"a {self.name} objective reads no {', '.join(unknown)} (it reads "
+                            f"{', '.join(self.reading) or 'nothing besides its arguments'})")
+        out = copy.copy(self)
+        for name, value in settings.items():
+            setattr(out, name, value)
+        return out
+
+    def evaluate(self, outputs, targets) -> Evaluation:
+        """The evaluation of the head's `outputs` (what its model gives, gathered over the set) against the
+        `targets` (the right answers, in the form the outputs are compared with)."""
+        raise NotImplementedError
+
+    def prediction_files(self, predictions, rows) -> dict:
+        """{file name: text}: the files a script's --do_predict writes, from `predictions` (what the head's
+        `predict` returns) of `rows` (the examples, sentences or questions predicted, in order)."""
+        raise NotImplementedError
 
     def loss(self, model, features, labels, training=True):
         """`model`'s loss on a batch -> (mean loss, {name: statistic}), traced on each tower."""
@@ -98,6 +140,8 @@ class SentenceObjective(Objective):
 
     problem_type = None  # Hugging Face's config.problem_type
     has_classes = True  # labels name classes (a regression's are scores)
+    reading = ("label_names", "task", "metric_names", "threshold", "predict_format")
+    label_names, task, metric_names, threshold, predict_format = (), None, (), 0.5, "label"
 
     def __init__(self, separator=","):
         self.separator = separator
@@ -153,9 +197,12 @@ class SentenceObjective(Objective):
         """Each row's loss [batch]: cross-entropy of the classifier's float32 logits."""
         return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
-    def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
-        """(results, confusion matrix or None, per-class report or None): see metrics.evaluation_results."""
-        return metrics.classification_results(logits, labels, label_names, task, names)
+    def evaluate(self, outputs, targets):
+        """Logits [N, labels] against the label ids (`encode`'s): the loss, accuracy, the task's GLUE metric
+        and `metric_names` (--metrics); the per-class report and the confusion matrix beside them."""
+        results, confusion, report = metrics.classification_results(outputs, targets, self.label_names, self.task,
+                                                                    self.metric_names)
+        return Evaluation(results, report, confusion)
 
     def main_metric(self, task=None):
         """The metric the best model is chosen by: F1 for MRPC and QQP, MCC for CoLA, else accuracy."""
@@ -201,10 +248,10 @@ class SentenceObjective(Objective):
         """Logits -> what `predict` returns: class probabilities [N, labels]."""
         return tf.nn.softmax(logits).numpy()
 
-    def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
-        """{file name: text}: test_results.tsv (probabilities), predict.txt (a label a line, or its index
-        with predict_format="index", bert-ad's two forms) and predictions.tsv (id, label, probabilities)."""
-        return prediction_files.classes(predicted, labels, guids, predict_format)
+    def prediction_files(self, predictions, rows):
+        """test_results.tsv (probabilities), predict.txt (a label a line, or its index with
+        predict_format="index", bert-ad's two forms) and predictions.tsv (id, label, probabilities)."""
+        return prediction_files.classes(predictions, self.label_names, _guids(rows), self.predict_format)
 
     def hf_architecture(self, weights):
         return "BertForSequenceClassification"
@@ -221,6 +268,11 @@ class SentenceObjective(Objective):
     def outputs(self, logits):
         """The head's logits as the numbers a user compares (probabilities; scores for a regression)."""
         return tf.nn.softmax(logits)
+
+
+def _guids(rows):
+    """The rows' ids, as the prediction files name them (rows may be the ids themselves)."""
+    return [getattr(r, "guid", r) for r in rows]
 
 
 def focal(per, labels, class_weights=None, focal_gamma=0.0):
@@ -293,8 +345,8 @@ class Regression(SentenceObjective):
         """The squared difference of the two scores (a score has no temperature: TextBrewer's MSE)."""
         return tf.square(tf.cast(student[:, 0], tf.float32) - tf.cast(teacher[:, 0], tf.float32))
 
-    def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
-        return metrics.regression_results(logits, labels, names)
+    def evaluate(self, outputs, targets):
+        return Evaluation(metrics.regression_results(outputs, targets, self.metric_names)[0])
 
     def main_metric(self, task=None):
         return "eval_pearson"
@@ -309,9 +361,9 @@ class Regression(SentenceObjective):
     def predict(self, logits):
         return np.asarray(logits)[:, 0]
 
-    def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
+    def prediction_files(self, predictions, rows):
         """A score a line (test_results.tsv, predict.txt) and predictions.tsv with its id."""
-        return prediction_files.scores(predicted, guids)
+        return prediction_files.scores(predictions, _guids(rows))
 
     def hf_facts(self, labels):
         return {"problem_type": "regression", "id2label": {"0": "score"}, "label2id": {"score": 0}}
@@ -373,8 +425,9 @@ class MultiLabel(SentenceObjective):
         targets = tf.sigmoid(tf.cast(teacher, tf.float32) / t)
         return keras.losses.binary_crossentropy(targets, tf.cast(student, tf.float32) / t, from_logits=True) * t * t
 
-    def evaluate(self, logits, labels, label_names, task=None, names=(), threshold=0.5):
-        return metrics.multi_label_results(logits, labels, label_names, threshold)
+    def evaluate(self, outputs, targets):
+        results, _, report = metrics.multi_label_results(outputs, targets, self.label_names, self.threshold)
+        return Evaluation(results, report)
 
     def main_metric(self, task=None):
         return "eval_f1_micro"
@@ -388,10 +441,11 @@ class MultiLabel(SentenceObjective):
     def predict(self, logits):
         return tf.sigmoid(logits).numpy()
 
-    def prediction_files(self, predicted, labels, guids, threshold=0.5, predict_format="label"):
+    def prediction_files(self, predictions, rows):
         """Each label's probability (test_results.tsv), the labels above `threshold` joined by the separator
         (predict.txt; an empty line for none), and predictions.tsv."""
-        return prediction_files.label_sets(predicted, labels, guids, threshold, self.separator)
+        return prediction_files.label_sets(predictions, self.label_names, _guids(rows), self.threshold,
+                                           self.separator)
 
     def serving(self, logits, labels):
         return {"probabilities": tf.sigmoid(logits)}  # each label's own probability
@@ -432,9 +486,10 @@ class MaskedLanguageModel(Objective):
             loss = loss + nsp_loss
         return loss, stats
 
-    def evaluate(self, stats):
-        """The evaluation's means (Trainer.evaluate) under google-bert's eval_results names."""
-        return {self.EVAL_NAMES[k]: v for k, v in stats.items() if k in self.EVAL_NAMES}
+    def evaluate(self, outputs, targets=None):
+        """The evaluation's means (`Trainer.evaluate`'s statistics, which hold the targets' comparison already)
+        under google-bert's eval_results names."""
+        return Evaluation({self.EVAL_NAMES[k]: v for k, v in outputs.items() if k in self.EVAL_NAMES})
 
     def main_metric(self, task=None):
         return "masked_lm_accuracy"

@@ -5,6 +5,9 @@ See objectives.py for the seam; data/squad_input.py turns the scores into answer
 Example:
     kind = SpanExtraction()
     loss, stats = kind.loss(model, features, labels)      # labels [batch, 2]: start and end positions
+    reader = kind.read_as(metric="squad", version_2_with_negative=True)
+    reader.evaluate(found, {qid: [gold texts]})          # eval_exact_match, eval_f1, ...
+    reader.prediction_files(found, questions)             # predictions.json, nbest_predictions.json, ...
 """
 
 
@@ -12,7 +15,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import prediction_files, qa_metrics
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Objective
+from bert_mgpu.model.objectives import Evaluation, Objective
 
 GOOGLE_HEAD = ("cls/squad/output_weights", "cls/squad/output_bias")  # run_squad's names, [2, hidden] and [2]
 
@@ -23,6 +26,8 @@ class SpanExtraction(Objective):
 
     name = "span_extraction"
     METRICS = ("squad", "cmrc")
+    reading = ("metric", "version_2_with_negative")
+    metric, version_2_with_negative = "squad", False
 
     def loss(self, model, features, labels, training=True):
         """(mean loss, {"span_accuracy": both ends right}) of a batch; labels [batch, 2]."""
@@ -36,15 +41,15 @@ class SpanExtraction(Objective):
                  & (tf.argmax(ends, -1, output_type=labels.dtype) == labels[:, 1]))
         return tf.reduce_mean(loss), {"span_accuracy": tf.reduce_mean(tf.cast(right, tf.float32))}
 
-    def evaluate(self, answers, found, metric="squad", version_2_with_negative=False):
-        """{id: [gold texts]} and data/squad_input's `Answers` -> {eval_exact_match, eval_f1, ...}: the
-        official script's numbers (SQuAD v1.1, v2.0 with null_odds, or CMRC 2018)."""
-        if metric == "cmrc":
-            scores = qa_metrics.cmrc_scores(answers, found.predictions)
+    def evaluate(self, outputs, targets):
+        """data/squad_input's `Answers` against {id: [gold texts]} -> eval_exact_match, eval_f1, ...: the
+        official script's numbers (`metric`: SQuAD v1.1, v2.0 with null_odds, or CMRC 2018)."""
+        if self.metric == "cmrc":
+            scores = qa_metrics.cmrc_scores(targets, outputs.predictions)
         else:
-            scores = qa_metrics.squad_scores(answers, found.predictions,
-                                             found.null_odds if version_2_with_negative else None)
-        return {f"eval_{k}": v for k, v in scores.items() if k not in ("total", "skipped")}
+            scores = qa_metrics.squad_scores(targets, outputs.predictions,
+                                             outputs.null_odds if self.version_2_with_negative else None)
+        return Evaluation({f"eval_{k}": v for k, v in scores.items() if k not in ("total", "skipped")})
 
     def main_metric(self, task=None):
         return "eval_f1"
@@ -55,6 +60,7 @@ class SpanExtraction(Objective):
     def hf_facts(self, labels):
         return {}
 
-    def prediction_files(self, found, version_2_with_negative=False):
-        """run_squad's files: predictions.json, nbest_predictions.json and (v2) null_odds.json."""
-        return prediction_files.answers(found, version_2_with_negative)
+    def prediction_files(self, predictions, rows):
+        """run_squad's files: predictions.json, nbest_predictions.json and (v2) null_odds.json, from the
+        `Answers` found (which name their questions; `rows` are not read)."""
+        return prediction_files.answers(predictions, self.version_2_with_negative)

@@ -4,7 +4,8 @@ conlleval counts them; `CRFTagging` adds a linear-chain CRF (crf.py). See object
 Example:
     kind = TokenClassification()
     loss, stats = kind.loss(model, features, labels)        # labels -1 where a piece carries none
-    results, per_type = kind.evaluate(true_tags, predicted_tags)
+    results = kind.evaluate(predicted_tags, true_tags)      # eval_f1, ...; results.report: each entity type's
+    files = kind.read_as(data_format="cluener").prediction_files(predicted_tags, sentences)
 """
 
 import logging
@@ -17,7 +18,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.distillation import soft_cross_entropy
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Objective, focal, label_maps
+from bert_mgpu.model.objectives import Evaluation, Objective, focal, label_maps
 from bert_mgpu.model.rdrop import symmetric_kl
 
 log = logging.getLogger("bert_mgpu")
@@ -28,6 +29,8 @@ class TokenClassification(Objective):
     WordPiece; the others are -1), and entity-level scores as conlleval counts them."""
 
     name = "token_classification"
+    reading = ("data_format",)  # the sentences' format: "cluener" adds its submission file
+    data_format = None
     IGNORED = -1
     UNTAGGED = -2  # a word's first piece in unlabelled text (distillation): the soft term reads it, the loss not
     distillable = True
@@ -96,9 +99,13 @@ class TokenClassification(Objective):
         first, last = tf.where(starts)[:, 0], tf.where(ends)[:, 0]
         return first, last, tf.gather(kind, first), types
 
-    def evaluate(self, true_tags, predicted_tags):
-        """Tag sequences (strings) -> ({eval_precision, eval_recall, eval_f1, eval_accuracy}, per-type report)."""
-        return prediction_files.tag_scores(true_tags, predicted_tags)
+    def evaluate(self, outputs, targets):
+        """Predicted tag sequences (strings) against the true ones -> eval_precision, eval_recall, eval_f1
+        (entities, conlleval's rules) and eval_accuracy (words); `report`: each type's (precision, recall, F1,
+        support)."""
+        results, per_type = prediction_files.tag_scores(targets, outputs)
+        return Evaluation(results, {kind: (v["precision"], v["recall"], v["f1"], v["support"])
+                                    for kind, v in per_type.items()})
 
     def main_metric(self, task=None):
         return "eval_f1"
@@ -110,8 +117,8 @@ class TokenClassification(Objective):
         """config.json's id2label and label2id, as Hugging Face writes them."""
         return label_maps(labels)
 
-    def prediction_files(self, sentences, predicted, data_format=None):
-        """{file name: text} for sentences (guid, tokens, tags or None) and their predicted tags:
+    def prediction_files(self, predictions, rows):
+        """{file name: text} for sentences `rows` (guid, tokens, tags or None) and their predicted tags:
         predict.txt (CoNLL columns `token [true] predicted`, a blank line between sentences: what conlleval
         reads), predictions.jsonl (each sentence's text and entities: type, text, character start and end in
         the text, end exclusive, and the token span), test_results.txt when every sentence has its true tags
@@ -121,7 +128,7 @@ class TokenClassification(Objective):
         character of a token (CLUENER's texts hold spaces, a character a token) is written as [SPACE]:
         a space token would leave its line two columns, which conlleval and the CoNLL reader refuse;
         predictions.jsonl keeps the text as it is."""
-        return prediction_files.tagged(sentences, predicted, data_format)
+        return prediction_files.tagged(rows, predictions, self.data_format)
 
 
 class CRFTagging(TokenClassification):
