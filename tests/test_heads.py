@@ -90,3 +90,15 @@ def test_each_heads_reference_model_carries_the_weights_it_is_built_from(kind, w
     assert all(v.shape[0] == 2 for v in named.values()) and set(named) == {
         "classifier": {"logits", "probabilities"}, "tagger": {"logits"}, "multiple_choice": {"logits"},
         "question_answerer": {"start_logits", "end_logits"}}[kind]
+
+
+def test_every_fine_tuning_head_opens_its_checkpoint_through_open_head():
+    """Issue 67: one path from --init_checkpoint to a head's model (api/fine_tuning.open_head) for the
+    classifier, the tagger, the question answerer and multiple choice; none opens a checkpoint its own way."""
+    import inspect
+
+    from bert_mgpu.api import classifier, multiple_choice, question_answering, tagger
+
+    for module in (classifier, tagger, question_answering, multiple_choice):
+        source = inspect.getsource(module)
+        assert "open_head(" in source and "open_checkpoint(" not in source, module.__name__

@@ -19,14 +19,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from bert_mgpu.api.embeddings import Encoder
-from bert_mgpu.api.fine_tuning import FineTuned, prediction_bar
+from bert_mgpu.api.fine_tuning import FineTuned, open_head, prediction_bar
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import check_windows, cut_documents, window_dataset
 from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
 from bert_mgpu.data.tasks import Example, as_examples
 from bert_mgpu.data.windows import pool
 from bert_mgpu.io import export, run_checkpoint
-from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_classifier
 from bert_mgpu.model.objectives import objective
 from bert_mgpu.parallel.devices import Towers
@@ -139,21 +138,19 @@ class BertClassifier(FineTuned):
         fused_encoder=False runs keras-hub's BertBackbone as it is: the reference the fused encoder is
         tested against, and slower; the variables and checkpoints are the same.
         """
-        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
-                                 max_seq_length, config_alone=True)
+        opening = open_head("classifier", init_checkpoint, None, max_seq_length, towers=towers, precision=precision,
+                            do_lower_case=do_lower_case, bert_config_file=bert_config_file, vocab_file=vocab_file)
+        opened, own = opening.opened, opening.own  # another head's run (a tagger's, ...): its encoder alone
         pre = opened.pretrained
-        own = pre.run_of("classifier") is not None  # another head's run (a tagger's, ...): its encoder alone
         run = pre.run if own else {}
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         kind = objective(task_type)
         labels = list(labels or run.get("labels") or pre.labels or []) if kind.has_classes else []
         if not labels and kind.has_classes:
             raise UserError("no labels: give the task's labels (from its training data or --labels)")
-        model, unused = opened.build(lambda config, policy: build_classifier(config, kind.width(labels), policy,
-                                                                             fused=fused_encoder))
-        if not opened.has_weights:
-            log.warning("no --init_checkpoint: the encoder starts from random weights (%s). Fine-tuning needs a "
-                        "pretrained BERT to learn much; run_pretraining_mgpu.py makes one", pre.path)
+        model = opening.build(lambda config, policy: build_classifier(config, kind.width(labels), policy,
+                                                                      fused=fused_encoder))
+        unused = opening.unused
         if unused:
             log.info("not used by a classifier: %s", ", ".join(unused))
         if pre.layout == "bert_mgpu" and run.get("labels") == labels and \

@@ -35,34 +35,43 @@ log = logging.getLogger("bert_mgpu")
 
 @dataclasses.dataclass
 class Opening:
-    """What `open_head` found: the checkpoint opened, the model built on the towers with its encoder in it,
-    the checkpoint's names the encoder did not use, whether it is this head kind's own run (`own`: its head
-    is restored from it), that run's bert_mgpu.json (`run`, {} otherwise) and the window length chosen."""
+    """What `open_head` found: the checkpoint opened, whether it is this head kind's own run (`own`: its head
+    is restored from it), that run's bert_mgpu.json (`run`, {} otherwise), the window length chosen, and once
+    `build` has run, the model built on the towers with its encoder in it and the checkpoint's names the
+    encoder did not use."""
 
     opened: Opened
-    model: object
-    unused: list
     own: bool
     run: dict
     max_seq_length: int
+    model: object = None
+    unused: list = dataclasses.field(default_factory=list)
+
+    def build(self, build):
+        """The model `build(config, policy)` on the towers, the encoder's weights in it, with a warning when
+        the checkpoint has none."""
+        self.model, self.unused = self.opened.build(build)
+        if not self.opened.has_weights:
+            log.warning("no --init_checkpoint: the encoder starts from random weights (%s). Fine-tuning needs a "
+                        "pretrained BERT to learn much; run_pretraining_mgpu.py makes one", self.opened.pretrained.path)
+        return self.model
 
 
-def open_head(kind, init_checkpoint, build, max_seq_length=None, default_length=128, towers=None, precision="auto",
-              do_lower_case=None, bert_config_file=None, vocab_file=None):
-    """The opening a head's `from_pretrained` shares: the checkpoint (any format bert_mgpu reads; a run of
-    this `kind` gives its own window length unless one is given) and the model `build(config, policy)` on the
-    towers, with a warning when there are no weights. The head is then the caller's to restore or load."""
+def open_head(kind, init_checkpoint, build=None, max_seq_length=None, default_length=128, towers=None,
+              precision="auto", do_lower_case=None, bert_config_file=None, vocab_file=None):
+    """The one way every head's `from_pretrained` opens a checkpoint (any format bert_mgpu reads; a run of this
+    `kind` gives its own window length unless one is given) and builds its model: `build(config, policy)`
+    now, or, for a head whose shape depends on the checkpoint (its labels, a CRF), later by `Opening.build`.
+    The head is then the caller's to restore or load."""
     before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
     own_run = before.get("kind") == kind
     max_seq_length = int(max_seq_length or (before.get("max_seq_length") if own_run else None) or default_length)
     opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
                              max_seq_length, config_alone=True)
-    pre = opened.pretrained
-    model, unused = opened.build(build)
-    if not opened.has_weights:
-        log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
-    own = pre.run_of(kind) is not None
-    return Opening(opened, model, unused, own, before if own_run else {}, max_seq_length)
+    opening = Opening(opened, opened.pretrained.run_of(kind) is not None, before if own_run else {}, max_seq_length)
+    if build is not None:
+        opening.build(build)
+    return opening
 
 
 class FineTuned:

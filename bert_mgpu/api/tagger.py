@@ -18,16 +18,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bert_mgpu.api.fine_tuning import FineTuned
-from bert_mgpu.core import storage
+from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.inputs import check_text, rows_of
 from bert_mgpu.data.tagged import Sentence, as_sentences
 from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_dataset, word_predictions
 from bert_mgpu.data.words import entity_dicts
-from bert_mgpu.io import export, run_checkpoint, run_dir
+from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.io.heads import CRF_WEIGHT  # the CRF's transitions under Google's names (a google export holds them)
-from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model.modeling import build_tagger
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 from bert_mgpu.parallel.devices import Towers
@@ -99,15 +97,11 @@ class BertTagger(FineTuned):
         tagger's head for the same tags (a bert_mgpu tagger run, a Hugging Face BertForTokenClassification).
         max_seq_length and doc_stride: the windows (default: a tagger run's own, else 128 and half a window).
         crf: a CRF over the scores (crf.py; default: whether the checkpoint has one)."""
-        before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
-        if before.get("kind") == "tagger":
-            max_seq_length = max_seq_length or before.get("max_seq_length")
-        max_seq_length = int(max_seq_length or 128)
-        opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
-                                 max_seq_length, config_alone=True)
+        opening = open_head("tagger", init_checkpoint, None, max_seq_length, towers=towers, precision=precision,
+                            do_lower_case=do_lower_case, bert_config_file=bert_config_file, vocab_file=vocab_file)
+        opened, own, max_seq_length = opening.opened, opening.own, opening.max_seq_length
         pre = opened.pretrained
         run = pre.run or {}
-        own = pre.run_of("tagger") is not None
         labels = list(labels or (run.get("labels") if own else pre.labels) or [])
         if not labels:
             raise UserError("no labels: give the tags (from the training data, or --labels)")
@@ -116,11 +110,9 @@ class BertTagger(FineTuned):
             raise UserError(f"--labels names {', '.join(twice)} more than once: {','.join(labels)}")
         if crf is None:
             crf = bool(run.get("crf")) if own else CRF_WEIGHT in pre.weights
-        model, unused = opened.build(lambda config, policy: build_tagger(config, len(labels), policy,
-                                                                         fused=fused_encoder, crf=crf))
-        if not opened.has_weights:
-            log.warning("no --init_checkpoint: the encoder starts from random weights (%s)", pre.path)
-        unused = [name for name in unused if not (crf and name == CRF_WEIGHT)]
+        model = opening.build(lambda config, policy: build_tagger(config, len(labels), policy,
+                                                                  fused=fused_encoder, crf=crf))
+        unused = [name for name in opening.unused if not (crf and name == CRF_WEIGHT)]
         if unused:
             log.info("not used by a tagger: %s", ", ".join(unused))
         head = pre.weights.get("output_weights") if opened.has_weights and not own else None
