@@ -102,6 +102,7 @@ def run(open_classifier=None, settings=("task_name",), script="run_classifier_mg
     for name in ("label_separator", "threshold"):  # given ones win over what a run directory recorded
         if FLAGS[name].present:
             setattr(clf, name, getattr(FLAGS, name))
+    cli.check_exports(clf, exports)  # the formats the model itself rules out, before any training
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
         fine_tuning.train(FLAGS, clf, train, dev, settings)
     results = {}

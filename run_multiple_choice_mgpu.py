@@ -73,6 +73,7 @@ def run():
         fused_encoder=FLAGS.fused_encoder)
     if train:
         mc.probe_choices = max(len(q.choices) for q in train)  # what --auto_batch_size measures with
+    cli.check_exports(mc, exports)  # the formats the model itself rules out, before any training
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
         fine_tuning.train(FLAGS, mc, train, dev if watch else None, ("data_format",))
     results = {}

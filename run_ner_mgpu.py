@@ -107,6 +107,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     for split in ("train", "dev", "test"):  # a tag the model has no output for, named by file and line
         if read.get(split) is not None:
             tagged.check_known(read[split], tagger.labels, files[split])
+    cli.check_exports(tagger, exports)  # the formats the model itself rules out, before any training
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
         fine_tuning.train(FLAGS, tagger, train, dev, settings)
     results = {}

@@ -160,6 +160,10 @@ def run():
     towers, exports = begun
     pre = _pretrainer(towers)
     pre.config.check_seq_length(FLAGS.max_seq_length)
+    if exports:  # the formats the model itself rules out, before any training
+        from bert_mgpu.io.export import from_pretrainer
+
+        cli.check_exports(from_pretrainer(pre, FLAGS.max_seq_length), exports)
     if FLAGS.auto_batch_size and FLAGS.do_train:
         pre.auto_batch_size(FLAGS.train_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
                             memory_limit_mb=FLAGS.memory_limit_mb,

@@ -118,6 +118,7 @@ def run():
     if questions is not None and qa.metric is None:
         qa.metric = metric_for(questions)
     dev = questions if watch else None
+    cli.check_exports(qa, exports)  # the formats the model itself rules out, before any training
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
         fine_tuning.train(FLAGS, qa, train, dev, ("train_file", "predict_file", "metric"))
     results, found = {}, None

@@ -244,6 +244,24 @@ def test_what_electra_cannot_do_is_refused_in_one_line(tmp_path):
         tiny_config(60, embedding_size=16, model_type="bert").validate()
 
 
+def test_a_script_refuses_an_export_only_the_model_rules_out_before_training(sentiment_data, tmp_path):
+    """--export_format=saved_model,hf on an ELECTRA classifier: transformers has no class for its head, which
+    only the model says (the flags cannot). Refused in one line before any step, nothing written; it used
+    to train the whole run first."""
+    from conftest import run_script
+
+    release, _ = google_electra_release(str(tmp_path / "release"))
+    out = tmp_path / "run"
+    proc = run_script("run_classifier_mgpu.py", "--task_name=tsv", f"--data_dir={sentiment_data}",
+                      f"--init_checkpoint={release}", f"--output_dir={out}", "--n_gpus=0", "--max_seq_length=32",
+                      "--do_train", "--do_export", "--export_format=saved_model,hf", check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        "run_classifier_mgpu.py: error: --export_format=hf: transformers has no ELECTRA class with this "
+        "classifier's head (its ElectraFor... heads add a dense layer); export saved_model, onnx or google")
+    assert not any(name.startswith(("ckpt", "checkpoint")) for name in os.listdir(out)), os.listdir(out)
+    assert os.listdir(out / "export") == []  # checked writable at the start; no format in it
+
+
 def test_a_script_fine_tunes_an_electra_release_on_two_towers_and_exports_it(sentiment_data, tmp_path):
     """run_classifier_mgpu.py from a Google-layout ELECTRA release, 2 towers, trains and evaluates;
     the google export holds google-research/electra's names (no pooler, the projection) with a config that

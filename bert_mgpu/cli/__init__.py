@@ -136,6 +136,19 @@ def export_targets(f, output_dir):
     return targets
 
 
+def check_exports(source, targets):
+    """Every export format asked (`export_targets`), checked against the model itself before any training:
+    what only the model can say (a CRF's hf export, an ELECTRA sentence head's, a pre-LN encoder's) is then
+    refused in one line at the start, not after the run."""
+    if not targets:
+        return
+    from bert_mgpu.io.export import as_trained, check_format
+
+    trained = as_trained(source)
+    for fmt, _ in targets:
+        check_format(trained, fmt)
+
+
 def run_exports(f, source, targets, texts=None):
     """Export `source` (a model in memory or a directory) to each target; prints where each went.
 
