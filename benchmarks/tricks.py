@@ -146,6 +146,8 @@ def main():
                        **{"learning_rate": args.learning_rate, **dict(trick or ())})
             results[seed, trick] = (*measure(model_, dev), *measure(model_, test))
             seconds = time.perf_counter() - began
+            if model_.interrupted:  # fit stops at a signal after the step under way: a short run is no row
+                sys.exit(f"seed {seed} {name}: stopped by a signal after {model_.global_step} steps; not kept")
             shutil.rmtree(out)
             got = "; ".join(f"{what} {x:.4f}" for what, x in zip(names, results[seed, trick]))
             print(f"seed {seed} {name}: {got} ({seconds:.0f} s)", flush=True)
