@@ -96,16 +96,21 @@ def test_train_predict_and_score_write_run_squads_files(trained, data):
 
 
 def test_the_exports_and_the_run_directory_answer_again_the_same(trained, data, tmp_path):
-    """The run directory predicts with its own windows (--doc_stride=6, --max_query_length=4, not the flags'
-    defaults, which would also not fit its 24 pieces); the exports, which keep no settings, are told them."""
+    """The run directory and its best model's ckpt-N prefix predict with their own windows (--doc_stride=6,
+    --max_query_length=4, not the flags' defaults, which would also not fit its 24 pieces); the exports, which
+    keep no settings, are told them."""
+    import tensorflow as tf
+
     out, _, _ = trained
     expected = json.load(open(os.path.join(out, "predictions.json")))
     lengths = ("--max_seq_length=24", "--doc_stride=6", "--max_query_length=4")
-    for source in (out, os.path.join(out, "export", "hf"), os.path.join(out, "export", "google")):
+    prefix = tf.train.latest_checkpoint(os.path.join(out, "best"))
+    assert os.path.basename(prefix).startswith("ckpt-"), prefix
+    for source in (out, prefix, os.path.join(out, "export", "hf"), os.path.join(out, "export", "google")):
         again = tmp_path / os.path.basename(source)
         proc = run(f"--init_checkpoint={source}", f"--predict_file={data}/dev-v1.1.json", f"--output_dir={again}",
                    "--do_predict", "--n_gpus=0", "--towers_per_gpu=2", "--precision=float32",
-                   *(lengths if source != out else ()))
+                   *(lengths if source not in (out, prefix) else ()))
         assert json.load(open(again / "predictions.json")) == expected, source
         assert "was trained with" not in proc.stderr
     proc = run(f"--init_checkpoint={out}", f"--predict_file={data}/dev-v1.1.json", f"--output_dir={tmp_path / 'o'}",

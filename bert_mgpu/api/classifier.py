@@ -142,7 +142,7 @@ class BertClassifier(FineTuned):
                             do_lower_case=do_lower_case, bert_config_file=bert_config_file, vocab_file=vocab_file)
         opened, own = opening.opened, opening.own  # another head's run (a tagger's, ...): its encoder alone
         pre = opened.pretrained
-        run = pre.run if own else {}
+        run = opening.run
         task_type = task_type or run.get("task_type") or pre.task_type or "classification"
         kind = objective(task_type)
         labels = list(labels or run.get("labels") or pre.labels or []) if kind.has_classes else []

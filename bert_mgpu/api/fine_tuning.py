@@ -14,7 +14,6 @@ import os
 import keras
 import tensorflow as tf
 
-from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import peft_adapter, run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
@@ -63,12 +62,12 @@ def open_head(kind, init_checkpoint, build=None, max_seq_length=None, default_le
     `kind` gives its own window length unless one is given) and builds its model: `build(config, policy)`
     now, or, for a head whose shape depends on the checkpoint (its labels, a CRF), later by `Opening.build`.
     The head is then the caller's to restore or load."""
-    before = (init_checkpoint and storage.isdir(init_checkpoint) and run_dir.read_run(init_checkpoint)) or {}
-    own_run = before.get("kind") == kind
-    max_seq_length = int(max_seq_length or (before.get("max_seq_length") if own_run else None) or default_length)
     opened = open_checkpoint(init_checkpoint, towers, precision, do_lower_case, bert_config_file, vocab_file,
-                             max_seq_length, config_alone=True)
-    opening = Opening(opened, opened.pretrained.run_of(kind) is not None, before if own_run else {}, max_seq_length)
+                             config_alone=True)
+    run = opened.pretrained.run_of(kind)  # a run directory's or one of its ckpt-N prefixes'
+    max_seq_length = int(max_seq_length or (run or {}).get("max_seq_length") or default_length)
+    opened.config.check_seq_length(max_seq_length)
+    opening = Opening(opened, run is not None, run or {}, max_seq_length)
     if build is not None:
         opening.build(build)
     return opening

@@ -101,7 +101,7 @@ class BertTagger(FineTuned):
                             do_lower_case=do_lower_case, bert_config_file=bert_config_file, vocab_file=vocab_file)
         opened, own, max_seq_length = opening.opened, opening.own, opening.max_seq_length
         pre = opened.pretrained
-        run = pre.run or {}
+        run = opening.run
         labels = list(labels or (run.get("labels") if own else pre.labels) or [])
         if not labels:
             raise UserError("no labels: give the tags (from the training data, or --labels)")
