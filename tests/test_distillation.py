@@ -255,9 +255,9 @@ def test_a_tagger_distils_on_tagged_and_unlabelled_sentences_into_a_tagger_run(t
         bert_mgpu.Distiller(tagger, student, unlabeled=train[:1])
     crf = bert_mgpu.BertTagger.from_pretrained(google_release, TAGS, tagger.towers, "float32", max_seq_length=32,
                                                crf=True)
-    with pytest.raises(UserError, match=r"the teacher is a token_classification \(CRF\) head, which has no soft"):
+    with pytest.raises(UserError, match=r"the teacher is a tagger \(CRF\) head, which has no soft"):
         bert_mgpu.Distiller(crf, student)
-    with pytest.raises(UserError, match=r"the student is a token_classification head, the teacher a classification"):
+    with pytest.raises(UserError, match=r"the student is a tagger head, the teacher a classification"):
         bert_mgpu.Distiller(teacher, student)
 
 

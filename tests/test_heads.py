@@ -35,11 +35,55 @@ def test_no_io_module_compares_a_kind_or_looks_for_a_crf_attribute():
 def test_every_kind_a_run_or_export_records_has_one_head_and_an_unknown_one_is_refused():
     assert [h.name for h in heads.HEADS.values()] == ["classifier", "tagger", "question_answerer", "multiple_choice",
                                                      "pretrainer"]
-    assert heads.head_for("pretraining") is heads.head_for("pretrainer")  # a pretraining run's bert_mgpu.json
+    assert heads.head_for("pretraining") is heads.head_for("pretrainer")  # an older pretraining run's kind
     with pytest.raises(UserError, match="unknown head kind 'ranker'; expected one of classifier, tagger"):
         heads.head_for("ranker")
     for head in heads.HEADS.values():  # a head's formats are export's, and every one can be exported somehow
         assert head.formats and set(head.formats) <= set(heads.ALL_FORMATS) and head.noun.startswith("a")
+
+
+def test_a_kind_has_one_name_and_runs_and_exports_written_under_the_old_names_read_as_today(tmp_path):
+    """A head's objective is named as its head (a classifier's alone has a second level, its task_type); a
+    tagger run that recorded "token_classification", a pretraining run "pretraining" and an ONNX export of
+    a question answerer "span_extraction" read, resume and serve under today's names."""
+    import json
+
+    from bert_mgpu.io import run_dir, served
+    from bert_mgpu.model.choice_objectives import MultipleChoice
+    from bert_mgpu.model.objectives import KINDS, MaskedLanguageModel
+    from bert_mgpu.model.span_objectives import SpanExtraction
+    from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
+
+    named = {o.name for o in (TokenClassification, CRFTagging, SpanExtraction, MultipleChoice, MaskedLanguageModel)}
+    assert named == set(heads.HEADS) - {"classifier"}
+    assert set(KINDS) == {"classification", "regression", "multi_label"} and not set(KINDS) & set(heads.HEADS)
+
+    tagger = tmp_path / "tagger"
+    tagger.mkdir()
+    settings = {"task_type": "token_classification", "crf": True, "doc_stride": 8, "seed": 1}
+    (tagger / "bert_mgpu.json").write_text(json.dumps({"kind": "tagger", "task_type": "token_classification",
+                                                       "labels": ["O"], "settings": settings}))
+    (tagger / "ckpt-4.index").write_text("")
+    run = run_dir.read_run(str(tagger))
+    assert (run["kind"], run["task_type"], run["settings"]["task_type"]) == ("tagger", "tagger", "tagger")
+    assert run["labels"] == ["O"] and run["settings"]["doc_stride"] == 8
+    now = {**settings, "task_type": TokenClassification.name}
+    assert run_dir.check_same_run(str(tagger), now) is False  # resumes: nothing changed but the name
+    with pytest.raises(UserError, match=r"--doc_stride=8 -> 9"):
+        run_dir.check_same_run(str(tagger), {**now, "doc_stride": 9})
+
+    pretraining = tmp_path / "pretraining"
+    pretraining.mkdir()
+    (pretraining / "bert_mgpu.json").write_text(json.dumps({"kind": "pretraining", "global_step": 8}))
+    assert run_dir.read_run(str(pretraining)) == {"kind": "pretrainer", "global_step": 8}
+
+    export = tmp_path / "onnx"
+    export.mkdir()
+    (export / "model.onnx").write_bytes(b"")
+    (export / "bert_mgpu.json").write_text(json.dumps({"kind": "question_answerer", "task_type": "span_extraction",
+                                                       "labels": []}))
+    facts, graph = served.read_facts(str(export))
+    assert (facts["kind"], facts["task_type"], graph) == ("question_answerer", "question_answerer", "model.onnx")
 
 
 def test_a_checkpoint_from_elsewhere_is_read_as_the_head_its_weight_names_hold():

@@ -134,7 +134,7 @@ SINCE_THE_SUBPACKAGES = {"entities", "tagged", "tagging_input", "fine_tuning", "
                          "budget", "agree", "inputs", "onnx_export", "exported", "tflite_export", "prediction_files",
                          "words", "windows", "viterbi", "exported_tagger", "exported_qa", "exported_choice", "served",
                          "demo", "flags_reference", "heads", "rdrop", "distillation", "distiller", "teacher_logits",
-                         "distill", "adversarial", "lora", "peft_adapter"}
+                         "distill", "adversarial", "lora", "peft_adapter", "names"}
 
 
 def test_no_module_of_the_package_reads_absls_global_flags():

@@ -109,7 +109,7 @@ class BertPretrainer:
         if fresh:
             log.warning("not in %s, initialized fresh: %s", init_checkpoint, ", ".join(fresh))
         self.fresh_heads = fresh
-        if pre.run_of("pretraining") is not None and pre.checkpoint_step is not None:
+        if pre.run_of("pretrainer") is not None and pre.checkpoint_step is not None:
             self.global_step = pre.checkpoint_step
         return self
 
@@ -263,7 +263,7 @@ class BertPretrainer:
         return directory
 
     def _write_run(self, directory, step, data=None):
-        run = {"kind": "pretraining", "do_lower_case": self.tokenizer.do_lower_case, "global_step": step,
+        run = {"kind": "pretrainer", "do_lower_case": self.tokenizer.do_lower_case, "global_step": step,
                "max_seq_length": data.max_seq_length if data else None, "nsp": self.model.nsp_head is not None,
                "settings": self.settings,
                **({"train_config": self.train_config.as_dict()} if self.train_config else {})}

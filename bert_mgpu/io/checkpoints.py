@@ -18,6 +18,7 @@ import numpy as np
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import names
 from bert_mgpu.io.weight_names import (
     HEAD_PREFIXES,
     KERAS_LAYOUT_HEADS,
@@ -58,9 +59,9 @@ def assign_encoder(backbone, weights, source):
     heads = sorted(n for n in weights if n not in used and n.startswith(HEAD_PREFIXES))
     unexpected = sorted(n for n in weights if n not in used and n not in heads)
     problems = []
-    for label, names in (("mis-shaped", misshaped), ("missing", missing), ("unexpected", unexpected)):
-        if names:
-            shown = "; ".join(names[:6]) + (f"; ... ({len(names)} in all)" if len(names) > 6 else "")
+    for label, found in (("mis-shaped", misshaped), ("missing", missing), ("unexpected", unexpected)):
+        if found:
+            shown = "; ".join(found[:6]) + (f"; ... ({len(found)} in all)" if len(found) > 6 else "")
             problems.append(f"{label}: {shown}")
     if problems:
         raise UserError(f"{source}: checkpoint does not match the model config: " + " | ".join(problems))
@@ -318,7 +319,7 @@ def _load_pretrained(path, bert_config_file=None, vocab_file=None, config_alone=
 
     run_file = os.path.join(directory, RUN_FILE)
     if storage.exists(run_file):
-        run = storage.read_json(run_file)
+        run = names.current(storage.read_json(run_file))
         if not isinstance(run, dict) or not isinstance(run.get("bert_config"), dict):
             raise UserError(f"{run_file}: not a bert_mgpu run file (no bert_config in it)")
         prefixes = _tf_prefixes(path)
@@ -440,7 +441,7 @@ def read_saved_model(path):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer's ops the graph holds)
 
-    meta = storage.read_json(os.path.join(path, EXTRA, META))
+    meta = names.current(storage.read_json(os.path.join(path, EXTRA, META)))
     config = BertConfig.from_json_file(os.path.join(path, EXTRA, "bert_config.json"))
     try:
         loaded = tf.saved_model.load(path)

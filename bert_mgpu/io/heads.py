@@ -11,7 +11,7 @@ Example:
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.io import checkpoints
+from bert_mgpu.io import checkpoints, names
 from bert_mgpu.io.span_serving import span_endpoint
 from bert_mgpu.io.tag_serving import tagger_endpoint
 from bert_mgpu.model import modeling
@@ -214,13 +214,12 @@ class EncoderHead(Head):
 
 
 HEADS = {head.name: head for head in (ClassifierHead(), TaggerHead(), SpanHead(), ChoiceHead(), EncoderHead())}
-ALIASES = {"pretraining": "pretrainer"}  # a pretraining run's bert_mgpu.json says "pretraining"
 
 
 def head_for(kind):
     """The `Head` of a run or export kind."""
     try:
-        return HEADS[ALIASES.get(kind, kind)]
+        return HEADS[names.current({"kind": kind})["kind"]]
     except KeyError:
         raise UserError(f"unknown head kind {kind!r}; expected one of {', '.join(HEADS)}") from None
 

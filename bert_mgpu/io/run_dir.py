@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import RunError, UserError
+from bert_mgpu.io import names
 from bert_mgpu.io.checkpoints import RUN_FILE, note_damaged, run_checkpoints
 
 log = logging.getLogger("bert_mgpu")
@@ -129,7 +130,7 @@ def read_run(directory):
     run = storage.read_json(path)
     if not isinstance(run, dict):
         raise UserError(f"{path}: not a JSON object")
-    return run
+    return names.current(run)
 
 
 def _checkpoint_files(directory):

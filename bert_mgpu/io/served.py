@@ -10,6 +10,7 @@ import os
 import numpy as np
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.io import names
 
 FACTS = "bert_mgpu.json"  # written by onnx_export.py (which loads TensorFlow; its FACTS is this name)
 GRAPHS = ("model.onnx", "model.tflite")
@@ -38,7 +39,7 @@ def read_facts(path):
         raise UserError(f"{path}: not an ONNX or LiteRT export of bert_mgpu (no {FACTS} and model.onnx or "
                         "model.tflite); export one with --do_export --export_format=onnx (or tflite)")
     with open(facts_file, encoding="utf-8") as f:
-        return json.load(f), graph
+        return names.current(json.load(f)), graph
 
 
 def runner(path, graph, threads):

@@ -458,7 +458,7 @@ class MaskedLanguageModel(Objective):
     """Pretraining as google-bert's run_pretraining.py: masked-LM cross-entropy over the real predictions,
     plus next-sentence cross-entropy when the model has that head; evaluated under google-bert's names."""
 
-    name = "pretraining"
+    name = "pretrainer"  # its head's name (io/heads.py), as every objective but a classifier's
     EVAL_NAMES = {"mlm_loss": "masked_lm_loss", "mlm_accuracy": "masked_lm_accuracy",
                   "nsp_loss": "next_sentence_loss", "nsp_accuracy": "next_sentence_accuracy", "loss": "loss"}
 

@@ -24,7 +24,7 @@ class SpanExtraction(Objective):
     """The mean of the start and the end position's cross-entropy (run_squad's loss), each over the
     window's real positions (padding never scores, so a window's loss does not depend on its batch)."""
 
-    name = "span_extraction"
+    name = "question_answerer"
     METRICS = ("squad", "cmrc")
     reading = ("metric", "version_2_with_negative")
     metric, version_2_with_negative = "squad", False

@@ -28,7 +28,7 @@ class TokenClassification(Objective):
     """A label a token (NER): cross-entropy over the positions that carry a label (each word's first
     WordPiece; the others are -1), and entity-level scores as conlleval counts them."""
 
-    name = "token_classification"
+    name = "tagger"
     reading = ("data_format",)  # the sentences' format: "cluener" adds its submission file
     data_format = None
     IGNORED = -1

@@ -1,0 +1,28 @@
+"""One name per head kind, the name of its `Head` (io/heads.py): a run's `kind`, its `task_type` (a
+classifier's alone has a second level: classification, regression, multi_label) and an export's facts.
+
+Runs and exports written while a kind had two names (a tagger's task_type "token_classification", a
+pretraining run's kind "pretraining") keep loading: `current` maps their old names once, as they are read.
+
+Example:
+    current({"kind": "pretraining"})  # {"kind": "pretrainer"}
+"""
+
+RENAMED = {"pretraining": "pretrainer", "token_classification": "tagger", "span_extraction": "question_answerer"}
+NAMED = ("kind", "task_type")  # the keys whose values are kind names, at the top and in "settings"
+
+
+def current(record):
+    """`record` (a bert_mgpu.json, an export's facts) with its kind names as they are today; anything else,
+    or a record without old names, is returned as it is."""
+    if not isinstance(record, dict) or not any(_old(record.get(k)) for k in NAMED) and \
+            not (isinstance(record.get("settings"), dict) and any(_old(record["settings"].get(k)) for k in NAMED)):
+        return record
+    record = {**record, **{k: RENAMED[record[k]] for k in NAMED if _old(record.get(k))}}
+    if isinstance(record.get("settings"), dict):
+        record["settings"] = current(record["settings"])
+    return record
+
+
+def _old(value):
+    return isinstance(value, str) and value in RENAMED
