@@ -161,9 +161,7 @@ def run():
     pre = _pretrainer(towers)
     pre.config.check_seq_length(FLAGS.max_seq_length)
     if exports:  # the formats the model itself rules out, before any training
-        from bert_mgpu.io.export import from_pretrainer
-
-        cli.check_exports(from_pretrainer(pre, FLAGS.max_seq_length), exports)
+        cli.check_exports(pre.trained(FLAGS.max_seq_length), exports)
     if FLAGS.auto_batch_size and FLAGS.do_train:
         pre.auto_batch_size(FLAGS.train_batch_size, FLAGS.max_seq_length, FLAGS.max_predictions_per_seq,
                             memory_limit_mb=FLAGS.memory_limit_mb,
@@ -218,9 +216,7 @@ def run():
             print(f"eval: masked_lm_accuracy {results['masked_lm_accuracy']:.4f} -> {path}")
     if towers.is_chief:
         if exports:
-            from bert_mgpu.io.export import from_pretrainer
-
-            cli.run_exports(FLAGS, from_pretrainer(pre, FLAGS.max_seq_length), exports)
+            cli.run_exports(FLAGS, pre.trained(FLAGS.max_seq_length), exports)
         if FLAGS.do_train:
             outputs.draw("learning_curves", FLAGS.output_dir)
         print(cli.summary(FLAGS, "run_pretraining_mgpu.py", towers, pre, {

@@ -191,7 +191,7 @@ def test_google_export_has_googles_names_and_reads_back(trained):
         assert key in config
     pre = checkpoints.load_pretrained(str(path))
     assert pre.layout == "google" and pre.labels == ["neg", "pos"]
-    ours = export.from_classifier(clf).weights
+    ours = clf.trained().weights
     assert set(pre.weights) == set(ours)
     assert max(np.abs(pre.weights[k] - ours[k]).max() for k in ours) == 0.0
 

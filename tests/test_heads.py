@@ -86,6 +86,36 @@ def test_a_kind_has_one_name_and_runs_and_exports_written_under_the_old_names_re
     assert (facts["kind"], facts["task_type"], graph) == ("question_answerer", "question_answerer", "model.onnx")
 
 
+def test_a_model_in_memory_says_what_it_is_and_trained_py_knows_no_head():
+    """Each head's notebook class (and the pretrainer) gives its own `Trained`; io/trained.py, which every
+    export reads through, imports no head's objective and names no head (issue 67: a new head touches no
+    shared switch there)."""
+    import inspect
+
+    import bert_mgpu
+    from bert_mgpu.io import trained
+
+    for cls in (bert_mgpu.BertClassifier, bert_mgpu.BertTagger, bert_mgpu.BertQuestionAnswerer,
+                bert_mgpu.BertMultipleChoice, bert_mgpu.BertPretrainer):
+        assert "trained" in vars(cls), cls.__name__
+    source = inspect.getsource(trained)
+    tree = ast.parse(source)
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not {m for m in imported if m.endswith("_objectives")}, imported
+    assert not [n for n in heads.HEADS if f'"{n}"' in source]
+    with pytest.raises(UserError, match="a dict is not a model bert_mgpu exports"):
+        trained.as_trained({"kind": "classifier"})
+
+
+def test_each_head_with_predictions_has_one_served_reader_and_it_registered_itself():
+    """load_exported picks a served export's reader from the readers' own `reads`, not from a table of kinds."""
+    from bert_mgpu.io import exported, served
+
+    assert set(served.READERS) == set(heads.HEADS) - {"pretrainer"}
+    assert all(issubclass(r, served.Served) and r.reads == kind for kind, r in served.READERS.items())
+    assert served.READERS["classifier"] is exported.Exported
+
+
 def test_a_checkpoint_from_elsewhere_is_read_as_the_head_its_weight_names_hold():
     assert heads.head_of_weights({"output_weights": 0, "bert/pooler/dense/kernel": 0}).name == "classifier"
     assert heads.head_of_weights({"cls/squad/output_weights": 0}).name == "question_answerer"

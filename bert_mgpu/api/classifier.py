@@ -26,6 +26,7 @@ from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
 from bert_mgpu.data.tasks import Example, as_examples
 from bert_mgpu.data.windows import pool
 from bert_mgpu.io import export, run_checkpoint
+from bert_mgpu.io.trained import Trained, model_weights
 from bert_mgpu.model.modeling import build_classifier
 from bert_mgpu.model.objectives import objective
 from bert_mgpu.parallel.devices import Towers
@@ -269,8 +270,13 @@ class BertClassifier(FineTuned):
         raw text in), "hf" (transformers' BertForSequenceClassification), "google" (google-bert's
         bert_model.ckpt) or "keras_hub" (a BertTextClassifier preset; see `export.write_keras_hub` for
         `allow_approximate` and `texts`). Each reads back through `from_pretrained`."""
-        trained = export.from_classifier(self)
-        return export.export_model(trained, output_dir, format, precision, allow_approximate, texts)
+        return export.export_model(self.trained(), output_dir, format, precision, allow_approximate, texts)
+
+    def trained(self) -> Trained:
+        """The classifier as it is now, in the one shape every export writes."""
+        return Trained("classifier", self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
+                              model_weights(self.model), list(self.labels), self.task_type, self.max_seq_length,
+                              bool(self.pairs), truncation=self.truncation, facts=self._window_facts())
 
     # ------------------------------------------------------------------ inference
     def _logits(self, examples, batch_size, source, verbose="auto"):

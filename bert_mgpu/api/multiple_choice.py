@@ -19,6 +19,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choice_input import choice_dataset, encode_questions
 from bert_mgpu.data.choices import ChoiceQuestion, as_questions, chosen  # noqa: F401 (as before)
 from bert_mgpu.io import export, run_checkpoint
+from bert_mgpu.io.trained import Trained, model_weights
 from bert_mgpu.model.choice_objectives import MultipleChoice
 from bert_mgpu.model.modeling import build_choice_model
 from bert_mgpu.parallel.devices import Towers
@@ -134,7 +135,12 @@ class BertMultipleChoice(FineTuned):
         """Write the model as it is now to the new directory output_dir: "hf" (transformers'
         BertForMultipleChoice) or "google" (bert_model.ckpt, the head as output_weights [1, hidden]). Each
         reads back through `from_pretrained`."""
-        return export.export_model(export.from_multiple_choice(self), output_dir, format, precision)
+        return export.export_model(self.trained(), output_dir, format, precision)
+
+    def trained(self) -> Trained:
+        """The model as it is now (its head as a one-label classifier's), in the shape every export writes."""
+        return Trained(KIND, self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
+                              model_weights(self.model), [], self.objective.name, self.max_seq_length)
 
     # ------------------------------------------------------------------ inference
     def scores(self, questions, batch_size: int = 8, verbose="auto", source="predict"):

@@ -26,9 +26,10 @@ import tensorflow as tf
 from bert_mgpu.api import mlm_scoring
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.pretraining_input import PretrainingData, worker_files
-from bert_mgpu.io import export, run_checkpoint, run_dir
+from bert_mgpu.io import checkpoints, export, run_checkpoint, run_dir
 from bert_mgpu.io.loading import open_checkpoint, open_config
 from bert_mgpu.io.outputs import write_eval_results
+from bert_mgpu.io.trained import Trained
 from bert_mgpu.model import pretraining_model
 from bert_mgpu.model.config import BertConfig
 from bert_mgpu.model.objectives import MaskedLanguageModel
@@ -250,8 +251,13 @@ class BertPretrainer:
         """Write the encoder and heads as they are now to the new directory output_dir: "saved_model" (raw
         text in, the encoder's outputs out), "hf" (BertForPreTraining, or BertForMaskedLM without NSP),
         "google" (`cls/...` heads) or "keras_hub" (BertBackbone and tokenizer). See `bert_mgpu.io.export`."""
-        return export.export_model(export.from_pretrainer(self, max_seq_length), output_dir, format, precision,
-                             allow_approximate)
+        return export.export_model(self.trained(max_seq_length), output_dir, format, precision, allow_approximate)
+
+    def trained(self, max_seq_length: int = 128) -> Trained:
+        """The encoder and heads as they are now, in the shape every export writes."""
+        weights = {**checkpoints.encoder_weights(self.model.backbone), **pretraining_model.head_weights(self.model)}
+        return Trained("pretrainer", self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
+                              weights, max_seq_length=max_seq_length)
 
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
         """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads

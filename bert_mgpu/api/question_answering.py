@@ -21,6 +21,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.squad import Question, as_questions, metric_for  # noqa: F401 (as_questions, as before)
 from bert_mgpu.data.squad_input import best_answers, best_of, make_windows, span_dataset
 from bert_mgpu.io import export, run_checkpoint
+from bert_mgpu.io.trained import Trained, model_weights
 from bert_mgpu.model.modeling import build_span_model
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
 from bert_mgpu.parallel.devices import Towers
@@ -161,7 +162,14 @@ class BertQuestionAnswerer(FineTuned):
         a question and a context as raw strings in, the answer out), "hf" (transformers'
         BertForQuestionAnswering) or "google" (run_squad's cls/squad/ head). Each reads back through
         `from_pretrained`."""
-        return export.export_model(export.from_question_answerer(self), output_dir, format, precision)
+        return export.export_model(self.trained(), output_dir, format, precision)
+
+    def trained(self) -> Trained:
+        """The question answerer as it is now (its head under run_squad's names, its settings as facts), in
+        the shape every export writes."""
+        return Trained(KIND, self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
+                              model_weights(self.model, GOOGLE_HEAD), [], self.objective.name, self.max_seq_length,
+                              facts=self._facts())
 
     # ------------------------------------------------------------------ inference
     def logits(self, questions, batch_size: int = 8, verbose="auto", source="predict"):

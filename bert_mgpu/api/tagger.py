@@ -26,7 +26,8 @@ from bert_mgpu.data.tagging_input import make_windows, split_words, tagging_data
 from bert_mgpu.data.words import entity_dicts
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.io.heads import CRF_WEIGHT  # the CRF's transitions under Google's names (a google export holds them)
-from bert_mgpu.model.modeling import build_tagger
+from bert_mgpu.io.trained import Trained, model_weights
+from bert_mgpu.model.modeling import build_tagger, head_variables
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train import memory
@@ -200,7 +201,18 @@ class BertTagger(FineTuned):
         raw text in, each word's tag and the entities with character offsets out; `precision` its compute
         dtype), "hf" (transformers' BertForTokenClassification, id2label) or "google" (bert_model.ckpt, with a
         CRF's crf/transitions). Each reads back through `from_pretrained`."""
-        return export.export_model(export.from_tagger(self), output_dir, format, precision)
+        return export.export_model(self.trained(), output_dir, format, precision)
+
+    def trained(self) -> Trained:
+        """The tagger as it is now (a CRF's transitions under Google's name), in the shape every export
+        writes."""
+        weights = model_weights(self.model)
+        transitions = head_variables(self.model).get("transitions")
+        if transitions is not None:
+            weights[CRF_WEIGHT] = np.asarray(transitions.numpy(), np.float32)
+        return Trained("tagger", self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
+                              weights, list(self.labels), self.objective.name, self.max_seq_length,
+                              facts={"doc_stride": self._stride()})
 
     # ------------------------------------------------------------------ inference
     def _tag_ids(self, sentences, batch_size, verbose, source):

@@ -171,7 +171,7 @@ class Pretrained:
         classifier's older runs recorded none), else None: another layout, or another head's run, which
         gives its encoder alone."""
         run = self.run or {}
-        return run if self.layout == "bert_mgpu" and run.get("kind", "classifier") == kind else None
+        return run if self.layout == "bert_mgpu" and names.kind_of(run) == kind else None
 
     @property
     def checkpoint_step(self):

@@ -24,16 +24,11 @@ from bert_mgpu.data.tokenization import FullTokenizer, read_vocab
 from bert_mgpu.io import checkpoints, onnx_export, tflite_export, weight_names
 from bert_mgpu.io.heads import ALL_FORMATS
 from bert_mgpu.io.serving import write_saved_model
-from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.from_classifier, ... as before)
+from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.read_trained as before)
     PROBE_TEXTS,
     Trained,
     as_trained,
     build_model,
-    from_classifier,
-    from_multiple_choice,
-    from_pretrainer,
-    from_question_answerer,
-    from_tagger,
     read_trained,
 )
 from bert_mgpu.model.objectives import MaskedLanguageModel

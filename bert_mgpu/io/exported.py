@@ -21,11 +21,12 @@ import numpy as np
 from bert_mgpu.core import prediction_files
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.windows import kept, pair_counts, pool, spans
-from bert_mgpu.io.exported_choice import ExportedMultipleChoice
-from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer
-from bert_mgpu.io.exported_tagger import ExportedTagger
+from bert_mgpu.io.exported_choice import ExportedMultipleChoice  # noqa: F401 (each head's reader registers
+from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer  # noqa: F401 itself in READERS as it is imported)
+from bert_mgpu.io.exported_tagger import ExportedTagger  # noqa: F401
 from bert_mgpu.io.served import (  # noqa: F401 (FACTS: as before)
     FACTS,
+    READERS,
     Pieces,
     Served,
     onnx_inputs,
@@ -37,6 +38,8 @@ from bert_mgpu.io.served import (  # noqa: F401 (FACTS: as before)
 
 class Exported(Served):
     """A classifier's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
+
+    reads = "classifier"
 
     def __init__(self, path, threads=None):
         super().__init__(path, threads)
@@ -136,10 +139,8 @@ def load_exported(path, threads=None):
     """The ONNX or LiteRT export in `path`, ready to predict from raw text: an `Exported` (a classifier's), an
     `exported_tagger.ExportedTagger` (a tagger's, with or without a CRF) or an
     `exported_qa.ExportedQuestionAnswerer` or an `exported_choice.ExportedMultipleChoice`."""
-    readers = {"classifier": Exported, "tagger": ExportedTagger, "question_answerer": ExportedQuestionAnswerer,
-               "multiple_choice": ExportedMultipleChoice}
     kind = read_facts(path)[0]["kind"]
-    if kind not in readers:  # a pretrained encoder's: its outputs are the graph's (docs/export.md)
+    if kind not in READERS:  # a pretrained encoder's: its outputs are the graph's (docs/export.md)
         raise UserError(f"{path}: a {kind}'s export has no predictions; run its model.onnx or model.tflite "
                         "(docs/export.md)")
-    return readers[kind](path, threads)
+    return READERS[kind](path, threads)

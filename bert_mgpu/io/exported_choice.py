@@ -23,6 +23,8 @@ from bert_mgpu.io.served import Pieces, Served
 class ExportedMultipleChoice(Served):
     """A multiple-choice model's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
+    reads = "multiple_choice"
+
     def __init__(self, path, threads=None):
         super().__init__(path, threads)
         self.pieces = Pieces(path)

@@ -22,6 +22,8 @@ from bert_mgpu.io.served import Pieces, Served, padded
 class ExportedQuestionAnswerer(Served):
     """A question answerer's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
+    reads = "question_answerer"
+
     def __init__(self, path, threads=None):
         super().__init__(path, threads)
         self.settings = dict(self.facts["facts"])  # run_squad's: doc_stride, max_query_length, n_best_size, ...

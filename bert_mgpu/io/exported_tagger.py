@@ -25,6 +25,8 @@ from bert_mgpu.io.served import Pieces, Served, padded
 class ExportedTagger(Served):
     """A tagger's ONNX or LiteRT export loaded for prediction (`Served`'s arguments)."""
 
+    reads = "tagger"
+
     def __init__(self, path, threads=None):
         super().__init__(path, threads)
         self.labels = list(self.facts["labels"])

@@ -36,6 +36,7 @@ class Head:
     input_rank: 2 for token ids [batch, length], 3 for [batch, choices, length].
     keras_hub_task: whether keras-hub's BertTextClassifier is its preset (otherwise a BertBackbone).
     labelled: whether its outputs are scores of named labels (`Trained.labels`).
+    peft_task_type: PEFT's `task_type` for its adapters (None: PEFT's base class, as multiple choice has none).
     """
 
     name = ""
@@ -46,6 +47,7 @@ class Head:
     input_rank = 2
     keras_hub_task = False
     labelled = False
+    peft_task_type = None
 
     def objective(self, trained):
         """What its outputs mean: the `Objective` (None for a pretrained encoder)."""
@@ -96,6 +98,7 @@ class ClassifierHead(Head):
     noun = "a classifier"
     keras_hub_task = True
     labelled = True
+    peft_task_type = "SEQ_CLS"
 
     def objective(self, trained):
         return objective(trained.task_type)
@@ -122,6 +125,7 @@ class TaggerHead(Head):
     formats = NO_KERAS_HUB
     why_not = " (keras-hub has no token classifier)"
     labelled = True
+    peft_task_type = "TOKEN_CLS"
 
     def objective(self, trained):
         return CRFTagging() if CRF_WEIGHT in trained.weights else TokenClassification()
@@ -154,6 +158,7 @@ class SpanHead(Head):
     formats = NO_KERAS_HUB
     why_not = " (keras-hub has no span head)"
     weights = GOOGLE_HEAD
+    peft_task_type = "QUESTION_ANS"
 
     def objective(self, trained):
         return SpanExtraction()

@@ -8,6 +8,7 @@ Example:
     current({"kind": "pretraining"})  # {"kind": "pretrainer"}
 """
 
+UNNAMED = "classifier"  # the kind of a run written before runs recorded theirs: only a classifier's were
 RENAMED = {"pretraining": "pretrainer", "token_classification": "tagger", "span_extraction": "question_answerer"}
 NAMED = ("kind", "task_type")  # the keys whose values are kind names, at the top and in "settings"
 
@@ -22,6 +23,11 @@ def current(record):
     if isinstance(record.get("settings"), dict):
         record["settings"] = current(record["settings"])
     return record
+
+
+def kind_of(run):
+    """The head kind of a bert_mgpu.json (read through `current`)."""
+    return run.get("kind", UNNAMED)
 
 
 def _old(value):

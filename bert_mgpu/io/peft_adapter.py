@@ -24,8 +24,6 @@ DIRECTORY = "peft_adapter"
 HF_MODULES = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
               "attention_output": "attention.output.dense", "intermediate": "intermediate.dense",
               "output": "output.dense"}
-# PEFT's task type of each head kind (multiple choice has none: PEFT's base class then).
-TASK_TYPES = {"classifier": "SEQ_CLS", "tagger": "TOKEN_CLS", "question_answerer": "QUESTION_ANS"}
 
 
 def write(head_model, directory):
@@ -48,7 +46,7 @@ def write(head_model, directory):
             tensors[f"base_model.model.{hf}"] = np.ascontiguousarray(value.T if transpose else value, np.float32)
             saved.add(hf.split(".")[0])
     modules = "|".join(re.escape(HF_MODULES[t]) for t in spec.targets)
-    config = {"peft_type": "LORA", "task_type": TASK_TYPES.get(trained.kind), "r": spec.rank,
+    config = {"peft_type": "LORA", "task_type": trained.spec.peft_task_type, "r": spec.rank,
               "lora_alpha": spec.alpha, "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
               "target_modules": rf".*encoder\.layer\.\d+\.({modules})", "modules_to_save": sorted(saved),
               "init_lora_weights": True, "inference_mode": True, "base_model_name_or_path": None}

@@ -14,16 +14,25 @@ from bert_mgpu.io import names
 
 FACTS = "bert_mgpu.json"  # written by onnx_export.py (which loads TensorFlow; its FACTS is this name)
 GRAPHS = ("model.onnx", "model.tflite")
+READERS = {}  # head kind -> the `Served` subclass that reads its exports; each registers itself (`reads`)
 
 
 class Served:
     """What every head's served export holds: bert_mgpu.json's `facts`, the head's `kind` and `run(output
-    names, inputs)`, its runtime.
+    names, inputs)`, its runtime. A head's reader is a subclass naming the kind it `reads`, which
+    `exported.load_exported` then picks for that kind's exports.
 
     Args:
         path: the export's directory (`--export_dir/onnx`, `onnx_int8` or `tflite`).
         threads: the runtime's threads (None: its default).
     """
+
+    reads = None  # the head kind (its name in io/heads.py) whose exports a subclass reads
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.reads:
+            READERS[cls.reads] = cls
 
     def __init__(self, path, threads=None):
         self.facts, graph = read_facts(path)

@@ -1,6 +1,7 @@
 """A trained model in one shape, whatever made it: `Trained` (config, vocabulary, weights under Google's names,
-labels, head kind), from a classifier or pretrainer in memory or any directory `checkpoints` reads, and the
-reference Keras model built from it. Every export format and the SavedModel are written from one.
+labels, head kind), from any directory `checkpoints` reads or a model in memory (each head's own `trained()`
+says what it is; nothing here knows a head kind), and the reference Keras model built from it. Every export
+format and the SavedModel are written from one.
 """
 
 import dataclasses
@@ -9,18 +10,10 @@ import os
 import numpy as np
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.io import checkpoints
-from bert_mgpu.io.heads import CRF_WEIGHT, head_for, head_of_weights
-from bert_mgpu.model.choice_objectives import MultipleChoice
+from bert_mgpu.io import checkpoints, names
+from bert_mgpu.io.heads import CRF_WEIGHT, HEAD_WEIGHTS, head_for, head_of_weights
 from bert_mgpu.model.config import BertConfig
-from bert_mgpu.model.modeling import head_variables
 from bert_mgpu.model.objectives import objective
-from bert_mgpu.model.pretraining_model import head_weights
-from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
-from bert_mgpu.model.tagging_objectives import TokenClassification
-
-SPAN = "question_answerer"  # the kind of a span head (SQuAD)
-CHOICE = "multiple_choice"  # the kind of a multiple-choice head (SWAG, C3)
 
 # Texts an export is checked on against the model, besides any the caller gives.
 PROBE_TEXTS = ("a gripping, beautifully shot film.", "Dull and far too long; I left early!",
@@ -33,9 +26,8 @@ class Trained:
     """What every export writes.
 
     Args:
-        kind: "classifier" (a head over the pooled output), "tagger" (a head on every token),
-            "question_answerer" (a start and an end score on every token), "multiple_choice" (a score a
-            choice) or "pretrainer" (the encoder and any pretraining heads).
+        kind: its head's name (`io/heads.HEADS`: a classifier, a tagger, a question answerer, a
+            multiple-choice model, or a pretrainer: the encoder and any pretraining heads).
         config: the `BertConfig`.
         vocab_file: its `vocab.txt`.
         do_lower_case: the tokenizer's setting.
@@ -96,52 +88,13 @@ class Trained:
         return self.spec.objective(self)
 
 
-def _with_head(model, weights):
-    weights["output_weights"] = np.asarray(model.head.kernel.numpy(), np.float32).T
-    weights["output_bias"] = np.asarray(model.head.bias.numpy(), np.float32)
+def model_weights(model, head=HEAD_WEIGHTS):
+    """A head model's encoder and dense head (`model.head`) as they are now, under Google's names: the head's
+    kernel and bias as `head` names them (google-bert's `output_weights`/`output_bias`, run_squad's own)."""
+    weights = checkpoints.encoder_weights(model.backbone)
+    weights[head[0]] = np.asarray(model.head.kernel.numpy(), np.float32).T
+    weights[head[1]] = np.asarray(model.head.bias.numpy(), np.float32)
     return weights
-
-
-def from_classifier(clf):
-    """A `BertClassifier`'s weights as they are now."""
-    weights = _with_head(clf.model, checkpoints.encoder_weights(clf.model.backbone))
-    return Trained("classifier", clf.config, clf.tokenizer.vocab_file, clf.tokenizer.do_lower_case, weights,
-                   list(clf.labels), clf.task_type, clf.max_seq_length, bool(getattr(clf, "pairs", False)),
-                   truncation=clf.truncation, facts=clf._window_facts())
-
-
-def from_tagger(tagger):
-    """A `BertTagger`'s weights as they are now."""
-    weights = _with_head(tagger.model, checkpoints.encoder_weights(tagger.model.backbone))
-    transitions = head_variables(tagger.model).get("transitions")
-    if transitions is not None:
-        weights[CRF_WEIGHT] = np.asarray(transitions.numpy(), np.float32)
-    return Trained("tagger", tagger.config, tagger.tokenizer.vocab_file, tagger.tokenizer.do_lower_case, weights,
-                   list(tagger.labels), TokenClassification.name, tagger.max_seq_length,
-                   facts={"doc_stride": tagger._stride()})
-
-
-def from_multiple_choice(mc):
-    """A `BertMultipleChoice`'s weights as they are now (the head as a one-label classifier's)."""
-    weights = _with_head(mc.model, checkpoints.encoder_weights(mc.model.backbone))
-    return Trained(CHOICE, mc.config, mc.tokenizer.vocab_file, mc.tokenizer.do_lower_case, weights, [],
-                   MultipleChoice.name, mc.max_seq_length)
-
-
-def from_question_answerer(qa):
-    """A `BertQuestionAnswerer`'s weights as they are now (the head under run_squad's names)."""
-    weights = checkpoints.encoder_weights(qa.model.backbone)
-    weights[GOOGLE_HEAD[0]] = np.asarray(qa.model.head.kernel.numpy(), np.float32).T
-    weights[GOOGLE_HEAD[1]] = np.asarray(qa.model.head.bias.numpy(), np.float32)
-    return Trained(SPAN, qa.config, qa.tokenizer.vocab_file, qa.tokenizer.do_lower_case, weights, [],
-                   SpanExtraction.name, qa.max_seq_length, facts=qa._facts())
-
-
-def from_pretrainer(pretrainer, max_seq_length=128):
-    """A `BertPretrainer`'s encoder and heads as they are now."""
-    weights = {**checkpoints.encoder_weights(pretrainer.model.backbone), **head_weights(pretrainer.model)}
-    return Trained("pretrainer", pretrainer.config, pretrainer.tokenizer.vocab_file,
-                   pretrainer.tokenizer.do_lower_case, weights, max_seq_length=max_seq_length)
 
 
 def read_trained(path):
@@ -149,13 +102,13 @@ def read_trained(path):
     pre = checkpoints.load_pretrained(path)
     run = pre.run or {}
     own = pre.layout == "bert_mgpu"
-    spec = head_for(run.get("kind", "classifier")) if own else head_of_weights(pre.weights)
+    spec = head_for(names.kind_of(run)) if own else head_of_weights(pre.weights)
     if own and spec.weights:  # the head from its checkpoint
         head = checkpoints.read_tf_checkpoint(pre.ckpt_prefix, only=("head/",))
         kernel = [v for k, v in head.items() if k.startswith("head/kernel")]
         bias = [v for k, v in head.items() if k.startswith("head/bias")]
         if not (kernel and bias):
-            raise UserError(f"{path}: holds no trained {'span' if spec.weights == GOOGLE_HEAD else 'classifier'} head")
+            raise UserError(f"{path}: holds no trained head of {spec.noun}")
         pre.weights.update({spec.weights[0]: kernel[0].T, spec.weights[1]: bias[0]})
         transitions = [v for k, v in head.items() if k.startswith("head/transitions")]
         if transitions:  # a tagger's CRF
@@ -178,16 +131,13 @@ def build_model(trained, precision="float32"):
 
 
 def as_trained(source):
+    """`source` as a `Trained`: itself, a directory any reader takes, or a model in memory, which says what
+    it is (each head's and the pretrainer's `trained()`)."""
     if isinstance(source, Trained):
         return source
     if isinstance(source, (str, os.PathLike)):
         return read_trained(str(source))
-    if isinstance(getattr(source, "objective", None), TokenClassification):
-        return from_tagger(source)
-    if isinstance(getattr(source, "objective", None), MultipleChoice):
-        return from_multiple_choice(source)
-    if isinstance(getattr(source, "objective", None), SpanExtraction):
-        return from_question_answerer(source)
-    if hasattr(source, "labels") and hasattr(source, "task_type"):
-        return from_classifier(source)
-    return from_pretrainer(source)
+    if not callable(getattr(source, "trained", None)):
+        raise UserError(f"a {type(source).__name__} is not a model bert_mgpu exports: give a head (BertClassifier, "
+                        "...), a BertPretrainer, a Trained or a directory")
+    return source.trained()
