@@ -121,23 +121,23 @@ def test_reference_encoder_predicts_the_same_and_cannot_resume_a_fused_run(train
 
 
 def test_gradient_accumulation_makes_the_global_batch_and_the_steps(data, google_release, tmp_path):
-    """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, recorded in the run (with
-    --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay, --adversarial=pgd and
-    google-bert's recipe)."""
+    """640 examples, 2 towers x 8 x 2 accumulated = 32 a step: 20 steps an epoch, a quarter of one 5, recorded
+    in the run (with --layerwise_lr_decay, --class_weights=auto, --focal_gamma, --rdrop_alpha, --ema_decay,
+    --adversarial=pgd and google-bert's recipe, each step several passes: the steps are few)."""
     out = str(tmp_path / "acc")
-    proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=1",
-                       "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=7",
+    proc = run(*common(data, google_release, out, "--do_train", "--num_train_epochs=0.25",
+                       "--gradient_accumulation_steps=2", "--log_every_steps=10", "--num_warmup_steps=3",
                        "--layerwise_lr_decay=0.9", "--class_weights=auto", "--focal_gamma=2", "--rdrop_alpha=4",
                        "--length_buckets", "--adam_eps=1e-6", "--lr_schedule=google-bert", "--ema_decay=0.99",
                        "--adversarial=pgd", "--pgd_steps=2", "--adv_epsilon=0.5"))
     labels = [line.split("\t")[0] for line in open(os.path.join(data, "train.tsv"), encoding="utf-8")][1:]
     counts = {k: labels.count(k) for k in ("neg", "pos")}  # the weights: examples / (labels x count)
     assert "class weights: " + ", ".join(f"{k} {len(labels) / (2 * n):.4g}" for k, n in counts.items()) in proc.stderr
-    assert "20 steps of 32 (2 towers x 8 x 2 accumulation steps), warmup 7," in proc.stderr  # as given, in steps
+    assert "5 steps of 32 (2 towers x 8 x 2 accumulation steps), warmup 3," in proc.stderr  # as given, in steps
     with open(os.path.join(out, "bert_mgpu.json"), encoding="utf-8") as f:
         run_file = json.load(f)
-    assert run_file["global_step"] == 20 and run_file["settings"]["gradient_accumulation_steps"] == 2
-    assert run_file["settings"]["num_warmup_steps"] == run_file["train_config"]["num_warmup_steps"] == 7
+    assert run_file["global_step"] == 5 and run_file["settings"]["gradient_accumulation_steps"] == 2
+    assert run_file["settings"]["num_warmup_steps"] == run_file["train_config"]["num_warmup_steps"] == 3
     assert run_file["train_config"]["train_batch_size"] == 8  # the config as it ran: the per-tower batch resolved
     # --layerwise_lr_decay (its rates: test_optimization) is one of the run's settings, which a resume must share.
     assert run_file["settings"]["layerwise_lr_decay"] == run_file["train_config"]["layerwise_lr_decay"] == 0.9
