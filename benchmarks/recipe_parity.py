@@ -5,7 +5,7 @@ padding, the optimizer's weight decay and clipping, the head's precision), on pa
 dev+test.
 
     python benchmarks/recipe_parity.py --set=rotten_tomatoes --precision=float32 --seeds=1,2,3,4,5 [--every=3]
-    python benchmarks/recipe_parity.py --set=debates --precision=bf16
+    python benchmarks/recipe_parity.py --set=debates --precision=bf16 [--results=runs.jsonl]
 
 The recipe both are given (the issue's): 2 epochs, global batch 32, learning rate 5e-5, warmup 0.1 then linear
 decay, length 128. bert_mgpu: `BertClassifier.fit` on 2 CPU towers of 16 with its defaults (batches in
@@ -29,7 +29,9 @@ Ablations (issue 71 item 2): `--fit KEY=VALUE` passes a keyword to bert_mgpu's `
 `adam_epsilon=1e-6`, `lr_schedule=google-bert`: google-bert's choices, the defaults before issue 71; all
 three: `--fit=google-bert`). `--ablate` patches the library in this process for what `fit` has no keyword
 for: `weight_decay` (none, as transformers), `epsilon_form` (epsilon added to the bias-corrected sqrt(v), as
-torch's AdamW, not to sqrt(v), as Keras'). Each may be given more than once.
+torch's AdamW, not to sqrt(v), as Keras'); `step_count` gives bert_mgpu transformers' step count and warmup
+(each epoch's last partial batch a step: 58 steps and 6 of warmup on the debates' 901 texts, not 56 and 5).
+Each may be given more than once.
 
 LoRA against PEFT (issue 70 item 6; the classifier sets): `--lora=8 --learning_rate=1e-3` gives bert_mgpu
 `lora_rank=8, lora_alpha=16` on query and value and wraps transformers' model in PEFT's `LoraConfig` of the same
@@ -39,6 +41,7 @@ numbers (no adapter dropout); each draws its own A (B starts at 0 in both, so bo
 import argparse
 import gzip
 import io
+import json
 import math
 import os
 import shutil
@@ -138,6 +141,22 @@ def ablate(names):
         optimization.create_optimizer = functools.partial(optimization.create_optimizer, weight_decay=0.0)
 
 
+STEP_COUNT = False  # --ablate=step_count
+
+
+def counted(rows, keywords):
+    """`fit`'s epochs (and warmup): EPOCHS, or with --ablate=step_count the epochs that make bert_mgpu's
+    int(rows / batch x epochs) steps transformers' ceil(rows / batch) x EPOCHS (the last partial batch of each
+    epoch a step) with its ceil(0.1 x steps) warmup steps. bert_mgpu's batches stay full: its repeated data
+    fills the extra steps' batches from the next epoch."""
+    if not STEP_COUNT:
+        return {"epochs": EPOCHS}
+    if keywords.get("gradient_accumulation_steps", 1) != 1:
+        raise SystemExit("--ablate=step_count: not with gradient accumulation")
+    steps = math.ceil(rows / BATCH) * EPOCHS
+    return {"epochs": (steps + 0.5) * BATCH / rows, "num_warmup_steps": math.ceil(WARMUP * steps)}
+
+
 def fit_keywords(settings):
     """--fit KEY=VALUE, and --fit=google-bert (bert_mgpu's defaults before issue 71) -> `fit`'s keywords."""
     import ast
@@ -153,6 +172,29 @@ def fit_keywords(settings):
         except (ValueError, SyntaxError):
             out[key] = value
     return out
+
+
+class Results:
+    """--results: the runs kept, one JSON line each ({"run": its recipe, "score", "seconds"}); `get(run)` the
+    kept line of a run or None, `add(run, score, start)` appends one. A change to how bert_mgpu initializes
+    a head changes both frameworks' starting weights: start a new file then."""
+
+    def __init__(self, path):
+        self.path, self.lines = path, []
+        if path and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.lines = [json.loads(line) for line in f if line.strip()]
+
+    def get(self, run):
+        return next((line for line in self.lines if line["run"] == run), None)
+
+    def add(self, run, score, start):
+        line = {"run": run, "score": float(score), "seconds": round(time.time() - start, 1)}
+        if self.path:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(line) + "\n")
+        self.lines.append(line)
+        return line
 
 
 def initial_model(head, labels, seed, precision, directory):
@@ -174,8 +216,8 @@ def bert_mgpu_run(clf, train, held, seed, out, keywords):
     from bert_mgpu.data.tasks import Example
 
     rows = [Example(f"train-{i}", text, None, label) for i, (text, label) in enumerate(train)]
-    clf.fit(rows, out, epochs=EPOCHS, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
-            **keywords)
+    clf.fit(rows, out, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
+            **{**counted(len(rows), keywords), **keywords})
     probabilities = clf.predict([text for text, _ in held], batch_size=64)
     return float(np.mean([clf.labels[i] == label for i, (_, label) in zip(probabilities.argmax(1), held)]))
 
@@ -186,8 +228,8 @@ def bert_mgpu_tagger_run(tagger, train, held, seed, out, keywords):
     from bert_mgpu.data.tagged import Sentence
 
     rows = [Sentence(f"train-{i}", words, tags, 1) for i, (words, tags) in enumerate(train)]
-    tagger.fit(rows, out, epochs=EPOCHS, learning_rate=NER_LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
-               **keywords)
+    tagger.fit(rows, out, learning_rate=NER_LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
+               **{**counted(len(rows), keywords), **keywords})
     return entity_scores([tags for _, tags in held], tagger.predict_tags([w for w, _ in held], batch_size=64))["f1"]
 
 
@@ -323,13 +365,16 @@ def main():
     ap.add_argument("--held_every", type=int, default=None, help="every n-th held-out text (default: --every)")
     ap.add_argument("--fit", action="append", default=[], help="KEY=VALUE: a keyword of bert_mgpu's fit (e.g. "
                     "length_buckets=True); google-bert: its three defaults before issue 71 (%s)" % GOOGLE_BERT)
-    ap.add_argument("--ablate", action="append", default=[], choices=("weight_decay", "epsilon_form"))
+    ap.add_argument("--ablate", action="append", default=[], choices=("weight_decay", "epsilon_form", "step_count"))
     ap.add_argument("--lora", type=int, default=0, help="LoRA of this rank on both: bert_mgpu's --lora_rank, PEFT's "
                     "LoraConfig(r) (alpha 2 x rank, query and value, no dropout)")
     ap.add_argument("--learning_rate", type=float, default=None, help="the recipe's rate instead of 5e-5 (both)")
+    ap.add_argument("--results", default=None, help="a JSON-lines file of every run: a run it holds is read, not "
+                    "trained again (a transformers run is the same whatever bert_mgpu's --fit and --ablate)")
     args = ap.parse_args()
-    global LR
+    global LR, STEP_COUNT
     LR = args.learning_rate or LR
+    STEP_COUNT = "step_count" in args.ablate
     lora = (args.lora, 2.0 * args.lora, ("query", "value")) if args.lora else None
     ablate(args.ablate)
     keywords = fit_keywords(args.fit)
@@ -341,6 +386,8 @@ def main():
     train, held = SETS[args.set]()
     train, held = train[::args.every], held[::args.held_every or args.every]
     tagging = args.set == "ner"
+    if tagging and STEP_COUNT:  # a tagger's training rows are its windows, not the sentences transformers counts
+        raise SystemExit("--ablate=step_count: the sentence sets only")
     if tagging:
         from bert_mgpu.data.tagged import Sentence, tag_set
 
@@ -353,19 +400,30 @@ def main():
           f"bert_mgpu's fit with {keywords or 'its defaults'}{', patched: ' if args.ablate else ''}"
           f"{', '.join(args.ablate)}", flush=True)
     diffs = []
+    kept = Results(args.results)
+    recipe = {"set": args.set, "precision": args.precision, "every": args.every,
+              "held_every": args.held_every or args.every, "learning_rate": LR, "lora": args.lora}
     for seed in (int(s) for s in args.seeds.split(",")):
+        mine = {**recipe, "seed": seed, "framework": "bert_mgpu", "fit": sorted(args.fit),
+                "ablate": sorted(args.ablate)}
+        other = {**recipe, "seed": seed, "framework": "transformers"}
+        ours, theirs = kept.get(mine), kept.get(other)
         work = tempfile.mkdtemp()
         init = os.path.join(work, "init")
-        model = initial_model("BertTagger" if tagging else "BertClassifier", labels, seed, args.precision, init)
-        start = time.time()
-        ours = (bert_mgpu_tagger_run if tagging else bert_mgpu_run)(model, train, held, seed,
-                                                                     os.path.join(work, "run"), keywords)
-        middle = time.time()
-        theirs = (transformers_tagger_run(init, labels, train, held, seed, args.precision) if tagging else
-                  transformers_run(init, labels, train, held, seed, args.precision, lora))
-        diffs.append(ours - theirs)
-        print(f"seed {seed}: bert_mgpu {ours:.4f} ({middle - start:.0f} s), transformers {theirs:.4f} "
-              f"({time.time() - middle:.0f} s), difference {100 * (ours - theirs):+.2f} pt", flush=True)
+        if ours is None or theirs is None:  # both start from the head bert_mgpu initializes under the seed
+            model = initial_model("BertTagger" if tagging else "BertClassifier", labels, seed, args.precision, init)
+        if ours is None:
+            start = time.time()
+            ours = kept.add(mine, (bert_mgpu_tagger_run if tagging else bert_mgpu_run)(
+                model, train, held, seed, os.path.join(work, "run"), keywords), start)
+        if theirs is None:
+            start = time.time()
+            theirs = kept.add(other, transformers_tagger_run(init, labels, train, held, seed, args.precision)
+                              if tagging else transformers_run(init, labels, train, held, seed, args.precision, lora),
+                              start)
+        diffs.append(ours["score"] - theirs["score"])
+        print(f"seed {seed}: bert_mgpu {ours['score']:.4f} ({ours['seconds']:.0f} s), transformers "
+              f"{theirs['score']:.4f} ({theirs['seconds']:.0f} s), difference {100 * diffs[-1]:+.2f} pt", flush=True)
         shutil.rmtree(work)
     d = np.array(diffs)
     se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
