@@ -275,8 +275,8 @@ class BertClassifier(FineTuned):
     def trained(self) -> Trained:
         """The classifier as it is now, in the one shape every export writes."""
         return Trained("classifier", self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
-                              model_weights(self.model), list(self.labels), self.task_type, self.max_seq_length,
-                              bool(self.pairs), truncation=self.truncation, facts=self._window_facts())
+                       model_weights(self.model), list(self.labels), self.task_type, self.max_seq_length,
+                       bool(self.pairs), truncation=self.truncation, facts=self._window_facts())
 
     # ------------------------------------------------------------------ inference
     def _logits(self, examples, batch_size, source, verbose="auto"):

@@ -140,7 +140,7 @@ class BertMultipleChoice(FineTuned):
     def trained(self) -> Trained:
         """The model as it is now (its head as a one-label classifier's), in the shape every export writes."""
         return Trained(KIND, self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
-                              model_weights(self.model), [], self.objective.name, self.max_seq_length)
+                       model_weights(self.model), [], self.objective.name, self.max_seq_length)
 
     # ------------------------------------------------------------------ inference
     def scores(self, questions, batch_size: int = 8, verbose="auto", source="predict"):

@@ -257,7 +257,7 @@ class BertPretrainer:
         """The encoder and heads as they are now, in the shape every export writes."""
         weights = {**checkpoints.encoder_weights(self.model.backbone), **pretraining_model.head_weights(self.model)}
         return Trained("pretrainer", self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
-                              weights, max_seq_length=max_seq_length)
+                       weights, max_seq_length=max_seq_length)
 
     def save_finetune_checkpoint(self, directory: str, step: int, data: PretrainingData | None = None) -> str:
         """A bert_mgpu directory (encoder + heads, config, vocab) that run_classifier_mgpu.py loads

@@ -168,8 +168,8 @@ class BertQuestionAnswerer(FineTuned):
         """The question answerer as it is now (its head under run_squad's names, its settings as facts), in
         the shape every export writes."""
         return Trained(KIND, self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
-                              model_weights(self.model, GOOGLE_HEAD), [], self.objective.name, self.max_seq_length,
-                              facts=self._facts())
+                       model_weights(self.model, GOOGLE_HEAD), [], self.objective.name, self.max_seq_length,
+                       facts=self._facts())
 
     # ------------------------------------------------------------------ inference
     def logits(self, questions, batch_size: int = 8, verbose="auto", source="predict"):

@@ -211,8 +211,8 @@ class BertTagger(FineTuned):
         if transitions is not None:
             weights[CRF_WEIGHT] = np.asarray(transitions.numpy(), np.float32)
         return Trained("tagger", self.config, self.tokenizer.vocab_file, self.tokenizer.do_lower_case,
-                              weights, list(self.labels), self.objective.name, self.max_seq_length,
-                              facts={"doc_stride": self._stride()})
+                       weights, list(self.labels), self.objective.name, self.max_seq_length,
+                       facts={"doc_stride": self._stride()})
 
     # ------------------------------------------------------------------ inference
     def _tag_ids(self, sentences, batch_size, verbose, source):

@@ -14,15 +14,16 @@ NAMED = ("kind", "task_type")  # the keys whose values are kind names, at the to
 
 
 def current(record):
-    """`record` (a bert_mgpu.json, an export's facts) with its kind names as they are today; anything else,
-    or a record without old names, is returned as it is."""
-    if not isinstance(record, dict) or not any(_old(record.get(k)) for k in NAMED) and \
-            not (isinstance(record.get("settings"), dict) and any(_old(record["settings"].get(k)) for k in NAMED)):
+    """`record` (a bert_mgpu.json, an export's facts) with its kind names as they are today, in a copy; anything
+    else, or a record without old names, is returned as it is."""
+    if not isinstance(record, dict):
         return record
-    record = {**record, **{k: RENAMED[record[k]] for k in NAMED if _old(record.get(k))}}
+    renamed = {key: RENAMED[value] for key, value in record.items() if key in NAMED and _old(value)}
     if isinstance(record.get("settings"), dict):
-        record["settings"] = current(record["settings"])
-    return record
+        settings = current(record["settings"])
+        if settings is not record["settings"]:
+            renamed["settings"] = settings
+    return {**record, **renamed} if renamed else record
 
 
 def kind_of(run):
