@@ -188,7 +188,7 @@ def torch_adamw(model, learning_rate, steps, warmup_proportion):
 
 # What bert_mgpu's fit is told in a strictly paired run, so that its optimizer is `paired_torch_steps`' (the
 # defaults before issue 71).
-PAIRED_OPTIMIZER = {"adam_epsilon": 1e-6, "lr_schedule": "google-bert"}
+PAIRED_OPTIMIZER = {"adam_epsilon": 1e-6, "lr_schedule": "google-bert", "step_count": "google-bert"}
 
 
 def paired_torch_steps(model, batches, loss_of, learning_rate, warmup_proportion, log_every):

@@ -10,7 +10,8 @@ dev+test.
 The recipe both are given (the issue's): 2 epochs, global batch 32, learning rate 5e-5, warmup 0.1 then linear
 decay, length 128. bert_mgpu: `BertClassifier.fit` on 2 CPU towers of 16 with its defaults (batches in
 shuffled order, AdamW with weight decay 0.01 off LayerNorm and biases and epsilon 1e-8, linear decay from the
-peak at warmup's end, the gradient norm clipped at 1.0, google-bert's step count, full batches only).
+peak at warmup's end, the gradient norm clipped at 1.0, transformers' step count with full batches: an
+epoch's last batch goes on into the next pass).
 transformers: what its `Trainer` does by default (it needs `accelerate`, which is not installed here, so the
 loop is written out): `BertForSequenceClassification`, uniform shuffling seeded per epoch, padding to each
 batch's longest, torch's AdamW (weight decay 0, eps 1e-8), gradient norm clipped at 1.0, a linear schedule
@@ -26,12 +27,12 @@ word's first piece labelled), learning rate 1e-4 as make ner-demo, entity F1 on 
 Prints a row a seed and the paired mean difference (bert_mgpu - transformers) with its standard error.
 
 Ablations (issue 71 item 2): `--fit KEY=VALUE` passes a keyword to bert_mgpu's `fit` (`length_buckets=True`,
-`adam_epsilon=1e-6`, `lr_schedule=google-bert`: google-bert's choices, the defaults before issue 71; all
-three: `--fit=google-bert`). `--ablate` patches the library in this process for what `fit` has no keyword
-for: `weight_decay` (none, as transformers), `epsilon_form` (epsilon added to the bias-corrected sqrt(v), as
-torch's AdamW, not to sqrt(v), as Keras'); `step_count` gives bert_mgpu transformers' step count and warmup
-(each epoch's last partial batch a step: 58 steps and 6 of warmup on the debates' 901 texts, not 56 and 5).
-Each may be given more than once.
+`adam_epsilon=1e-6`, `lr_schedule=google-bert`, `step_count=google-bert`: google-bert's choices, the
+defaults before issue 71; all four: `--fit=google-bert`). `--ablate` patches the library in this process for
+what `fit` has no keyword for: `weight_decay` (none, as transformers), `epsilon_form` (epsilon added to the
+bias-corrected sqrt(v), as torch's AdamW, not to sqrt(v), as Keras'). Each may be given more than once.
+A kept bert_mgpu run is keyed by its step count too ("count"): runs before it became the default (NOTES 95,
+`--ablate=step_count` then) are kept under "count": "ceil".
 
 LoRA against PEFT (issue 70 item 6; the classifier sets): `--lora=8 --learning_rate=1e-3` gives bert_mgpu
 `lora_rank=8, lora_alpha=16` on query and value and wraps transformers' model in PEFT's `LoraConfig` of the same
@@ -118,6 +119,7 @@ NER_LR = 1e-4  # make ner-demo's rate
 
 
 from bert_mgpu.train.train_config import GOOGLE_BERT_RECIPE as GOOGLE_BERT  # noqa: E402
+from bert_mgpu.train.train_config import TrainConfig  # noqa: E402
 
 
 def ablate(names):
@@ -139,22 +141,6 @@ def ablate(names):
         optimization._adamw_program = torch_form
     if "weight_decay" in names:
         optimization.create_optimizer = functools.partial(optimization.create_optimizer, weight_decay=0.0)
-
-
-STEP_COUNT = False  # --ablate=step_count
-
-
-def counted(rows, keywords):
-    """`fit`'s epochs (and warmup): EPOCHS, or with --ablate=step_count the epochs that make bert_mgpu's
-    int(rows / batch x epochs) steps transformers' ceil(rows / batch) x EPOCHS (the last partial batch of each
-    epoch a step) with its ceil(0.1 x steps) warmup steps. bert_mgpu's batches stay full: its repeated data
-    fills the extra steps' batches from the next epoch."""
-    if not STEP_COUNT:
-        return {"epochs": EPOCHS}
-    if keywords.get("gradient_accumulation_steps", 1) != 1:
-        raise SystemExit("--ablate=step_count: not with gradient accumulation")
-    steps = math.ceil(rows / BATCH) * EPOCHS
-    return {"epochs": (steps + 0.5) * BATCH / rows, "num_warmup_steps": math.ceil(WARMUP * steps)}
 
 
 def fit_keywords(settings):
@@ -217,7 +203,7 @@ def bert_mgpu_run(clf, train, held, seed, out, keywords):
 
     rows = [Example(f"train-{i}", text, None, label) for i, (text, label) in enumerate(train)]
     clf.fit(rows, out, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
-            **{**counted(len(rows), keywords), **keywords})
+            epochs=EPOCHS, **keywords)
     probabilities = clf.predict([text for text, _ in held], batch_size=64)
     return float(np.mean([clf.labels[i] == label for i, (_, label) in zip(probabilities.argmax(1), held)]))
 
@@ -229,7 +215,7 @@ def bert_mgpu_tagger_run(tagger, train, held, seed, out, keywords):
 
     rows = [Sentence(f"train-{i}", words, tags, 1) for i, (words, tags) in enumerate(train)]
     tagger.fit(rows, out, learning_rate=NER_LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
-               **{**counted(len(rows), keywords), **keywords})
+               epochs=EPOCHS, **keywords)
     return entity_scores([tags for _, tags in held], tagger.predict_tags([w for w, _ in held], batch_size=64))["f1"]
 
 
@@ -365,16 +351,15 @@ def main():
     ap.add_argument("--held_every", type=int, default=None, help="every n-th held-out text (default: --every)")
     ap.add_argument("--fit", action="append", default=[], help="KEY=VALUE: a keyword of bert_mgpu's fit (e.g. "
                     "length_buckets=True); google-bert: its three defaults before issue 71 (%s)" % GOOGLE_BERT)
-    ap.add_argument("--ablate", action="append", default=[], choices=("weight_decay", "epsilon_form", "step_count"))
+    ap.add_argument("--ablate", action="append", default=[], choices=("weight_decay", "epsilon_form"))
     ap.add_argument("--lora", type=int, default=0, help="LoRA of this rank on both: bert_mgpu's --lora_rank, PEFT's "
                     "LoraConfig(r) (alpha 2 x rank, query and value, no dropout)")
     ap.add_argument("--learning_rate", type=float, default=None, help="the recipe's rate instead of 5e-5 (both)")
     ap.add_argument("--results", default=None, help="a JSON-lines file of every run: a run it holds is read, not "
                     "trained again (a transformers run is the same whatever bert_mgpu's --fit and --ablate)")
     args = ap.parse_args()
-    global LR, STEP_COUNT
+    global LR
     LR = args.learning_rate or LR
-    STEP_COUNT = "step_count" in args.ablate
     lora = (args.lora, 2.0 * args.lora, ("query", "value")) if args.lora else None
     ablate(args.ablate)
     keywords = fit_keywords(args.fit)
@@ -386,8 +371,6 @@ def main():
     train, held = SETS[args.set]()
     train, held = train[::args.every], held[::args.held_every or args.every]
     tagging = args.set == "ner"
-    if tagging and STEP_COUNT:  # a tagger's training rows are its windows, not the sentences transformers counts
-        raise SystemExit("--ablate=step_count: the sentence sets only")
     if tagging:
         from bert_mgpu.data.tagged import Sentence, tag_set
 
@@ -405,7 +388,7 @@ def main():
               "held_every": args.held_every or args.every, "learning_rate": LR, "lora": args.lora}
     for seed in (int(s) for s in args.seeds.split(",")):
         mine = {**recipe, "seed": seed, "framework": "bert_mgpu", "fit": sorted(args.fit),
-                "ablate": sorted(args.ablate)}
+                "ablate": sorted(args.ablate), "count": TrainConfig.make(None, **keywords).step_count}
         other = {**recipe, "seed": seed, "framework": "transformers"}
         ours, theirs = kept.get(mine), kept.get(other)
         work = tempfile.mkdtemp()

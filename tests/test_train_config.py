@@ -29,8 +29,23 @@ def test_warmup_given_as_steps_is_those_steps():
     """29 warmup steps of 100 were 28 when they travelled as a proportion (int(100 x 0.29) = 28)."""
     assert int(100 * (29 / 100)) == 28
     assert TrainConfig(num_warmup_steps=29).warmup_steps(100) == 29
-    assert TrainConfig(warmup_proportion=0.1).warmup_steps(1000) == 100  # google-bert's int(steps x proportion)
+    assert TrainConfig(warmup_proportion=0.1).warmup_steps(1000) == 100
     assert TrainConfig(warmup_proportion=0.1, num_warmup_steps=0).warmup_steps(1000) == 0
+
+
+def test_steps_are_counted_as_transformers_counts_them_or_as_google_bert():
+    """901 debate statements at global batch 32 for 2 epochs (benchmarks/NOTES.md item 95): transformers'
+    Trainer takes ceil(901 / 32) = 29 steps an epoch, 58 in all, and ceil(5.8) = 6 of warmup; google-bert's
+    run_classifier int(901 / 32 x 2) = 56 and int(5.6) = 5."""
+    ceil, google = TrainConfig(epochs=2), TrainConfig(epochs=2, step_count="google-bert")
+    assert ceil.steps(901, 32) == (29, 58) and ceil.warmup_steps(58) == 6
+    per_epoch, steps = google.steps(901, 32)
+    assert per_epoch == pytest.approx(28.15625) and steps == 56 and google.warmup_steps(56) == 5
+    # A fraction of an epoch is its share of the epoch's steps, rounded up; a float's error is no extra step.
+    assert TrainConfig(epochs=0.3).steps(100, 10) == (10, 3) and TrainConfig(epochs=0.25).steps(901, 32)[1] == 8
+    assert TrainConfig(warmup_proportion=0.3).warmup_steps(10) == 3
+    # Divisible data: both counts agree (the suite's tiny runs keep their steps).
+    assert ceil.steps(640, 16)[1] == google.steps(640, 16)[1] == 80 and ceil.warmup_steps(80) == 8
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -43,6 +58,7 @@ def test_warmup_given_as_steps_is_those_steps():
     ({"load_best_model_at_end": True}, "--load_best_model_at_end and --early_stopping_patience need evaluation"),
     ({"adam_epsilon": 0.0}, "--adam_eps=0.0: must be a finite number above 0"),
     ({"lr_schedule": "cosine"}, "--lr_schedule=cosine: expected one of linear, google-bert"),
+    ({"step_count": "floor"}, "--step_count=floor: expected one of ceil, google-bert"),
 ])
 def test_a_setting_no_run_can_use_is_one_line_naming_its_flag(fields, message):
     with pytest.raises(UserError) as e:
@@ -65,8 +81,8 @@ def test_settings_keep_the_keys_and_values_old_run_directories_recorded(kind):
         mine = config.settings(recorded["global_batch"])
     # Keys recorded since (issue 71's batching, epsilon and schedule) are LATER_SETTINGS: an old run lacks them.
     later = set(mine) - set(recorded)
-    assert later <= LATER_SETTINGS and later == ({"length_buckets", "adam_eps", "lr_schedule"} if kind == "classifier"
-                                                  else set())
+    assert later <= LATER_SETTINGS and later == (
+        {"length_buckets", "adam_eps", "lr_schedule", "step_count"} if kind == "classifier" else set())
     assert {k: recorded[k] for k in mine if k not in later} == {k: v for k, v in mine.items() if k not in later}
     # A field left at its default adds no key an old run lacks (gradient accumulation 1, no warmup steps).
     assert "num_warmup_steps" not in mine and "gradient_accumulation_steps" not in mine
@@ -83,11 +99,17 @@ def test_class_weights_are_recorded_the_same_however_given():
 
 
 def test_a_run_recorded_before_the_recipe_settings_resumes_with_google_berts_recipe():
-    """The golden classifier run was trained with length buckets, epsilon 1e-6 and google-bert's schedule
-    (the defaults then); resuming it keeps them. A run that recorded them, or none, keeps the config."""
+    """The golden classifier run was trained with length buckets, epsilon 1e-6, google-bert's schedule and
+    step count (the defaults then); resuming it keeps them. A run that recorded the first three but not the
+    step count (issue 71's first change) keeps google-bert's count. A run that recorded them all, or none,
+    keeps the config."""
     recorded = json.load(open(os.path.join(GOLDEN, "classifier", "out", "bert_mgpu.json")))["settings"]
     config = TrainConfig(seed=3)
-    assert (config.length_buckets, config.adam_epsilon, config.lr_schedule) == (False, 1e-8, "linear")
+    assert (config.length_buckets, config.adam_epsilon, config.lr_schedule, config.step_count) == (
+        False, 1e-8, "linear", "ceil")
     old = config.resuming(recorded)
-    assert (old.length_buckets, old.adam_epsilon, old.lr_schedule, old.seed) == (True, 1e-6, "google-bert", 3)
+    assert (old.length_buckets, old.adam_epsilon, old.lr_schedule, old.step_count, old.seed) == (
+        True, 1e-6, "google-bert", "google-bert", 3)
+    between = {k: v for k, v in config.settings(8).items() if k != "step_count"}
+    assert config.resuming(between) == dataclasses.replace(config, step_count="google-bert")
     assert config.resuming(None) == config and config.resuming(config.settings(8)) == config

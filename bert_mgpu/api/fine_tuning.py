@@ -256,7 +256,7 @@ class FineTuned:
         dev = None if dev is None else self._as_dev(dev)
         per_tower, accum = int(config.train_batch_size or self.train_batch_size), config.gradient_accumulation_steps
         global_batch = self.towers.batch(per_tower) * accum
-        num_steps = int(rows / global_batch * config.epochs)
+        per_epoch, num_steps = config.steps(rows, global_batch)
         if num_steps < 1:
             raise UserError(f"{rows} training {self.unit} make no step at global batch {global_batch} "
                             f"x {config.epochs} epochs")
@@ -270,7 +270,7 @@ class FineTuned:
             "precision": self.policy, **run_dir.encoder_setting(self.fused_encoder),
             **run_dir.vocab_setting(self.tokenizer.vocab_file),
             **self._head_settings(), **getattr(self.loss_wrapper, "settings", {}), **(settings or {})}
-        every = evaluation_every(config.evaluation_strategy, config.eval_every_steps, num_steps / config.epochs)
+        every = evaluation_every(config.evaluation_strategy, config.eval_every_steps, per_epoch)
         if (every or config.load_best_model_at_end or config.early_stopping_patience) and not dev:
             raise UserError("evaluation during training (--evaluation_strategy, --eval_every_steps, "
                             "--load_best_model_at_end, --early_stopping_patience) needs dev examples")

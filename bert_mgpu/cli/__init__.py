@@ -336,8 +336,8 @@ def train_config(f):
         layerwise_lr_decay=f.layerwise_lr_decay, class_weights=f.class_weights, focal_gamma=f.focal_gamma,
         rdrop_alpha=f.rdrop_alpha, adversarial=f.adversarial, adv_epsilon=f.adv_epsilon,
         pgd_steps=f.pgd_steps, pgd_alpha=f.pgd_alpha,
-        length_buckets=f.length_buckets, adam_epsilon=f.adam_eps, lr_schedule=f.lr_schedule, ema_decay=f.ema_decay,
-        ema_for_eval=f.ema_for_eval, lora_rank=f.lora_rank, lora_alpha=f.lora_alpha,
+        length_buckets=f.length_buckets, adam_epsilon=f.adam_eps, lr_schedule=f.lr_schedule, step_count=f.step_count,
+        ema_decay=f.ema_decay, ema_for_eval=f.ema_for_eval, lora_rank=f.lora_rank, lora_alpha=f.lora_alpha,
         lora_targets=tuple(f.lora_targets), **_loop_flags(f))
 
 

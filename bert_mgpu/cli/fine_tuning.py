@@ -35,7 +35,8 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
     for kind in ("train", "eval", "predict"):  # the same flags, named for what they are
         flags.DEFINE_alias(f"per_tower_{kind}_batch_size", f"{kind}_batch_size")
     flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate of AdamW.")
-    flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; steps = examples / global batch x epochs.")
+    flags.DEFINE_float("num_train_epochs", 3.0, "Epochs; each ceil(examples / global batch) steps "
+                       "(--step_count).")
     flags.DEFINE_float("warmup_proportion", 0.1, "Share of the steps with linear warmup.")
     flags.DEFINE_float("layerwise_lr_decay", 1.0, "Layer-wise learning-rate decay (Sun et al. 2019): each encoder "
                        "layer learns at the rate of the one above it times this, the embeddings lowest, the head at "
@@ -71,6 +72,9 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
     flags.DEFINE_integer("num_warmup_steps", None, "Warmup steps as given (wins over --warmup_proportion).")
     flags.DEFINE_enum("lr_schedule", "linear", ["linear", "google-bert"], "After warmup: linear decay from the peak "
                       "to 0 (linear, transformers'), or google-bert's line from step 0, which starts below the peak.")
+    flags.DEFINE_enum("step_count", "ceil", ["ceil", "google-bert"], "Steps an epoch: ceil(examples / global batch), "
+                      "as if the last partial batch were a step, warmup rounded up (ceil, transformers'), or "
+                      "google-bert's int(examples / batch x epochs) steps, warmup rounded down.")
     flags.DEFINE_bool("length_buckets", False, "Batch training rows of similar lengths together: faster steps, "
                       "but each batch leans to the labels of its lengths (3.7 points lost on news titles, "
                       "benchmarks/NOTES.md). Default: batches in shuffled order.")

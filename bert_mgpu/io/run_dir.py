@@ -163,8 +163,10 @@ def check_same_run(directory, settings, overwrite=False, remove=True):
     return True
 
 
-# Settings runs record since a version: a run written before resumes (with the new default, for the last three).
-LATER_SETTINGS = {"vocab_sha256", "num_warmup_steps", "length_buckets", "adam_eps", "lr_schedule", "student_init"}
+# Settings runs record since a version: a run written before resumes (length_buckets, adam_eps, lr_schedule and
+# step_count with what it was trained with: TrainConfig.resuming).
+LATER_SETTINGS = {"vocab_sha256", "num_warmup_steps", "length_buckets", "adam_eps", "lr_schedule", "step_count",
+                  "student_init"}
 
 
 def vocab_setting(vocab_file):

@@ -95,8 +95,15 @@ def _recorded(weights):
 
 
 LR_SCHEDULES = ("linear", "google-bert")
-# bert_mgpu's fine-tuning defaults before benchmarks/NOTES.md item 83, google-bert's.
-GOOGLE_BERT_RECIPE = {"length_buckets": True, "adam_epsilon": 1e-6, "lr_schedule": "google-bert"}
+STEP_COUNTS = ("ceil", "google-bert")
+# bert_mgpu's fine-tuning defaults before benchmarks/NOTES.md items 83 and 95, google-bert's.
+GOOGLE_BERT_RECIPE = {"length_buckets": True, "adam_epsilon": 1e-6, "lr_schedule": "google-bert",
+                      "step_count": "google-bert"}
+
+
+def _ceil(x):
+    """ceil of a product of floats without its rounding error: 10 x 0.3 is 3 steps, not 4."""
+    return math.ceil(round(x, 9))
 
 
 def check_layerwise_lr_decay(value):
@@ -130,8 +137,8 @@ class TrainConfig(LoopConfig):
     """A fine-tuning run (google-bert's run_classifier flags, Hugging Face's for evaluation while training).
 
     Args:
-        epochs: passes over the training data; steps = examples / global batch x epochs.
-        warmup_proportion: share of the steps with linear warmup, as google-bert.
+        epochs: passes over the training data (how they make steps: step_count).
+        warmup_proportion: share of the steps with linear warmup.
         num_warmup_steps: warmup steps as given (wins over warmup_proportion).
         train_batch_size: per tower; None: the model's (its towers', or what `auto_batch_size` found).
         gradient_accumulation_steps: batches each tower runs per step, their gradients averaged.
@@ -161,6 +168,10 @@ class TrainConfig(LoopConfig):
         adam_epsilon: AdamW's epsilon (transformers' 1e-8; google-bert's is 1e-6).
         lr_schedule: "linear": after warmup, linear decay from the peak to 0 (transformers'); "google-bert":
             google-bert's line from step 0, which starts at peak x (1 - warmup share) after warmup.
+        step_count: "ceil": an epoch is ceil(examples / global batch) steps, as if its last partial batch
+            were a step (transformers' Trainer, Keras' fit), and warmup ceil(warmup share x steps) (batches
+            stay full: the last one of a pass goes on into the next); "google-bert": int(examples / global
+            batch x epochs) steps and int(share x steps) of warmup, google-bert's run_classifier.
         ema_decay: keep an exponential moving average of the weights, each step average = decay x average
             + (1 - decay) x weights (Keras' `use_ema`, bert4keras' ExponentialMovingAverage); 0: none.
         ema_for_eval: with ema_decay, evaluate and keep in best/ the averaged weights, and end the run with
@@ -170,8 +181,9 @@ class TrainConfig(LoopConfig):
             intermediate, output) scaled by alpha / rank (alpha: default the rank), trained with the head;
             the run ends with them added into the encoder. 0: no adapters.
 
-    The last three defaults are transformers', not google-bert's: with google-bert's, the same MiniLM
-    fine-tuned on news titles scored 6 points below transformers (benchmarks/NOTES.md items 82 and 83).
+    The last four defaults are transformers', not google-bert's: with google-bert's, the same MiniLM
+    fine-tuned on news titles scored 6 points below transformers (benchmarks/NOTES.md items 82 and 83), and
+    google-bert's step count alone cost 1.1 points on debate statements (item 95).
     """
 
     epochs: float = 3.0
@@ -199,6 +211,7 @@ class TrainConfig(LoopConfig):
     length_buckets: bool = False
     adam_epsilon: float = 1e-8
     lr_schedule: str = "linear"
+    step_count: str = "ceil"
     ema_decay: float = 0.0
     ema_for_eval: bool = True
     lora_rank: int = 0
@@ -229,6 +242,8 @@ class TrainConfig(LoopConfig):
         self.lora  # noqa: B018 (checked)
         if self.lr_schedule not in LR_SCHEDULES:
             raise UserError(f"--lr_schedule={self.lr_schedule}: expected one of {', '.join(LR_SCHEDULES)}")
+        if self.step_count not in STEP_COUNTS:
+            raise UserError(f"--step_count={self.step_count}: expected one of {', '.join(STEP_COUNTS)}")
         if not (math.isfinite(self.adam_epsilon) and self.adam_epsilon > 0):
             raise UserError(f"--adam_eps={self.adam_epsilon}: must be a finite number above 0")
         check_layerwise_lr_decay(self.layerwise_lr_decay)
@@ -257,21 +272,37 @@ class TrainConfig(LoopConfig):
     def resuming(self, recorded):
         """The config to resume a run whose bert_mgpu.json recorded `recorded` (its settings, or None for no
         run) with: one written before length_buckets, adam_eps and lr_schedule were settings was trained with
-        google-bert's three, and keeps them to its end (tests/test_golden.py resumes such a run)."""
-        if recorded is None or "length_buckets" in recorded:
+        google-bert's recipe, one written before step_count with google-bert's count, and each keeps it to its
+        end (tests/test_golden.py resumes such a run)."""
+        if recorded is None:
             return self
-        return dataclasses.replace(self, **GOOGLE_BERT_RECIPE)
+        if "length_buckets" not in recorded:
+            return dataclasses.replace(self, **GOOGLE_BERT_RECIPE)
+        if "step_count" not in recorded:
+            return dataclasses.replace(self, step_count="google-bert")
+        return self
 
     @property
     def evaluates(self):
         """Whether the run evaluates on dev while it trains."""
         return self.evaluation_strategy != "no" or bool(self.eval_every_steps)
 
+    def steps(self, examples, global_batch):
+        """(steps an epoch, steps of the run) for this many training examples at this global batch, as
+        step_count counts them; google-bert's epoch is a fraction of steps."""
+        if self.step_count == "google-bert":
+            return examples / global_batch, int(examples / global_batch * self.epochs)
+        per_epoch = math.ceil(examples / global_batch)
+        return per_epoch, _ceil(per_epoch * self.epochs)
+
     def warmup_steps(self, num_steps):
-        """num_warmup_steps as given, else google-bert's int(steps x warmup_proportion)."""
+        """num_warmup_steps as given, else warmup_proportion of the steps, rounded up (or down, google-bert's
+        int, with step_count="google-bert")."""
         if self.num_warmup_steps is not None:
             return int(self.num_warmup_steps)
-        return int(num_steps * self.warmup_proportion)
+        if self.step_count == "google-bert":
+            return int(num_steps * self.warmup_proportion)
+        return _ceil(num_steps * self.warmup_proportion)
 
     def settings(self, per_tower_batch):
         """What a resumed run must share with the first, under the keys run directories have recorded."""
@@ -292,7 +323,7 @@ class TrainConfig(LoopConfig):
                 **({"ema_decay": self.ema_decay, "ema_for_eval": bool(self.ema_for_eval)} if self.ema_decay else {}),
                 **(self.lora.settings() if self.lora else {}),
                 "length_buckets": bool(self.length_buckets), "adam_eps": self.adam_epsilon,
-                "lr_schedule": self.lr_schedule}
+                "lr_schedule": self.lr_schedule, "step_count": self.step_count}
 
 
 @dataclasses.dataclass
