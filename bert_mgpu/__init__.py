@@ -29,7 +29,9 @@ _HOMES = {"BertClassifier": "api.classifier", "Distiller": "api.distiller", "Ber
           "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",
           "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad",
           "BertMultipleChoice": "api.multiple_choice", "read_choices": "data.choices",
-          "ChoiceQuestion": "data.choices", "load_exported": "io.exported", "Exported": "io.exported",
+          "ChoiceQuestion": "data.choices", "BertGlobalPointer": "api.global_pointer", "read_spans": "data.span_input",
+          "entity_types": "data.span_input", "SpanSentence": "data.span_input",
+          "load_exported": "io.exported", "Exported": "io.exported",
           "ExportedTagger": "io.exported_tagger", "ExportedQuestionAnswerer": "io.exported_qa",
           "ExportedMultipleChoice": "io.exported_choice"}
 __all__ = sorted(_HOMES)

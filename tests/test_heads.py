@@ -3,6 +3,7 @@ kind's string."""
 
 import ast
 import os
+import types
 
 import numpy as np
 import pytest
@@ -33,8 +34,8 @@ def test_no_io_module_compares_a_kind_or_looks_for_a_crf_attribute():
 
 
 def test_every_kind_a_run_or_export_records_has_one_head_and_an_unknown_one_is_refused():
-    assert [h.name for h in heads.HEADS.values()] == ["classifier", "tagger", "question_answerer", "multiple_choice",
-                                                     "pretrainer"]
+    assert [h.name for h in heads.HEADS.values()] == list(heads.HEADS)  # a head is registered under its name
+    assert {"classifier", "tagger", "question_answerer", "multiple_choice", "pretrainer"} <= set(heads.HEADS)
     assert heads.head_for("pretraining") is heads.head_for("pretrainer")  # an older pretraining run's kind
     with pytest.raises(UserError, match="unknown head kind 'ranker'; expected one of classifier, tagger"):
         heads.head_for("ranker")
@@ -54,8 +55,12 @@ def test_a_kind_has_one_name_and_runs_and_exports_written_under_the_old_names_re
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 
+    made = types.SimpleNamespace(weights={}, labels=["A"], facts={})  # what a head asks of a Trained
+    for name, head in heads.HEADS.items():  # every head's objective, a new head's too, has the head's name
+        if name not in ("classifier", "pretrainer"):
+            assert head.objective(made).name == name
     named = {o.name for o in (TokenClassification, CRFTagging, SpanExtraction, MultipleChoice, MaskedLanguageModel)}
-    assert named == set(heads.HEADS) - {"classifier"}
+    assert named == {"tagger", "question_answerer", "multiple_choice", "pretrainer"}
     assert set(KINDS) == {"classification", "regression", "multi_label"} and not set(KINDS) & set(heads.HEADS)
 
     tagger = tmp_path / "tagger"
@@ -111,7 +116,9 @@ def test_each_head_with_predictions_has_one_served_reader_and_it_registered_itse
     """load_exported picks a served export's reader from the readers' own `reads`, not from a table of kinds."""
     from bert_mgpu.io import exported, served
 
-    assert set(served.READERS) == set(heads.HEADS) - {"pretrainer"}
+    served_formats = {"saved_model", "onnx", "onnx_int8", "tflite"}  # what load_exported reads back
+    assert set(served.READERS) == {name for name, head in heads.HEADS.items()
+                                   if set(head.formats) & served_formats} - {"pretrainer"}
     assert all(issubclass(r, served.Served) and r.reads == kind for kind, r in served.READERS.items())
     assert served.READERS["classifier"] is exported.Exported
 

@@ -158,11 +158,13 @@ def heads_mixed_float16(setup, steps=3):
     the hidden-state and attention losses too), --teacher_logits' (a classifier student taught by outputs the
     batch carries, no teacher run), --ema_decay's (a classifier's moving averages updated on each
     GPU after its step), --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings) and
-    --lora_rank's (adapters on every dense kernel) and an ELECTRA's (embeddings half as wide, projected); each
-    trained on every tower: finite losses, towers bit-equal
-    after (the averages too, the teacher and LoRA's frozen encoder as they were)."""
+    --lora_rank's (adapters on every dense kernel), an ELECTRA's (embeddings half as wide, projected) and every
+    registered head's own probe (`Head.gpu_probe`: GlobalPointer's nested spans); each trained on every tower:
+    finite losses, towers bit-equal after (the averages too, the teacher and LoRA's frozen encoder as they
+    were)."""
     import tensorflow as tf
 
+    from bert_mgpu.io.heads import HEADS
     from bert_mgpu.model import lora, modeling
     from bert_mgpu.model.adversarial import with_adversarial
     from bert_mgpu.model.choice_objectives import MultipleChoice
@@ -208,6 +210,10 @@ def heads_mixed_float16(setup, steps=3):
     electra = dataclasses.replace(tiny, model_type="electra", embedding_size=tiny.hidden_size // 2)
     heads["electra"] = (lambda: modeling.build_classifier(electra, 2, "mixed_float16"), Classification().loss,
                         features, np.arange(rows) % 2)
+    for head in HEADS.values():  # a registered head's own (io/heads.py: GlobalPointer's): it joins by itself
+        probe = head.gpu_probe(tiny, rows, seq)
+        if probe is not None:
+            heads[head.name] = (probe[0], probe[1], features, probe[2])
     out, ok = {}, True
     for name, (build, loss, features, labels) in heads.items():
         with strategy.scope():

@@ -8,6 +8,7 @@ Example:
     spec.build(trained)     # the unfused Keras model with the trained weights
 """
 
+import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
@@ -16,6 +17,8 @@ from bert_mgpu.io.span_serving import span_endpoint
 from bert_mgpu.io.tag_serving import tagger_endpoint
 from bert_mgpu.model import modeling
 from bert_mgpu.model.choice_objectives import MultipleChoice
+from bert_mgpu.model.global_pointer import build_global_pointer
+from bert_mgpu.model.global_pointer_objective import GlobalPointerObjective
 from bert_mgpu.model.objectives import objective
 from bert_mgpu.model.span_objectives import GOOGLE_HEAD, SpanExtraction
 from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
@@ -84,6 +87,12 @@ class Head:
         tf.Variable} of any weight it reads besides the model's. `text_endpoint(pairs)` is serving.py's
         for a text (or pair) in, the ids graph's outputs out."""
         raise UserError(f"--export_format=saved_model: {self.noun} exports as {' or '.join(self.formats)}")
+
+    def gpu_probe(self, config, rows, seq):
+        """What `make gpu-check`'s heads check (cli/checks_gpu.py) trains for this head in mixed_float16 on
+        every GPU, on `rows` full rows of `seq` tokens: (build() -> its Keras model, the training loss, labels
+        [rows, ...]), or None for a head that check names itself. A new head gives one and joins the check."""
+        return None
 
     def check_format(self, format):
         if format not in self.formats:
@@ -193,6 +202,37 @@ class ChoiceHead(Head):
         return modeling.build_choice_model(trained.config, precision, fused=False)
 
 
+class GlobalPointerHead(Head):
+    """A score for every span of every entity type (model/global_pointer.py): one dense layer of types x 2 x
+    head_size units on every token, google-bert's output_weights/output_bias, the types as its labels."""
+
+    name = "global_pointer"
+    noun = "a GlobalPointer"
+    formats = ("google",)
+    why_not = " (transformers and keras-hub have no GlobalPointer head; its serving graphs are not written yet)"
+    labelled = True
+
+    def objective(self, trained):
+        return GlobalPointerObjective().read_as(types=tuple(trained.labels))
+
+    def num_outputs(self, trained):
+        return trained.weights[self.weights[0]].shape[0]
+
+    def gpu_probe(self, config, rows, seq):
+        """Two types, head size 16; each row a span of type row % 2, and on even rows a second span over the
+        whole row around it (nested)."""
+        first = np.arange(rows) % (seq - 2)
+        labels = np.full((rows, 2, 3), -1, np.int32)
+        labels[:, 0] = np.stack([np.arange(rows) % 2, first, first + 2], 1)
+        labels[::2, 1] = (1, 0, seq - 1)
+        return (lambda: build_global_pointer(config, 2, 16, "mixed_float16"), GlobalPointerObjective().loss, labels)
+
+    def _build(self, trained, precision):
+        types = len(trained.labels)
+        return build_global_pointer(trained.config, types, self.num_outputs(trained) // (2 * types), precision,
+                                    fused=False)
+
+
 class EncoderHead(Head):
     """A pretrained encoder, with any pretraining heads (masked LM, next sentence) its weights hold."""
 
@@ -218,7 +258,8 @@ class EncoderHead(Head):
         return (*text_endpoint(False), {})
 
 
-HEADS = {head.name: head for head in (ClassifierHead(), TaggerHead(), SpanHead(), ChoiceHead(), EncoderHead())}
+HEADS = {head.name: head for head in (ClassifierHead(), TaggerHead(), SpanHead(), ChoiceHead(), GlobalPointerHead(),
+                                      EncoderHead())}
 
 
 def head_for(kind):

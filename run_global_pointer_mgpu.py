@@ -1,0 +1,106 @@
+"""GlobalPointer NER (nested and overlapping entities) on every GPU, with run_ner_mgpu.py's flags.
+
+    python run_global_pointer_mgpu.py --data_dir=data/cluener --init_checkpoint=chinese_L-12_H-768_A-12 \
+        --output_dir=out --do_train=true --do_eval=true --do_predict=true --n_gpus=4
+
+train/dev/test files in --data_dir: CLUENER's JSON lines (overlapping entities kept), JSON lines of
+{"tokens": [...], "entities": [{"type", "start", "end"}]} (token indices, end exclusive; entities may nest),
+or any file run_ner_mgpu.py reads (its tags as entities). A thin wrapper over `bert_mgpu.BertGlobalPointer`;
+a user mistake ends in one line and exit status 1.
+"""
+
+import time
+
+from absl import app, flags
+
+import run_ner_mgpu  # noqa: F401 (its flags are this script's: --data_format, --doc_stride, --labels, ...)
+from bert_mgpu.cli import fine_tuning
+
+FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(run_ner_mgpu)
+flags.DEFINE_integer("head_size", None, "Each entity type's query and key width (bert4keras' head_size; default: "
+                     "the checkpoint's, else 64).")
+
+
+def run():
+    import bert_mgpu
+    from bert_mgpu import cli
+    from bert_mgpu.core import storage
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.data import span_input, tagged
+    from bert_mgpu.io import outputs
+    from bert_mgpu.io.heads import head_for
+    from bert_mgpu.parallel import precision
+
+    started = time.monotonic()
+    cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1, "head_size": 2},
+                      positive=fine_tuning.POSITIVE, fraction=("warmup_proportion",))
+    if FLAGS.crf:
+        raise UserError("--crf: a GlobalPointer scores spans, not tag sequences; use run_ner_mgpu.py for a CRF")
+    formats = head_for("global_pointer").formats
+    for fmt in FLAGS.export_format if FLAGS.do_export else ():
+        if fmt not in formats:  # before any training
+            raise UserError(f"--export_format={fmt}: run_global_pointer_mgpu.py exports {', '.join(formats)}")
+    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
+                        lambda plan: FLAGS.train_batch_size,
+                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    if begun is None:
+        return
+    towers, exports = begun
+    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
+    files = {split: tagged.find_split(FLAGS.data_dir, split) for split, wanted in (
+        ("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch), ("test", FLAGS.do_predict)) if wanted}
+    options = {} if FLAGS.data_format == "auto" else {"data_format": FLAGS.data_format}
+    read = {split: span_input.read_spans(path, FLAGS.invalid_utf8, split, tag_column=FLAGS.tag_column,
+                                         tag_map=run_ner_mgpu._tag_map(), **options) for split, path in files.items()}
+    train, dev, test = read.get("train"), read.get("dev"), read.get("test")
+    for split, rows in (("train", train), ("dev", dev)):
+        if rows is not None and any(s.entities is None for s in rows):
+            raise UserError(f"{files[split]}: has no entities (tags, CLUENER's \"label\" or \"entities\")")
+    types = FLAGS.labels or (span_input.entity_types(train) if train else None)
+    init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
+    given_length = FLAGS["max_seq_length"].present or FLAGS.do_train  # else the run directory's windows
+    gp = bert_mgpu.BertGlobalPointer.from_pretrained(
+        init, types=types, towers=towers, precision=FLAGS.precision,
+        max_seq_length=FLAGS.max_seq_length if given_length else None, do_lower_case=FLAGS.do_lower_case,
+        bert_config_file=FLAGS.bert_config_file, vocab_file=FLAGS.vocab_file, fused_encoder=FLAGS.fused_encoder,
+        doc_stride=FLAGS.doc_stride, head_size=FLAGS.head_size)
+    for split in ("train", "dev", "test"):  # a type the model has no output for, named by file and line
+        if read.get(split) is not None:
+            span_input.check_types(read[split], gp.labels, files[split])
+    cli.check_exports(gp, exports)
+    if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
+        fine_tuning.train(FLAGS, gp, train, dev, ("data_format", "head_size"))
+    results = {}
+    if FLAGS.do_eval:
+        results, path = fine_tuning.evaluate(FLAGS, gp, dev, towers.is_chief)
+        if towers.is_chief:
+            print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
+                  f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
+    if FLAGS.do_predict:
+        predicted = gp.predict_entities(test, batch_size=FLAGS.predict_batch_size)
+        if towers.is_chief:
+            written = gp.reader().prediction_files(predicted, test)
+            paths = storage.write_set(FLAGS.output_dir, written)
+            print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
+            if "test_results.txt" in written:  # the test file has its entities
+                scores = dict(line.split(" = ") for line in written["test_results.txt"].splitlines())
+                print(f"test: entity f1 {float(scores['test_f1']):.4f} (precision {float(scores['test_precision']):.4f}"
+                      f", recall {float(scores['test_recall']):.4f}) on {len(test)} sentences")
+    if towers.is_chief:
+        cli.run_exports(FLAGS, gp, exports)
+        if FLAGS.do_train:
+            outputs.draw("learning_curves", FLAGS.output_dir)
+        print(fine_tuning.summary(FLAGS, "run_global_pointer_mgpu.py", towers, gp,
+                                  {"entity types": len(gp.labels), "head size": gp.head_size}, results, started,
+                                  "windows/s"))
+
+
+def _console():
+    from bert_mgpu.cli import main_wrapper
+
+    app.run(main_wrapper(run))
+
+
+if __name__ == "__main__":
+    _console()
