@@ -7,6 +7,7 @@ Python documentation (entity micro-F1 and the mean of the types' F1), dev and te
     python benchmarks/tricks.py --head=ner --trick=class_weights=auto   # after make data/python_ner/train.txt
     python benchmarks/tricks.py --head=ner --every=4 --epochs=2 --max_seq_length=64 --precision=mixed_bfloat16 \
         --trick=ema_decay=0.99 --results=benchmarks/tricks_ner.jsonl   # runs kept; rerun to go on
+    python benchmarks/tricks.py --head=ner ... --trick=head=global_pointer   # GlobalPointer against the tagger
 
 Each classifier run is `make demo`'s recipe on every `--every`-th sentence (a sixth by default: minutes a run
 on 2 CPU cores): 1 epoch, per-tower batch 16 on 2 CPU towers, learning rate 1e-4, length 64, float32; a
@@ -105,11 +106,15 @@ def main():
         labels = bert_mgpu.tag_set(train)
         names = ("dev entity F1", "dev mean type F1", "test entity F1", "test mean type F1")
 
-        def build():
+        def build(head=None):
+            if head == "global_pointer":  # the same sentences, their chunks as spans (data/span_input.py)
+                return bert_mgpu.BertGlobalPointer.from_pretrained(
+                    model, types=sorted({t.partition("-")[2] for t in labels if t != "O"}), towers=towers,
+                    max_seq_length=args.max_seq_length or 128, precision=args.precision)
             return bert_mgpu.BertTagger.from_pretrained(model, labels=labels, towers=towers,
                                                         max_seq_length=args.max_seq_length or 128,
                                                         precision=args.precision)
-        measure = ner_scores
+        measure = ner_scores  # a GlobalPointer's evaluate gives the same names
     else:
         data = os.path.join(ROOT, "data", "rotten_tomatoes")
         task = bert_mgpu.get_task("tsv", text_column="text", label_column="label")
@@ -117,7 +122,7 @@ def main():
                             for split, every in (("train", args.every), ("dev", held), ("test", held)))
         names = ("dev accuracy", "dev macro-F1", "test accuracy", "test macro-F1")
 
-        def build():
+        def build(head=None):
             return bert_mgpu.BertClassifier.from_pretrained(model, labels=task.get_labels(data), towers=towers,
                                                             max_seq_length=args.max_seq_length or 64,
                                                             precision=args.precision)
@@ -140,10 +145,10 @@ def main():
                 continue
             out = tempfile.mkdtemp()
             keras.utils.set_random_seed(seed)  # the new head's weights too: fit's seed sets order and dropout
-            model_ = build()
+            keywords = {"learning_rate": args.learning_rate, **dict(trick or ())}
+            model_ = build(keywords.pop("head", None))
             began = time.perf_counter()
-            model_.fit(train, out, epochs=args.epochs, seed=seed, verbose=False,
-                       **{"learning_rate": args.learning_rate, **dict(trick or ())})
+            model_.fit(train, out, epochs=args.epochs, seed=seed, verbose=False, **keywords)
             results[seed, trick] = (*measure(model_, dev), *measure(model_, test))
             seconds = time.perf_counter() - began
             if model_.interrupted:  # fit stops at a signal after the step under way: a short run is no row
