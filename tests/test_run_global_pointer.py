@@ -90,7 +90,7 @@ def test_nested_entities_are_learnt_predicted_in_windows_exported_and_loaded_bac
 
     dev = bert_mgpu.read_spans(os.path.join(data, "dev.json"))
     towers = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=2)
-    for source in (out, os.path.join(out, "export", "google")):  # the run and its export, the same model
+    for source in (os.path.join(out, "best"), os.path.join(out, "export", "google")):  # the model evaluated
         back = bert_mgpu.BertGlobalPointer.from_pretrained(source, towers=towers, max_seq_length=16, doc_stride=6,
                                                            precision="float32")
         assert back.labels == TYPES and back.head_size == 16
