@@ -69,7 +69,8 @@ def test_a_run_evaluates_keeps_and_ends_with_the_averages(google_release, tmp_pa
                                                    max_seq_length=32)
     out = str(tmp_path / "run")
     history = clf.fit(train, out, epochs=1, learning_rate=5e-3, verbose=False, dev=dev, eval_every_steps=3,
-                      eval_batch_size=4, save_checkpoints_steps=1, save_total_limit=6, ema_decay=0.5)
+                      eval_batch_size=4, save_checkpoints_steps=1, save_total_limit=6, ema_decay=0.5,
+                      num_warmup_steps=0)  # every step learns: ceil(0.1 x 6) = 1 warmup step would not
     rows_logged = evaluation.read_history(out)
     assert [r["step"] for r in rows_logged] == [3, 6] == history["eval_step"]
     one = bert_mgpu.Towers(n_gpus=0, towers_per_gpu=1, train_batch_size=8)
