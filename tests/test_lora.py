@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import hf_state, tiny_config
+from conftest import hf_state, sentiment_rows, tiny_config
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import lora, modeling
@@ -337,3 +337,18 @@ def test_layerwise_decay_gives_each_layers_adapters_that_layers_rate():
     assert rates == {**{p: 0.5 ** (2 - int(p.split("_")[2].split("/")[0])) for p in paths if "lora" in p},
                      "classifier/kernel": 1.0, "classifier/bias": 1.0}
     assert {rates[p] for p in paths if "lora" in p} == {0.25, 0.5}
+
+
+def test_a_fit_without_adapters_after_one_with_them_counts_no_adapters(google_release, tmp_path):
+    """`trained_parameters` (the summary's "trained parameters" line) is the last fit's: a fit with LoRA then
+    one without (the adapters merged in) trains every weight, and says so by None."""
+    import bert_mgpu
+
+    rows = [bert_mgpu.Example(str(i), text, label=label) for i, (label, text) in enumerate(sentiment_rows(16, 1))]
+    clf = bert_mgpu.BertClassifier.from_pretrained(google_release, ["neg", "pos"], bert_mgpu.Towers(
+        n_gpus=0, towers_per_gpu=2, train_batch_size=8), "float32", max_seq_length=16)
+    clf.fit(rows, str(tmp_path / "lora"), epochs=1, lora_rank=2, verbose=False)
+    trained, total = clf.trained_parameters
+    assert 0 < trained < total
+    clf.fit(rows, str(tmp_path / "full"), epochs=1, verbose=False)
+    assert clf.trained_parameters is None and clf.global_step == 1

@@ -247,6 +247,7 @@ class FineTuned:
         if not config.overwrite:  # a run written by an older version resumes with the recipe it began with
             config = config.resuming((run_dir.read_run(output_dir) or {}).get("settings"))
         adapters = config.lora
+        self.trained_parameters = None  # a fit without adapters after one with them trains every weight
         if adapters:  # before the session: its checkpoint holds them
             with self.towers.strategy.scope():
                 lora.enable(self.model, adapters)
