@@ -2,7 +2,8 @@
 `--do_predict` writes out (a classifier's test_results.tsv, predict.txt, predictions.tsv; a tagger's
 predict.txt in CoNLL columns, predictions.jsonl, and test_results.txt when the file has its tags; a question
 answerer's predictions.json, nbest_predictions.json and null_odds.json; a multiple-choice model's
-predictions.jsonl, predict.txt and CLUE's submission file).
+predictions.jsonl, predict.txt and CLUE's submission file; a GlobalPointer's predictions.jsonl, and
+test_results.txt when the file has its entities).
 
     python predict_exported.py --model_dir=out/export/onnx_int8 --input_file=test.tsv --output_dir=predicted
     python predict_exported.py --model_dir=ner/export/tflite --input_file=test.txt --output_dir=predicted
@@ -33,7 +34,8 @@ flags.DEFINE_string("data_format", "auto", "A tagger's or multiple-choice model'
 FILES = {"classifier": ("test_results.tsv", "predict.txt", "predictions.tsv"),
          "tagger": ("predict.txt", "predictions.jsonl", "test_results.txt", "cluener_predict.json"),
          "question_answerer": ("predictions.json", "nbest_predictions.json", "null_odds.json"),
-         "multiple_choice": ("predictions.jsonl", "predict.txt", "c311_predict.json", "chid11_predict.json")}
+         "multiple_choice": ("predictions.jsonl", "predict.txt", "c311_predict.json", "chid11_predict.json"),
+         "global_pointer": ("predictions.jsonl", "test_results.txt")}
 
 
 def run():
@@ -97,8 +99,21 @@ def choice_files(model, path, data_format, batch_size):
     return len(questions), prediction_files.choices(questions, [p["probabilities"] for p in predicted], form)
 
 
-HEAD_FILES = {"tagger": tagger_files, "question_answerer": answer_files, "multiple_choice": choice_files}
-UNITS = {"tagger": "sentences", "question_answerer": "questions", "multiple_choice": "questions"}
+def span_files(model, path, data_format, batch_size):
+    """(sentences, the files of run_global_pointer_mgpu.py --do_predict) of a GlobalPointer's export on one file,
+    read as that script reads it."""
+    from bert_mgpu.core import prediction_files
+    from bert_mgpu.data.spans import read_spans
+
+    sentences = read_spans(path, split="test", **({} if data_format == "auto" else {"data_format": data_format}))
+    return len(sentences), prediction_files.spans(sentences, model.predict_entities([s.tokens for s in sentences],
+                                                                                    batch_size))
+
+
+HEAD_FILES = {"tagger": tagger_files, "question_answerer": answer_files, "multiple_choice": choice_files,
+              "global_pointer": span_files}
+UNITS = {"tagger": "sentences", "question_answerer": "questions", "multiple_choice": "questions",
+         "global_pointer": "sentences"}
 
 
 def _console():

@@ -27,7 +27,7 @@ def run():
     from bert_mgpu import cli
     from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
-    from bert_mgpu.data import span_input, tagged
+    from bert_mgpu.data import spans, tagged
     from bert_mgpu.io import outputs
     from bert_mgpu.io.heads import head_for
     from bert_mgpu.parallel import precision
@@ -51,13 +51,13 @@ def run():
     files = {split: tagged.find_split(FLAGS.data_dir, split) for split, wanted in (
         ("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch), ("test", FLAGS.do_predict)) if wanted}
     options = {} if FLAGS.data_format == "auto" else {"data_format": FLAGS.data_format}
-    read = {split: span_input.read_spans(path, FLAGS.invalid_utf8, split, tag_column=FLAGS.tag_column,
+    read = {split: spans.read_spans(path, FLAGS.invalid_utf8, split, tag_column=FLAGS.tag_column,
                                          tag_map=run_ner_mgpu._tag_map(), **options) for split, path in files.items()}
     train, dev, test = read.get("train"), read.get("dev"), read.get("test")
     for split, rows in (("train", train), ("dev", dev)):
         if rows is not None and any(s.entities is None for s in rows):
             raise UserError(f"{files[split]}: has no entities (tags, CLUENER's \"label\" or \"entities\")")
-    types = FLAGS.labels or (span_input.entity_types(train) if train else None)
+    types = FLAGS.labels or (spans.entity_types(train) if train else None)
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
     given_length = FLAGS["max_seq_length"].present or FLAGS.do_train  # else the run directory's windows
     gp = bert_mgpu.BertGlobalPointer.from_pretrained(
@@ -67,7 +67,7 @@ def run():
         doc_stride=FLAGS.doc_stride, head_size=FLAGS.head_size)
     for split in ("train", "dev", "test"):  # a type the model has no output for, named by file and line
         if read.get(split) is not None:
-            span_input.check_types(read[split], gp.labels, files[split])
+            spans.check_types(read[split], gp.labels, files[split])
     cli.check_exports(gp, exports)
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
         fine_tuning.train(FLAGS, gp, train, dev, ("data_format", "head_size"))

@@ -29,11 +29,11 @@ _HOMES = {"BertClassifier": "api.classifier", "Distiller": "api.distiller", "Ber
           "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",
           "BertQuestionAnswerer": "api.question_answering", "read_squad": "data.squad", "Question": "data.squad",
           "BertMultipleChoice": "api.multiple_choice", "read_choices": "data.choices",
-          "ChoiceQuestion": "data.choices", "BertGlobalPointer": "api.global_pointer", "read_spans": "data.span_input",
-          "entity_types": "data.span_input", "SpanSentence": "data.span_input",
+          "ChoiceQuestion": "data.choices", "BertGlobalPointer": "api.global_pointer", "read_spans": "data.spans",
+          "entity_types": "data.spans", "SpanSentence": "data.spans",
           "load_exported": "io.exported", "Exported": "io.exported",
           "ExportedTagger": "io.exported_tagger", "ExportedQuestionAnswerer": "io.exported_qa",
-          "ExportedMultipleChoice": "io.exported_choice"}
+          "ExportedMultipleChoice": "io.exported_choice", "ExportedGlobalPointer": "io.exported_global_pointer"}
 __all__ = sorted(_HOMES)
 
 
@@ -42,7 +42,8 @@ def __getattr__(name):
         raise AttributeError(f"module 'bert_mgpu' has no attribute {name!r}")
     # The others load TensorFlow: quietly, as scripts do.
     if _HOMES[name] not in ("core.errors", "model.config", "train.train_config", "io.exported",
-                            "io.exported_tagger", "io.exported_qa", "io.exported_choice"):
+                            "io.exported_tagger", "io.exported_qa", "io.exported_choice",
+                            "io.exported_global_pointer"):
         quiet = importlib.import_module("bert_mgpu.core.quiet")
         quiet.start_tensorflow_quietly()
         quiet.console_logging()

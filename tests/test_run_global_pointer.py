@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from conftest import learning_release, ner_sentences, run_script
+from conftest import ROOT, learning_release, ner_sentences, run_script
 
 TYPES = ["LOC", "PER", "ROLE"]
 
@@ -59,7 +59,7 @@ def trained(data, release, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("out"))
     args = common(data, release, out, "--do_train", "--do_eval", "--do_predict", "--num_train_epochs=24",
                   "--learning_rate=5e-3", "--warmup_proportion=0.05", "--eval_every_steps=200",
-                  "--load_best_model_at_end", "--do_export", "--export_format=google")
+                  "--load_best_model_at_end", "--do_export", "--export_format=google,onnx,onnx_int8")
     return out, args, run(*args)
 
 
@@ -101,6 +101,41 @@ def test_nested_entities_are_learnt_predicted_in_windows_exported_and_loaded_bac
     text = "the film good the actor story"
     assert [(e["type"], e["text"], e["start"], e["end"]) for e in back.predict([text])[0]] == [
         ("LOC", "film", 4, 8), ("PER", "actor story", 18, 29), ("ROLE", "story", 24, 29)]
+
+
+def test_its_onnx_exports_predict_the_runs_entities_without_tensorflow(trained, data, tmp_path):
+    """predict_exported.py on the run's test.json (sentences of 15-40 words in windows of 14 pieces, 6 apart)
+    with the run's ONNX export, in a process that never imports TensorFlow: the run's own predictions.jsonl
+    and test_results.txt, byte for byte. The int8 export: the same entities but for a few."""
+    import subprocess
+    import sys
+
+    out, _, _ = trained
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('tensorflow imported:', 'tensorflow' in sys.modules))\n"
+            f"sys.argv = ['predict_exported.py', '--model_dir={os.path.join(out, 'export', 'onnx')}', "
+            f"'--input_file={os.path.join(data, 'test.json')}', '--output_dir={tmp_path}']\n"
+            f"runpy.run_path({os.path.join(ROOT, 'predict_exported.py')!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "predicted 13 sentences with" in done.stdout and "tensorflow imported: False" in done.stdout
+    assert sorted(os.listdir(tmp_path)) == ["predictions.jsonl", "test_results.txt"]
+    for name in ("predictions.jsonl", "test_results.txt"):
+        assert (tmp_path / name).read_text() == open(os.path.join(out, name)).read(), name
+
+    import bert_mgpu
+
+    want = [[(e["type"], e["start"], e["end"]) for e in json.loads(line)["entities"]]
+            for line in open(os.path.join(out, "predictions.jsonl"))]
+    tokens = [json.loads(line)["tokens"] for line in open(os.path.join(data, "test.json"))]
+    served = bert_mgpu.load_exported(os.path.join(out, "export", "onnx"))
+    assert type(served).__name__ == "ExportedGlobalPointer" and served.predict_entities(tokens, 4) == want
+    text = "the film good the actor story"
+    assert served.predict([text, ""]) == bert_mgpu.BertGlobalPointer.from_pretrained(
+        os.path.join(out, "best"), towers=bert_mgpu.Towers(n_gpus=0), precision="float32").predict([text, ""])
+    int8 = bert_mgpu.load_exported(os.path.join(out, "export", "onnx_int8")).predict_entities(tokens, 4)
+    same = sum(len(set(a) & set(b)) for a, b in zip(int8, want))
+    assert same >= 0.9 * sum(len(w) for w in want), (int8, want)
 
 
 def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trained):

@@ -22,7 +22,8 @@ import tensorflow as tf
 from bert_mgpu.api.fine_tuning import FineTuned, open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.inputs import check_text, rows_of
-from bert_mgpu.data.span_input import as_span_sentences, span_dataset, span_windows, window_entities
+from bert_mgpu.data.span_input import span_dataset
+from bert_mgpu.data.spans import as_span_sentences, by_position, entity_offsets, span_windows, window_entities
 from bert_mgpu.data.words import split_words
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.io.trained import Trained, model_weights
@@ -181,7 +182,7 @@ class BertGlobalPointer(FineTuned):
 
     # ------------------------------------------------------------------ inference
     def _entities(self, sentences, batch_size, verbose, source):
-        """(each sentence's {(type, first word, end word)}, the mean loss over windows and types), the windows
+        """(each sentence's {(type index, first word, end word)}, the mean loss over windows and types), the windows
         scored in chunks so that their span scores stay within SCORES_IN_MEMORY."""
         windows, entities = self._windows(sentences)
         chunk = max(8 * self.towers.count, SCORES_IN_MEMORY // (len(self.labels) * self.max_seq_length ** 2))
@@ -194,8 +195,7 @@ class BertGlobalPointer(FineTuned):
                 batch_size, verbose if len(windows) <= chunk else False, source)
             window_entities(windows[rows], scores, len(sentences), found)
             losses.append(self._loss(scores, labels, [len(w.token_ids) for w in windows[rows]]))
-        named = [{(self.labels[k], start, end) for k, start, end in row} for row in found]
-        return named, float(np.average([value for value, _ in losses], weights=[n for _, n in losses]))
+        return found, float(np.average([value for value, _ in losses], weights=[n for _, n in losses]))
 
     def _loss(self, scores, labels, lengths):
         """(the objective's loss over these windows, their count), in float32 on the host; the positions past a
@@ -212,7 +212,7 @@ class BertGlobalPointer(FineTuned):
         inputs: raw texts are cut into words)."""
         sentences = as_span_sentences(sentences)
         found, _ = self._entities(sentences, batch_size, verbose, "predict")
-        return [sorted(row, key=lambda e: (e[1], e[2], e[0])) for row in found]
+        return by_position(found, self.labels)
 
     def predict(self, texts, batch_size: int = 8, verbose="auto") -> list:
         """Each input's entities, in input order: [{"type", "text", "start", "end"}] a text, nested ones
@@ -228,14 +228,7 @@ class BertGlobalPointer(FineTuned):
         words = [split_words(r) if isinstance(r, str) else None for r in rows]
         found = self.predict_entities([[w for w, _, _ in split] if split is not None else list(r)
                                        for split, r in zip(words, rows)], batch_size, verbose)
-        out = []
-        for row, split, entities in zip(rows, words, found):
-            if split is None:
-                out.append([{"type": k, "text": " ".join(row[s:e]), "start": s, "end": e} for k, s, e in entities])
-            else:
-                out.append([{"type": k, "text": row[split[s][1]:split[e - 1][2]], "start": split[s][1],
-                             "end": split[e - 1][2]} for k, s, e in entities])
-        return out
+        return entity_offsets(rows, words, found)
 
     def evaluate(self, sentences, batch_size: int = 8, verbose="auto") -> dict:
         """Entity precision, recall and F1 (micro; an entity counts when its type and both ends are right,
@@ -245,6 +238,6 @@ class BertGlobalPointer(FineTuned):
         if any(s.entities is None for s in sentences):
             raise UserError("evaluation sentences need their entities")
         found, loss = self._entities(sentences, batch_size, verbose, "eval")
-        results = self.reader().evaluate(found, [set(s.entities) for s in sentences])
+        results = self.reader().evaluate(by_position(found, self.labels), [s.entities for s in sentences])
         self.report = results.report
         return {**results, "eval_loss": loss, "global_step": self.global_step, "eval_examples": len(sentences)}

@@ -69,3 +69,21 @@ def entity_scores(true_sequences, predicted_sequences):
         per_type[kind] = {"precision": p, "recall": r, "f1": f, "support": true[kind]}
     return {"precision": precision, "recall": recall, "f1": f1,
             "accuracy": correct / tokens if tokens else 0.0, "per_type": per_type}
+
+
+def span_scores(true, predicted, types=()):
+    """Micro precision, recall and F1 over sets of entities (type, start, end), a set a sentence, nested ones
+    each on its own (GlobalPointer's), and each type's {precision, recall, f1, support}: on flat entities, the
+    numbers `entity_scores` gives their tags."""
+    counts = {t: Counter() for t in types}
+    for t_set, p_set in zip(true, predicted, strict=True):
+        t_set, p_set = set(t_set), set(p_set)
+        for name, found in (("predicted", p_set), ("true", t_set), ("right", t_set & p_set)):
+            for kind, *_ in found:
+                counts.setdefault(kind, Counter())[name] += 1
+    total = sum(counts.values(), Counter())
+    precision, recall, f1 = _prf(total["right"], total["predicted"], total["true"])
+    per_type = {kind: dict(zip(("precision", "recall", "f1"), _prf(c["right"], c["predicted"], c["true"])),
+                           support=c["true"]) for kind, c in sorted(counts.items())}
+    return {"precision": precision, "recall": recall, "f1": f1}, per_type
+

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from bert_mgpu.core.entities import entities, entity_scores
+from bert_mgpu.core.entities import entities, entity_scores, span_scores
 
 log = logging.getLogger("bert_mgpu")
 SPACE = "[SPACE]"  # a white-space character of a token, in a tagger's predict.txt columns
@@ -93,6 +93,24 @@ def tag_scores(true_tags, predicted_tags):
     conlleval's entity-level scores, TokenClassification.evaluate's."""
     scores = entity_scores(true_tags, predicted_tags)
     return {f"eval_{k}": scores[k] for k in ("precision", "recall", "f1", "accuracy")}, scores["per_type"]
+
+
+def spans(rows, predicted):
+    """GlobalPointer's files for sentences `rows` (guid, tokens, entities or None) and their predicted entities
+    [(type, start, end)]: predictions.jsonl (each sentence's tokens and entities: type, token start and end,
+    end exclusive, and text: the tokens joined by a space, or run together when every token is one character)
+    and test_results.txt when every sentence has its true entities."""
+    lines = []
+    for row, found in zip(rows, predicted, strict=True):
+        joiner = "" if all(len(t) == 1 for t in row.tokens) else " "
+        lines.append(json.dumps({"id": row.guid, "tokens": list(row.tokens), "entities": [
+            {"type": kind, "start": start, "end": end, "text": joiner.join(row.tokens[start:end])}
+            for kind, start, end in sorted(found, key=lambda e: (e[1], e[2], e[0]))]}, ensure_ascii=False))
+    files = {"predictions.jsonl": "".join(line + "\n" for line in lines)}
+    if rows and all(row.entities is not None for row in rows):
+        numbers, _ = span_scores([row.entities for row in rows], predicted)
+        files["test_results.txt"] = "".join(f"test_{k} = {v}\n" for k, v in sorted(numbers.items()))
+    return files
 
 
 def answers(found, version_2_with_negative=False):

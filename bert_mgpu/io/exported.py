@@ -22,7 +22,8 @@ from bert_mgpu.core import prediction_files
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.windows import kept, pair_counts, pool, spans
 from bert_mgpu.io.exported_choice import ExportedMultipleChoice  # noqa: F401 (each head's reader registers
-from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer  # noqa: F401 itself in READERS as it is imported)
+from bert_mgpu.io.exported_global_pointer import ExportedGlobalPointer  # noqa: F401 itself in READERS as it
+from bert_mgpu.io.exported_qa import ExportedQuestionAnswerer  # noqa: F401 is imported)
 from bert_mgpu.io.exported_tagger import ExportedTagger  # noqa: F401
 from bert_mgpu.io.served import (  # noqa: F401 (FACTS: as before)
     FACTS,

@@ -208,8 +208,8 @@ class GlobalPointerHead(Head):
 
     name = "global_pointer"
     noun = "a GlobalPointer"
-    formats = ("google",)
-    why_not = " (transformers and keras-hub have no GlobalPointer head; its serving graphs are not written yet)"
+    formats = ("google", "onnx", "onnx_int8")
+    why_not = " (transformers and keras-hub have no GlobalPointer head; no SavedModel or LiteRT graph is written yet)"
     labelled = True
 
     def objective(self, trained):
@@ -217,6 +217,9 @@ class GlobalPointerHead(Head):
 
     def num_outputs(self, trained):
         return trained.weights[self.weights[0]].shape[0]
+
+    def graph_architecture(self, trained):  # no transformers class: the ONNX export's config.json names bert_mgpu's
+        return "BertGlobalPointer"
 
     def gpu_probe(self, config, rows, seq):
         """Two types, head size 16; each row a span of type row % 2, and on even rows a second span over the

@@ -11,10 +11,10 @@ Example:
     results = kind.evaluate(predicted, true)                    # each sentence's {(type, start, end)}
 """
 
-import json
-
 import tensorflow as tf
 
+from bert_mgpu.core import prediction_files
+from bert_mgpu.core.entities import span_scores
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.objectives import Evaluation, Objective, label_maps
 
@@ -41,28 +41,6 @@ def span_targets(labels, shape):
     return tf.tensor_scatter_nd_max(tf.zeros(shape, tf.float32), at, tf.ones(tf.shape(at)[:1], tf.float32))
 
 
-def span_scores(true, predicted, types):
-    """Micro precision, recall and F1 over sets of (type, start, end), a set a sentence, and each type's
-    (precision, recall, F1, support)."""
-    def prf(right, found, wanted):
-        precision = right / found if found else 0.0
-        recall = right / wanted if wanted else 0.0
-        return precision, recall, (2 * precision * recall / (precision + recall) if precision + recall else 0.0)
-
-    counts = {t: [0, 0, 0] for t in types}  # right, predicted, true
-    for t_set, p_set in zip(true, predicted, strict=True):
-        for kind, *_ in p_set:
-            counts.setdefault(kind, [0, 0, 0])[1] += 1
-        for kind, *_ in t_set:
-            counts.setdefault(kind, [0, 0, 0])[2] += 1
-        for kind, *_ in set(t_set) & set(p_set):
-            counts[kind][0] += 1
-    totals = [sum(c[i] for c in counts.values()) for i in range(3)]
-    precision, recall, f1 = prf(*totals)
-    report = {kind: (*prf(*c), c[2]) for kind, c in sorted(counts.items())}
-    return {"eval_precision": precision, "eval_recall": recall, "eval_f1": f1}, report
-
-
 class GlobalPointerObjective(Objective):
     """Entities as scored spans (global_pointer.py): the loss over every span of every type, entities out."""
 
@@ -85,9 +63,11 @@ class GlobalPointerObjective(Objective):
 
     def evaluate(self, outputs, targets):
         """Each sentence's predicted entities {(type, first word, end word exclusive)} against the true ones ->
-        eval_precision, eval_recall, eval_f1 (exact type and boundaries); `report`: each type's."""
-        numbers, report = span_scores(targets, outputs, self.types)
-        return Evaluation(numbers, report)
+        eval_precision, eval_recall, eval_f1 (exact type and boundaries); `report`: each type's (precision,
+        recall, F1, support)."""
+        numbers, per_type = span_scores(targets, outputs, self.types)
+        return Evaluation({f"eval_{k}": v for k, v in numbers.items()},
+                          {kind: (v["precision"], v["recall"], v["f1"], v["support"]) for kind, v in per_type.items()})
 
     def main_metric(self, task=None):
         return "eval_f1"
@@ -100,17 +80,6 @@ class GlobalPointerObjective(Objective):
         return label_maps(labels)
 
     def prediction_files(self, predictions, rows):
-        """{file name: text}: predictions.jsonl (each sentence's tokens and its entities: type, token start
-        and end, end exclusive, and text: the tokens joined by a space, or run together when every token is
-        one character), and test_results.txt when every sentence has its true entities."""
-        lines = []
-        for row, found in zip(rows, predictions, strict=True):
-            joiner = "" if all(len(t) == 1 for t in row.tokens) else " "
-            lines.append(json.dumps({"id": row.guid, "tokens": list(row.tokens), "entities": [
-                {"type": kind, "start": start, "end": end, "text": joiner.join(row.tokens[start:end])}
-                for kind, start, end in sorted(found, key=lambda e: (e[1], e[2], e[0]))]}, ensure_ascii=False))
-        files = {"predictions.jsonl": "".join(line + "\n" for line in lines)}
-        if rows and all(row.entities is not None for row in rows):
-            numbers = self.evaluate(predictions, [row.entities for row in rows])
-            files["test_results.txt"] = "".join(f"test_{k[len('eval_'):]} = {v}\n" for k, v in sorted(numbers.items()))
-        return files
+        """{file name: text}: predictions.jsonl and, when every sentence has its true entities,
+        test_results.txt (core/prediction_files.spans)."""
+        return prediction_files.spans(rows, predictions)
