@@ -25,25 +25,16 @@ flags.DEFINE_integer("head_size", None, "Each entity type's query and key width 
 def run():
     import bert_mgpu
     from bert_mgpu import cli
-    from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data import spans, tagged
     from bert_mgpu.io import outputs
-    from bert_mgpu.io.heads import head_for
-    from bert_mgpu.parallel import precision
 
     started = time.monotonic()
     cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1, "head_size": 2},
                       positive=fine_tuning.POSITIVE, fraction=("warmup_proportion",))
     if FLAGS.crf:
         raise UserError("--crf: a GlobalPointer scores spans, not tag sequences; use run_ner_mgpu.py for a CRF")
-    formats = head_for("global_pointer").formats
-    for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if fmt not in formats:  # before any training
-            raise UserError(f"--export_format={fmt}: run_global_pointer_mgpu.py exports {', '.join(formats)}")
-    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
-                        lambda plan: FLAGS.train_batch_size,
-                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    begun = fine_tuning.begin(FLAGS, "run_global_pointer_mgpu.py", "global_pointer")
     if begun is None:
         return
     towers, exports = begun
@@ -80,13 +71,7 @@ def run():
     if FLAGS.do_predict:
         predicted = gp.predict_entities(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            written = gp.reader().prediction_files(predicted, test)
-            paths = storage.write_set(FLAGS.output_dir, written)
-            print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
-            if "test_results.txt" in written:  # the test file has its entities
-                scores = dict(line.split(" = ") for line in written["test_results.txt"].splitlines())
-                print(f"test: entity f1 {float(scores['test_f1']):.4f} (precision {float(scores['test_precision']):.4f}"
-                      f", recall {float(scores['test_recall']):.4f}) on {len(test)} sentences")
+            fine_tuning.write_entity_predictions(FLAGS, gp.reader().prediction_files(predicted, test), len(test))
     if towers.is_chief:
         cli.run_exports(FLAGS, gp, exports)
         if FLAGS.do_train:

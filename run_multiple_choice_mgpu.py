@@ -40,20 +40,11 @@ def run():
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data import choices
     from bert_mgpu.io import outputs
-    from bert_mgpu.io.heads import head_for
-
-    formats = head_for("multiple_choice").formats
-    from bert_mgpu.parallel import precision
 
     started = time.monotonic()
     cli.check_numbers(FLAGS, at_least=fine_tuning.AT_LEAST, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
-    for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if fmt not in formats:  # before any training
-            raise UserError(f"--export_format={fmt}: run_multiple_choice_mgpu.py exports {', '.join(formats)}")
-    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
-                        lambda plan: FLAGS.train_batch_size,
-                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    begun = fine_tuning.begin(FLAGS, "run_multiple_choice_mgpu.py", "multiple_choice")
     if begun is None:
         return
     towers, exports = begun

@@ -57,30 +57,18 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     and `facts(tagger, dev)` ({name: value}) for the summary."""
     import bert_mgpu
     from bert_mgpu import cli
-    from bert_mgpu.core import storage
     from bert_mgpu.core.errors import UserError
     from bert_mgpu.data import tagged
     from bert_mgpu.io import outputs
-    from bert_mgpu.parallel import precision
 
     started = time.monotonic()
     cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
     tag_map = _tag_map()
-    from bert_mgpu.io.heads import head_for
-
-    formats = head_for("tagger").formats
-
-    for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if FLAGS.crf and fmt == "hf":
-            raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; export "
-                            "google or saved_model")
-        if fmt not in formats:  # before any training
-            raise UserError(f"--export_format={fmt}: run_ner_mgpu.py exports {', '.join(formats)} "
-                            "(keras-hub has no token classifier)")
-    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("data_dir", "output_dir"),
-                        lambda plan: FLAGS.train_batch_size,
-                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    if FLAGS.do_export and FLAGS.crf and "hf" in FLAGS.export_format:
+        raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; export "
+                        "google or saved_model")
+    begun = fine_tuning.begin(FLAGS, "run_ner_mgpu.py", "tagger")
     if begun is None:
         return
     towers, exports = begun
@@ -119,13 +107,8 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     if FLAGS.do_predict:
         predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:
-            written = tagger.reader(data_format=forms["test"]).prediction_files(predicted, test)
-            paths = storage.write_set(FLAGS.output_dir, written)
-            print(f"predict: {len(test)} sentences -> {', '.join(paths)}")
-            if "test_results.txt" in written:  # the test file has its tags
-                scores = dict(line.split(" = ") for line in written["test_results.txt"].splitlines())
-                print(f"test: entity f1 {float(scores['test_f1']):.4f} (precision {float(scores['test_precision']):.4f}"
-                      f", recall {float(scores['test_recall']):.4f}) on {len(test)} sentences")
+            fine_tuning.write_entity_predictions(
+                FLAGS, tagger.reader(data_format=forms["test"]).prediction_files(predicted, test), len(test))
     if towers.is_chief:
         cli.run_exports(FLAGS, tagger, exports)
         if FLAGS.do_train:

@@ -72,10 +72,6 @@ def run():
     from bert_mgpu.data.squad import metric_for, read_squad
     from bert_mgpu.data.squad_input import check_lengths
     from bert_mgpu.io import outputs
-    from bert_mgpu.io.heads import head_for
-
-    formats = head_for("question_answerer").formats
-    from bert_mgpu.parallel import precision
 
     started = time.monotonic()
     cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1, "max_query_length": 1, "n_best_size": 1,
@@ -87,13 +83,7 @@ def run():
         check_lengths(FLAGS.max_seq_length, FLAGS.max_query_length, FLAGS.doc_stride)
     if not math.isfinite(FLAGS.null_score_diff_threshold):  # nan compares false: every question answered
         raise UserError(f"--null_score_diff_threshold={FLAGS.null_score_diff_threshold}: must be a finite number")
-    for fmt in FLAGS.export_format if FLAGS.do_export else ():
-        if fmt not in formats:  # before any training
-            raise UserError(f"--export_format={fmt}: run_squad_mgpu.py exports {', '.join(formats)} "
-                            "(keras-hub has no span head)")
-    begun = cli.prelude(FLAGS, ("do_train", "do_eval", "do_predict"), ("output_dir",),
-                        lambda plan: FLAGS.train_batch_size,
-                        lambda plan: "precision: %s (%s)" % precision.resolve_precision(FLAGS.precision, plan))
+    begun = fine_tuning.begin(FLAGS, "run_squad_mgpu.py", "question_answerer", ("output_dir",))
     if begun is None:
         return
     towers, exports = begun

@@ -126,6 +126,36 @@ def train(f, model, train_rows, dev, settings=()):
                           f"{f.output_dir}. Rerun the same command to resume", model.interrupted)
 
 
+def begin(f, script, kind, required=("data_dir", "output_dir")):
+    """What a head's script does first, after checking its own flags: each --export_format asked checked
+    against the head's (`io/heads.py`; before any training), then `cli.prelude` -> (towers, export targets), or
+    None when there is nothing more to do (a dry run, an export alone)."""
+    from bert_mgpu.cli import prelude
+    from bert_mgpu.core.errors import UserError
+    from bert_mgpu.io.heads import head_for
+    from bert_mgpu.parallel import precision
+
+    head = head_for(kind)
+    for fmt in f.export_format if f.do_export else ():
+        if fmt not in head.formats:
+            raise UserError(f"--export_format={fmt}: {script} exports {', '.join(head.formats)}{head.why_not}")
+    return prelude(f, ("do_train", "do_eval", "do_predict"), required, lambda plan: f.train_batch_size,
+                   lambda plan: "precision: %s (%s)" % precision.resolve_precision(f.precision, plan))
+
+
+def write_entity_predictions(f, written, sentences):
+    """--do_predict's files of an entity head (a tagger, a GlobalPointer) written to --output_dir and named;
+    a test file with its entities also gets its scores printed (from test_results.txt)."""
+    from bert_mgpu.core import storage
+
+    paths = storage.write_set(f.output_dir, written)
+    print(f"predict: {sentences} sentences -> {', '.join(paths)}")
+    if "test_results.txt" in written:
+        scores = {k: float(v) for k, v in (line.split(" = ") for line in written["test_results.txt"].splitlines())}
+        print(f"test: entity f1 {scores['test_f1']:.4f} (precision {scores['test_precision']:.4f}, recall "
+              f"{scores['test_recall']:.4f}) on {sentences} sentences")
+
+
 def evaluate(f, model, dev, chief):
     """--do_eval: the results logged and, on the chief, written to eval_results.txt -> (results, its path)."""
     from bert_mgpu.io import outputs
