@@ -64,10 +64,7 @@ def run():
         fine_tuning.train(FLAGS, gp, train, dev, ("data_format", "head_size"))
     results = {}
     if FLAGS.do_eval:
-        results, path = fine_tuning.evaluate(FLAGS, gp, dev, towers.is_chief)
-        if towers.is_chief:
-            print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
-                  f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
+        results = fine_tuning.evaluate_entities(FLAGS, gp, dev, towers.is_chief)
     if FLAGS.do_predict:
         predicted = gp.predict_entities(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:

@@ -100,10 +100,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
         fine_tuning.train(FLAGS, tagger, train, dev, settings)
     results = {}
     if FLAGS.do_eval:
-        results, path = fine_tuning.evaluate(FLAGS, tagger, dev, towers.is_chief)
-        if towers.is_chief:
-            print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
-                  f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
+        results = fine_tuning.evaluate_entities(FLAGS, tagger, dev, towers.is_chief)
     if FLAGS.do_predict:
         predicted = tagger.predict_tags(test, batch_size=FLAGS.predict_batch_size)
         if towers.is_chief:

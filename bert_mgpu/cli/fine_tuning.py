@@ -143,6 +143,15 @@ def begin(f, script, kind, required=("data_dir", "output_dir")):
                    lambda plan: "precision: %s (%s)" % precision.resolve_precision(f.precision, plan))
 
 
+def evaluate_entities(f, model, dev, chief):
+    """--do_eval of an entity head (a tagger, a GlobalPointer): `evaluate`, its entity scores printed -> results."""
+    results, path = evaluate(f, model, dev, chief)
+    if chief:
+        print(f"eval: entity f1 {results['eval_f1']:.4f} (precision {results['eval_precision']:.4f}, recall "
+              f"{results['eval_recall']:.4f}) on {len(dev)} sentences -> {path}")
+    return results
+
+
 def write_entity_predictions(f, written, sentences):
     """--do_predict's files of an entity head (a tagger, a GlobalPointer) written to --output_dir and named;
     a test file with its entities also gets its scores printed (from test_results.txt)."""
