@@ -182,8 +182,9 @@ class BertGlobalPointer(FineTuned):
 
     # ------------------------------------------------------------------ inference
     def _entities(self, sentences, batch_size, verbose, source):
-        """(each sentence's {(type index, first word, end word)}, the mean loss over windows and types), the windows
-        scored in chunks so that their span scores stay within SCORES_IN_MEMORY."""
+        """(each sentence's {(type index, first word, end word)}, the mean loss over windows and types for an
+        evaluation, else None), the windows scored in chunks so that their span scores stay within
+        SCORES_IN_MEMORY."""
         windows, entities = self._windows(sentences)
         chunk = max(8 * self.towers.count, SCORES_IN_MEMORY // (len(self.labels) * self.max_seq_length ** 2))
         found, losses = [set() for _ in sentences], []
@@ -194,7 +195,10 @@ class BertGlobalPointer(FineTuned):
                     w, labels, self.tokenizer, self.max_seq_length, batch, training=False, rows_multiple=multiple),
                 batch_size, verbose if len(windows) <= chunk else False, source)
             window_entities(windows[rows], scores, len(sentences), found)
-            losses.append(self._loss(scores, labels, [len(w.token_ids) for w in windows[rows]]))
+            if source == "eval":  # a prediction has no entities to score against
+                losses.append(self._loss(scores, labels, [len(w.token_ids) for w in windows[rows]]))
+        if not losses:
+            return found, None
         return found, float(np.average([value for value, _ in losses], weights=[n for _, n in losses]))
 
     def _loss(self, scores, labels, lengths):
