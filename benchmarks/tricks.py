@@ -6,7 +6,7 @@ Python documentation (entity micro-F1 and the mean of the types' F1), dev and te
     python benchmarks/tricks.py --trick=class_weights=auto --trick=focal_gamma=2   # one baseline a seed for both
     python benchmarks/tricks.py --head=ner --trick=class_weights=auto   # after make data/python_ner/train.txt
     python benchmarks/tricks.py --head=ner --every=4 --epochs=2 --max_seq_length=64 --precision=mixed_bfloat16 \
-        --trick=ema_decay=0.99 --results=benchmarks/tricks_ner.jsonl   # runs kept; rerun to go on
+        --step_count=google-bert --trick=ema_decay=0.99 --results=benchmarks/tricks_ner.jsonl   # kept; rerun to go on
     python benchmarks/tricks.py --head=ner ... --trick=head=global_pointer   # GlobalPointer against the tagger
 
 Each classifier run is `make demo`'s recipe on every `--every`-th sentence (a sixth by default: minutes a run
@@ -90,6 +90,8 @@ def main():
     ap.add_argument("--results", help="a JSON-lines file each run is added to; a run it holds for the same recipe, "
                     "seed and trick is read from it, not trained again (a measurement over several sessions)")
     ap.add_argument("--precision", default="float32", help="float32, mixed_bfloat16 (a CPU with bf16 units) or auto")
+    ap.add_argument("--step_count", default="ceil", choices=("ceil", "google-bert"),
+                    help="TrainConfig.step_count; tricks_ner.jsonl's rows were measured with google-bert's")
     args = ap.parse_args()
     tricks = [keyword(t) for t in args.trick]
     import keras
@@ -132,7 +134,7 @@ def main():
           f"{', '.join(args.trick)} each against none")
     results = {}  # (seed, trick or None) -> (dev accuracy, dev F1, test accuracy, test F1)
     recipe = {k: getattr(args, k) for k in ("head", "every", "held_every", "epochs", "learning_rate", "precision",
-                                            "max_seq_length")}
+                                            "max_seq_length", "step_count")}
     kept = _kept(args.results, recipe)
     seeds = [int(s) for s in args.seeds.split(",")]
     for seed in seeds:
@@ -145,7 +147,7 @@ def main():
                 continue
             out = tempfile.mkdtemp()
             keras.utils.set_random_seed(seed)  # the new head's weights too: fit's seed sets order and dropout
-            keywords = {"learning_rate": args.learning_rate, **dict(trick or ())}
+            keywords = {"learning_rate": args.learning_rate, "step_count": args.step_count, **dict(trick or ())}
             model_ = build(keywords.pop("head", None))
             began = time.perf_counter()
             model_.fit(train, out, epochs=args.epochs, seed=seed, verbose=False, **keywords)
