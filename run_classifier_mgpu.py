@@ -85,8 +85,7 @@ def run(open_classifier=None, settings=("task_name",), script="run_classifier_mg
     train = task.get_examples(FLAGS.data_dir, "train") if FLAGS.do_train else None
     # Known labels make the task check every dev row against them, naming file and line.
     labels = FLAGS.labels or (task.get_labels(FLAGS.data_dir, train) if FLAGS.do_train else None)
-    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
-    dev = task.get_examples(FLAGS.data_dir, "dev") if FLAGS.do_eval or watch else None
+    dev = task.get_examples(FLAGS.data_dir, "dev") if "dev" in fine_tuning.wanted(FLAGS) else None
     test = task.get_examples(FLAGS.data_dir, "test") if FLAGS.do_predict else None
 
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)

@@ -38,12 +38,10 @@ def run():
     if begun is None:
         return
     towers, exports = begun
-    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
-    files = {split: tagged.find_split(FLAGS.data_dir, split) for split, wanted in (
-        ("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch), ("test", FLAGS.do_predict)) if wanted}
+    files = {split: tagged.find_split(FLAGS.data_dir, split) for split in fine_tuning.wanted(FLAGS)}
     options = {} if FLAGS.data_format == "auto" else {"data_format": FLAGS.data_format}
     read = {split: spans.read_spans(path, FLAGS.invalid_utf8, split, tag_column=FLAGS.tag_column,
-                                         tag_map=run_ner_mgpu._tag_map(), **options) for split, path in files.items()}
+                                    tag_map=fine_tuning.tag_map(FLAGS), **options) for split, path in files.items()}
     train, dev, test = read.get("train"), read.get("dev"), read.get("test")
     for split, rows in (("train", train), ("dev", dev)):
         if rows is not None and any(s.entities is None for s in rows):

@@ -48,10 +48,8 @@ def run():
     if begun is None:
         return
     towers, exports = begun
-    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
     read = {split: choices.read_split(FLAGS.data_dir, split, FLAGS.data_format, FLAGS.invalid_utf8)
-            for split, wanted in (("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch),
-                                  ("test", FLAGS.do_predict)) if wanted}
+            for split in fine_tuning.wanted(FLAGS)}
     train, dev = (read[split][0] if split in read else None for split in ("train", "dev"))
     unlabelled = next((q for q in (dev or ()) if q.label is None), None)
     if unlabelled is not None:
@@ -66,7 +64,7 @@ def run():
         mc.probe_choices = max(len(q.choices) for q in train)  # what --auto_batch_size measures with
     cli.check_exports(mc, exports)  # the formats the model itself rules out, before any training
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
-        fine_tuning.train(FLAGS, mc, train, dev if watch else None, ("data_format",))
+        fine_tuning.train(FLAGS, mc, train, dev if fine_tuning.watching(FLAGS) else None, ("data_format",))
     results = {}
     if FLAGS.do_eval:
         results, path = fine_tuning.evaluate(FLAGS, mc, dev, towers.is_chief)

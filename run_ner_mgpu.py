@@ -39,18 +39,6 @@ flags.DEFINE_bool("crf", None, "A linear-chain CRF over the tag scores: transiti
 flags.DEFINE_list("labels", None, "The tags, comma-separated, O first (default: the tags of the training data).")
 
 
-def _tag_map():
-    from bert_mgpu.core.errors import UserError
-
-    mapping = {}
-    for item in FLAGS.tag_map or ():
-        pos, equals, kind = item.partition("=")
-        if not (equals and pos and kind):
-            raise UserError(f"--tag_map: {item!r} is not pos=TYPE (as nr=PER)")
-        mapping[pos.strip()] = kind.strip()
-    return mapping
-
-
 def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", facts=None):
     """The script; run_distill_ner_mgpu.py runs it with its own `open_tagger(init, **from_pretrained's
     keywords)` (a student taught by a teacher), the `settings` (flag names) a resumed run must share, its name
@@ -64,7 +52,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     started = time.monotonic()
     cli.check_numbers(FLAGS, at_least={**fine_tuning.AT_LEAST, "doc_stride": 1}, positive=fine_tuning.POSITIVE,
                       fraction=("warmup_proportion",))
-    tag_map = _tag_map()
+    tag_map = fine_tuning.tag_map(FLAGS)
     if FLAGS.do_export and FLAGS.crf and "hf" in FLAGS.export_format:
         raise UserError("--crf --export_format=hf: transformers' BertForTokenClassification has no CRF; export "
                         "google or saved_model")
@@ -72,9 +60,7 @@ def run(open_tagger=None, settings=("data_format",), script="run_ner_mgpu.py", f
     if begun is None:
         return
     towers, exports = begun
-    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
-    files = {split: tagged.find_split(FLAGS.data_dir, split) for split, wanted in (
-        ("train", FLAGS.do_train), ("dev", FLAGS.do_eval or watch), ("test", FLAGS.do_predict)) if wanted}
+    files = {split: tagged.find_split(FLAGS.data_dir, split) for split in fine_tuning.wanted(FLAGS)}
     forms = {split: tagged.detect_format(path, FLAGS.invalid_utf8) if FLAGS.data_format == "auto" else FLAGS.data_format
              for split, path in files.items()}
     read = {split: tagged.read_tagged(path, forms[split], FLAGS.tag_column, tag_map, FLAGS.invalid_utf8, split)

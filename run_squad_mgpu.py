@@ -87,14 +87,14 @@ def run():
     if begun is None:
         return
     towers, exports = begun
-    watch = FLAGS.do_train and (FLAGS.evaluation_strategy != "no" or FLAGS.eval_every_steps)
+    splits = fine_tuning.wanted(FLAGS)
     train_file = _find("train", FLAGS.do_train)
-    predict_file = _find("dev", FLAGS.do_predict or FLAGS.do_eval or watch)
+    predict_file = _find("dev", FLAGS.do_predict or "dev" in splits)
     v2 = FLAGS.version_2_with_negative
     train = read_squad(train_file, v2, FLAGS.invalid_utf8, training=True)[0] if FLAGS.do_train else None
     questions = read_squad(predict_file, v2, FLAGS.invalid_utf8)[0] if predict_file else None
     answered = questions is not None and any(q.answers or q.impossible for q in questions)
-    if (FLAGS.do_eval or watch) and not answered:
+    if "dev" in splits and not answered:
         raise UserError(f"{predict_file}: holds no answers to evaluate with")
     init = FLAGS.init_checkpoint or (None if FLAGS.do_train else FLAGS.output_dir)
     given_length = FLAGS["max_seq_length"].present or FLAGS.do_train  # else the run directory's windows
@@ -107,7 +107,7 @@ def run():
     qa.metric = None if FLAGS.metric == "auto" else FLAGS.metric
     if questions is not None and qa.metric is None:
         qa.metric = metric_for(questions)
-    dev = questions if watch else None
+    dev = questions if fine_tuning.watching(FLAGS) else None
     cli.check_exports(qa, exports)  # the formats the model itself rules out, before any training
     if FLAGS.do_train:  # a signal ends it here, with a checkpoint and a retryable exit code
         fine_tuning.train(FLAGS, qa, train, dev, ("train_file", "predict_file", "metric"))

@@ -265,3 +265,24 @@ def test_kill_9_mid_run_then_rerun_ends_bit_identical_to_the_uninterrupted_run(t
                 "--num_train_epochs=1", "--save_checkpoints_steps=4", "--deterministic", "--learning_rate=1e-3"]
 
     killed_then_resumed("run_ner_mgpu.py", args, tmp_path, run)
+
+
+@pytest.mark.parametrize("actions, watch_flags, splits", [
+    (dict(do_train=True), dict(evaluation_strategy="no", eval_every_steps=None), ("train",)),
+    (dict(do_train=True), dict(evaluation_strategy="epoch", eval_every_steps=None), ("train", "dev")),
+    (dict(do_train=True), dict(evaluation_strategy="no", eval_every_steps=50), ("train", "dev")),
+    (dict(do_eval=True, do_predict=True), dict(evaluation_strategy="epoch", eval_every_steps=50), ("dev", "test")),
+    (dict(do_predict=True), dict(evaluation_strategy="no", eval_every_steps=None), ("test",)),
+])
+def test_each_head_script_reads_the_splits_its_actions_need(actions, watch_flags, splits):
+    """cli.fine_tuning.wanted, every head script's: dev is read to evaluate or to watch a training, never to
+    watch one that is not asked."""
+    from types import SimpleNamespace
+
+    from bert_mgpu.cli import fine_tuning
+
+    f = SimpleNamespace(**{"do_train": False, "do_eval": False, "do_predict": False, **actions, **watch_flags})
+    assert fine_tuning.wanted(f) == splits
+    assert fine_tuning.watching(f) == (f.do_train and "dev" in splits)
+    f.tag_map = ["nr=PER", " ns = LOC "]
+    assert fine_tuning.tag_map(f) == {"nr": "PER", "ns": "LOC"}

@@ -143,6 +143,31 @@ def begin(f, script, kind, required=("data_dir", "output_dir")):
                    lambda plan: "precision: %s (%s)" % precision.resolve_precision(f.precision, plan))
 
 
+def watching(f):
+    """Whether the training evaluates on dev as it goes (--evaluation_strategy, --eval_every_steps)."""
+    return bool(f.do_train and (f.evaluation_strategy != "no" or f.eval_every_steps))
+
+
+def wanted(f):
+    """The splits the actions read, in order: train to train, dev to evaluate or to watch the training, test
+    to predict."""
+    return tuple(split for split, asked in (("train", f.do_train), ("dev", f.do_eval or watching(f)),
+                                            ("test", f.do_predict)) if asked)
+
+
+def tag_map(f):
+    """--tag_map (the NER scripts' flag: segmented corpora's parts of speech that are entities) -> {pos: TYPE}."""
+    from bert_mgpu.core.errors import UserError
+
+    mapping = {}
+    for item in f.tag_map or ():
+        pos, equals, kind = item.partition("=")
+        if not (equals and pos and kind):
+            raise UserError(f"--tag_map: {item!r} is not pos=TYPE (as nr=PER)")
+        mapping[pos.strip()] = kind.strip()
+    return mapping
+
+
 def evaluate_entities(f, model, dev, chief):
     """--do_eval of an entity head (a tagger, a GlobalPointer): `evaluate`, its entity scores printed -> results."""
     results, path = evaluate(f, model, dev, chief)
