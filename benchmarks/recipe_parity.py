@@ -161,9 +161,10 @@ def fit_keywords(settings):
 
 
 class Results:
-    """--results: the runs kept, one JSON line each ({"run": its recipe, "score", "seconds"}); `get(run)` the
-    kept line of a run or None, `add(run, score, start)` appends one. A change to how bert_mgpu initializes
-    a head changes both frameworks' starting weights: start a new file then."""
+    """--results: the runs kept, one JSON line each ({"run": its recipe, "score", "seconds"}, or "from" for a
+    score copied from NOTES once one of its seeds was reproduced here); `get(run)` the kept line of a run or
+    None, `add(run, score, start)` appends one. A change to how bert_mgpu initializes a head changes both
+    frameworks' starting weights: start a new file then."""
 
     def __init__(self, path):
         self.path, self.lines = path, []
@@ -181,6 +182,11 @@ class Results:
                 f.write(json.dumps(line) + "\n")
         self.lines.append(line)
         return line
+
+
+def took(line):
+    """A kept run's time, or where a run copied from NOTES came from (its "from")."""
+    return f"{line['seconds']:.0f} s" if line.get("seconds") is not None else line.get("from", "time not kept")
 
 
 def initial_model(head, labels, seed, precision, directory):
@@ -405,8 +411,8 @@ def main():
                               if tagging else transformers_run(init, labels, train, held, seed, args.precision, lora),
                               start)
         diffs.append(ours["score"] - theirs["score"])
-        print(f"seed {seed}: bert_mgpu {ours['score']:.4f} ({ours['seconds']:.0f} s), transformers "
-              f"{theirs['score']:.4f} ({theirs['seconds']:.0f} s), difference {100 * diffs[-1]:+.2f} pt", flush=True)
+        print(f"seed {seed}: bert_mgpu {ours['score']:.4f} ({took(ours)}), transformers "
+              f"{theirs['score']:.4f} ({took(theirs)}), difference {100 * diffs[-1]:+.2f} pt", flush=True)
         shutil.rmtree(work)
     d = np.array(diffs)
     se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
