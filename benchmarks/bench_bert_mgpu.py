@@ -68,8 +68,8 @@ def build(case, towers=1, fused=True, recompute=False):
     import tensorflow as tf
 
     from bert_mgpu.model.config import BertConfig
+    from bert_mgpu.model.mlm_objective import MaskedLanguageModel
     from bert_mgpu.model.modeling import build_classifier, build_span_model, build_tagger
-    from bert_mgpu.model.objectives import MaskedLanguageModel
     from bert_mgpu.model.pretraining_model import build_pretrainer
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import TokenClassification

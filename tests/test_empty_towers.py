@@ -25,7 +25,7 @@ def head(name, config):
     """(model, loss_fn, rows(n) -> (features, labels)) of one head kind, built in the current scope. Every
     row has as many labelled tokens (predictions, choices) as the others, so a mean over rows is the mean
     over the batch."""
-    from bert_mgpu.model import objectives
+    from bert_mgpu.model import mlm_objective, objectives
     from bert_mgpu.model.choice_objectives import MultipleChoice
     from bert_mgpu.model.pretraining_model import build_pretrainer
     from bert_mgpu.model.span_objectives import SpanExtraction
@@ -64,7 +64,7 @@ def head(name, config):
                   "next_sentence_labels": rng.integers(0, 2, n).astype(np.int32)}
         return features, labels
 
-    return build_pretrainer(config, nsp=True), objectives.MaskedLanguageModel().loss, pretraining_rows
+    return build_pretrainer(config, nsp=True), mlm_objective.MaskedLanguageModel().loss, pretraining_rows
 
 
 def check_every_head(towers):

@@ -51,7 +51,8 @@ def test_a_kind_has_one_name_and_runs_and_exports_written_under_the_old_names_re
 
     from bert_mgpu.io import run_dir, served
     from bert_mgpu.model.choice_objectives import MultipleChoice
-    from bert_mgpu.model.objectives import KINDS, MaskedLanguageModel
+    from bert_mgpu.model.mlm_objective import MaskedLanguageModel
+    from bert_mgpu.model.objectives import KINDS
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 

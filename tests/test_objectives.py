@@ -84,7 +84,8 @@ def test_pretraining_loss_is_googles_on_the_real_predictions_and_names_its_resul
     """Masked-LM cross-entropy over the predictions whose weight is 1 (padding predictions count for
     nothing), plus NSP's cross-entropy; the same objective names google-bert's eval results and the
     architecture a Hugging Face export writes."""
-    from bert_mgpu.model.objectives import MaskedLanguageModel, Objective
+    from bert_mgpu.model.mlm_objective import MaskedLanguageModel
+    from bert_mgpu.model.objectives import Objective
 
     mlm = np.array([[[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]], [[1.0, 1.0, 1.0], [9.0, -9.0, 0.0]]], np.float32)
     nsp = np.array([[0.0, 2.0], [1.0, -1.0]], np.float32)
@@ -168,7 +169,7 @@ def test_every_objective_reads_outputs_with_the_same_two_calls():
     import inspect
 
     from bert_mgpu.model.choice_objectives import MultipleChoice
-    from bert_mgpu.model.objectives import MaskedLanguageModel
+    from bert_mgpu.model.mlm_objective import MaskedLanguageModel
     from bert_mgpu.model.span_objectives import SpanExtraction
     from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
 

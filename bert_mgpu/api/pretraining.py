@@ -32,7 +32,7 @@ from bert_mgpu.io.outputs import write_eval_results
 from bert_mgpu.io.trained import Trained
 from bert_mgpu.model import pretraining_model
 from bert_mgpu.model.config import BertConfig
-from bert_mgpu.model.objectives import MaskedLanguageModel
+from bert_mgpu.model.mlm_objective import MaskedLanguageModel
 from bert_mgpu.parallel import distribute
 from bert_mgpu.parallel.devices import Towers
 from bert_mgpu.train import memory, optimization, schedules

@@ -31,7 +31,7 @@ from bert_mgpu.io.trained import (  # noqa: F401 (export.Trained, export.read_tr
     build_model,
     read_trained,
 )
-from bert_mgpu.model.objectives import MaskedLanguageModel
+from bert_mgpu.model.mlm_objective import MaskedLanguageModel
 
 log = logging.getLogger("bert_mgpu")
 FORMATS = ALL_FORMATS  # each head's own: heads.py

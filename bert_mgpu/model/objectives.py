@@ -1,13 +1,13 @@
-"""What a head kind means, in one place: one `Objective` each for classification, regression, multi-label,
-token classification (NER) and pretraining (masked LM, with or without next-sentence prediction).
+"""What a head kind means, in one place: one `Objective` each for classification, regression and multi-label
+here; token classification's (NER, with or without a CRF) in tagging_objectives.py, pretraining's (masked LM,
+with or without next-sentence prediction) in mlm_objective.py, and each other head's beside its model.
 
 Every objective owns the training loss, the metric a run is judged by and the architecture a Hugging Face
 export names. A sentence head's (`SentenceObjective`) also owns its head's width, how a label cell is checked
 and encoded, the evaluation's numbers, how logits become predictions, the prediction files, the Hugging Face
 label facts and the SavedModel's outputs. Everything else (the encoder, the towers, the session, checkpoints)
 is shared, so a new head kind (spans, multiple choice) is a new objective and its reader.
-`objective(name)` is the one place a --task_type string is read. Token classification's objectives
-(NER, with or without a CRF) are in tagging_objectives.py.
+`objective(name)` is the one place a --task_type string is read.
 
 Every objective reads a head's outputs through the same two calls, `evaluate(outputs, targets)` (a dict of
 `eval_*` numbers, with `report` and `confusion` beside them) and `prediction_files(predictions, rows)` ({file
@@ -31,7 +31,6 @@ import tensorflow as tf
 from bert_mgpu.core import metrics, prediction_files
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.distillation import soft_cross_entropy
-from bert_mgpu.model.kernels import sparse_xent
 from bert_mgpu.model.rdrop import symmetric_kl
 
 
@@ -452,51 +451,6 @@ class MultiLabel(SentenceObjective):
 
     def outputs(self, logits):
         return tf.sigmoid(logits)
-
-
-class MaskedLanguageModel(Objective):
-    """Pretraining as google-bert's run_pretraining.py: masked-LM cross-entropy over the real predictions,
-    plus next-sentence cross-entropy when the model has that head; evaluated under google-bert's names."""
-
-    name = "pretrainer"  # its head's name (io/heads.py), as every objective but a classifier's
-    EVAL_NAMES = {"mlm_loss": "masked_lm_loss", "mlm_accuracy": "masked_lm_accuracy",
-                  "nsp_loss": "next_sentence_loss", "nsp_accuracy": "next_sentence_accuracy", "loss": "loss"}
-
-    def loss(self, model, features, labels, training=True):
-        """(loss, stats): masked-LM loss and accuracy, the real tokens a sequence, NSP's loss and accuracy."""
-        out = model(features, training=training)
-        ids, weights = labels["masked_lm_ids"], tf.cast(labels["masked_lm_weights"], tf.float32)
-        logits = out["mlm_logits"]
-        per = tf.reshape(sparse_xent(tf.reshape(ids, [-1]), tf.reshape(logits, [-1, tf.shape(logits)[-1]])),
-                         tf.shape(ids))
-        denominator = tf.reduce_sum(weights) + 1e-5
-        mlm_loss = tf.reduce_sum(per * weights) / denominator
-        correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), ids), tf.float32)
-        real = tf.reduce_sum(tf.cast(features["padding_mask"], tf.float32), 1)
-        stats = {"mlm_loss": mlm_loss, "mlm_accuracy": tf.reduce_sum(correct * weights) / denominator,
-                 "tokens_per_sequence": tf.reduce_mean(real)}
-        loss = mlm_loss
-        if "nsp_logits" in out:
-            nsp = labels["next_sentence_labels"]
-            nsp_loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(nsp, out["nsp_logits"],
-                                                                                   from_logits=True))
-            stats["nsp_loss"] = nsp_loss
-            stats["nsp_accuracy"] = tf.reduce_mean(
-                tf.cast(tf.equal(tf.argmax(out["nsp_logits"], -1, output_type=tf.int32), nsp), tf.float32))
-            loss = loss + nsp_loss
-        return loss, stats
-
-    def evaluate(self, outputs, targets=None):
-        """The evaluation's means (`Trainer.evaluate`'s statistics, which hold the targets' comparison already)
-        under google-bert's eval_results names."""
-        return Evaluation({self.EVAL_NAMES[k]: v for k, v in outputs.items() if k in self.EVAL_NAMES})
-
-    def main_metric(self, task=None):
-        return "masked_lm_accuracy"
-
-    def hf_architecture(self, weights):
-        """BertForPreTraining with the next-sentence head, else BertForMaskedLM."""
-        return "BertForPreTraining" if "cls/seq_relationship/output_weights" in weights else "BertForMaskedLM"
 
 
 KINDS = {kind.name: kind for kind in (Classification, Regression, MultiLabel)}  # the --task_type choices
