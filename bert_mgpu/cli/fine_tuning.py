@@ -43,7 +43,8 @@ def define_fine_tuning_flags(data_help, max_seq_length_help, predict_help, best_
                        "--learning_rate; e.g. 0.95. 1: one rate for all.")
     flags.DEFINE_string("class_weights", None, "Each label's weight in the training loss, for skewed labels: "
                         "'auto' (examples / (labels x the label's count)) or one number a label in --labels' order, "
-                        "comma-separated. Classification, and a tagger without --crf (a weight a tag).")
+                        "comma-separated. Classification, and a tagger without --crf (a weight a tag; 'auto' there "
+                        "can weigh a rare tag thousands of times O: docs/tricks.md).")
     flags.DEFINE_float("focal_gamma", 0.0, "Focal loss (Lin et al. 2017): each example's (a tagger: each token's) "
                        "cross-entropy times (1 - p)^gamma, p its label's probability; e.g. 2. 0: cross-entropy.")
     flags.DEFINE_float("rdrop_alpha", 0.0, "R-Drop (Liang et al. 2021): each batch through the model twice, their "
