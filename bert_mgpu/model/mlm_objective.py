@@ -1,5 +1,5 @@
-"""Pretraining's objective: google-bert's run_pretraining.py loss (masked-LM cross-entropy over the real
-predictions, plus next-sentence cross-entropy when the model has that head), evaluated under its names."""
+"""The pretraining head's objective (`BertPretrainer`, run_pretraining_mgpu.py), beside the fine-tuning heads'
+in objectives.py: its loss, its eval_results names and the Hugging Face architecture its export names."""
 
 import keras
 import tensorflow as tf
