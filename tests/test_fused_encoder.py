@@ -181,6 +181,34 @@ def test_each_model_uses_its_own_variables_in_graphs():
         np.testing.assert_allclose(got, backbone(x)["pooled_output"], atol=2e-5)
 
 
+def test_a_process_that_builds_many_models_reads_each_ones_frozen_copies_without_a_retracing_warning():
+    """frozen_weights' refresh is one tf.function a model; made from one lambda, TensorFlow counted the sixth
+    model's trace as retracing and warned (seen in a benchmark's sixth fit in one process)."""
+    import logging
+
+    from bert_mgpu.model.fused_encoder import frozen_weights
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    tf.get_logger().addHandler(handler)
+    try:
+        for seed in range(7):
+            tf.keras.utils.set_random_seed(seed)
+            fused = FusedBertEncoder(build_backbone(tiny_config(30), "mixed_bfloat16"))
+            fused(_inputs())
+            with frozen_weights(fused):
+                copies = fused._frozen.copies
+            weights = fused._cast_variables()
+            assert len(copies) == len(weights) > 0
+            for v in weights:  # each model's copies hold its own weights, not an earlier model's (bf16 bits)
+                np.testing.assert_array_equal(tf.bitcast(copies[id(v)], tf.bfloat16).numpy(),
+                                              tf.cast(v, tf.bfloat16).numpy())
+    finally:
+        tf.get_logger().removeHandler(handler)
+    assert not [m for m in seen if "retracing" in m], seen
+
+
 @pytest.mark.parametrize("ln_mode", ["post-ln", "pre-ln"])
 def test_last_layer_on_used_rows_only_changes_nothing(ln_mode):
     backbone = build_backbone(tiny_config(30, encoder_ln_mode=ln_mode))

@@ -29,6 +29,7 @@ Example:
 """
 
 import contextlib
+import functools
 import threading
 
 import keras
@@ -323,9 +324,15 @@ def _unstored(copy, dtype):
     return value if value.dtype == dtype else tf.bitcast(value, dtype)
 
 
+def _refresh(pairs, dtype):
+    return [copy.assign(tf.bitcast(tf.cast(v.value, dtype), copy.dtype) if copy.dtype != dtype
+                        else tf.cast(v.value, dtype)) for v, copy in pairs]
+
+
 def _refresher(pairs, dtype):
-    return tf.function(lambda: [copy.assign(tf.bitcast(tf.cast(v.value, dtype), copy.dtype) if copy.dtype != dtype
-                                            else tf.cast(v.value, dtype)) for v, copy in pairs], autograph=False)
+    """One function per encoder. A partial, not a lambda: TensorFlow counts traces by the Python code they
+    come from, and a process that builds a sixth model (a notebook, a sweep) got its retracing warning."""
+    return tf.function(functools.partial(_refresh, pairs, dtype), autograph=False)
 
 
 @contextlib.contextmanager
