@@ -34,6 +34,7 @@ def run():
                       positive=fine_tuning.POSITIVE, fraction=("warmup_proportion",))
     if FLAGS.crf:
         raise UserError("--crf: a GlobalPointer scores spans, not tag sequences; use run_ner_mgpu.py for a CRF")
+    tag_map = fine_tuning.tag_map(FLAGS)  # a bad --tag_map ends the run before anything is set up
     begun = fine_tuning.begin(FLAGS, "run_global_pointer_mgpu.py", "global_pointer")
     if begun is None:
         return
@@ -41,7 +42,7 @@ def run():
     files = {split: tagged.find_split(FLAGS.data_dir, split) for split in fine_tuning.wanted(FLAGS)}
     options = {} if FLAGS.data_format == "auto" else {"data_format": FLAGS.data_format}
     read = {split: spans.read_spans(path, FLAGS.invalid_utf8, split, tag_column=FLAGS.tag_column,
-                                    tag_map=fine_tuning.tag_map(FLAGS), **options) for split, path in files.items()}
+                                    tag_map=tag_map, **options) for split, path in files.items()}
     train, dev, test = read.get("train"), read.get("dev"), read.get("test")
     for split, rows in (("train", train), ("dev", dev)):
         if rows is not None and any(s.entities is None for s in rows):
