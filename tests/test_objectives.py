@@ -85,7 +85,7 @@ def test_pretraining_loss_is_googles_on_the_real_predictions_and_names_its_resul
     nothing), plus NSP's cross-entropy; the same objective names google-bert's eval results and the
     architecture a Hugging Face export writes."""
     from bert_mgpu.model.mlm_objective import MaskedLanguageModel
-    from bert_mgpu.model.objectives import Objective
+    from bert_mgpu.model.objective import Objective
 
     mlm = np.array([[[2.0, 0.0, -1.0], [0.0, 3.0, 0.0]], [[1.0, 1.0, 1.0], [9.0, -9.0, 0.0]]], np.float32)
     nsp = np.array([[0.0, 2.0], [1.0, -1.0]], np.float32)
@@ -152,7 +152,7 @@ def test_class_weights_and_focal_loss_equal_a_numpy_reference(weights, gamma):
 
 
 def test_auto_class_weights_are_sklearns_balanced_and_other_heads_refuse_them():
-    from bert_mgpu.model.objectives import label_weights
+    from bert_mgpu.model.objective import label_weights
     from bert_mgpu.model.tagging_objectives import CRFTagging
 
     assert label_weights([6, 2, 0, 4]) == pytest.approx((12 / 24, 12 / 8, 1.0, 12 / 16))

@@ -19,7 +19,7 @@ from bert_mgpu.io import peft_adapter, run_checkpoint, run_dir
 from bert_mgpu.io.loading import Opened, open_checkpoint
 from bert_mgpu.model import lora
 from bert_mgpu.model.adversarial import with_adversarial
-from bert_mgpu.model.objectives import label_weights
+from bert_mgpu.model.objective import label_weights
 from bert_mgpu.model.rdrop import with_rdrop
 from bert_mgpu.parallel import agree
 from bert_mgpu.train import memory, optimization
@@ -84,7 +84,7 @@ class FineTuned:
         towers: the `Towers` it runs on.
         policy: the Keras dtype policy it computes in.
         max_seq_length: the longest input a row holds.
-        objective: the head kind's `Objective` (objectives.py).
+        objective: the head kind's `Objective` (objective.py).
         fused_encoder: whether `model` runs the fused encoder (recorded in a run's settings).
     """
 
@@ -200,7 +200,7 @@ class FineTuned:
         return self.objective.read_as(**{**self._reading(), **settings})
 
     def _reading(self):
-        """The objective's reading settings this model holds (objectives.Objective.read_as)."""
+        """The objective's reading settings this model holds (objective.Objective.read_as)."""
         return {}
 
     def evaluate(self, examples, batch_size=8, verbose="auto"):

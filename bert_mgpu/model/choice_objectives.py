@@ -1,5 +1,5 @@
 """Multiple choice's objective (SWAG, C3, CHID): a score a choice, softmax over a question's choices, accuracy.
-See objectives.py for the seam; the model is modeling.build_choice_model, the data data/choice_input.py.
+See objective.py for the seam; the model is modeling.build_choice_model, the data data/choice_input.py.
 
 Example:
     kind = MultipleChoice()
@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import prediction_files
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Evaluation, Objective
+from bert_mgpu.model.objective import Evaluation, Objective
 
 
 def _log_softmax(scores):

@@ -16,7 +16,7 @@ import tensorflow as tf
 from bert_mgpu.core import prediction_files
 from bert_mgpu.core.entities import span_scores
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.model.objectives import Evaluation, Objective, label_maps
+from bert_mgpu.model.objective import Evaluation, Objective, label_maps
 
 BIG = 1e12
 

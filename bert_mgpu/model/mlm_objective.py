@@ -5,7 +5,7 @@ import keras
 import tensorflow as tf
 
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Evaluation, Objective
+from bert_mgpu.model.objective import Evaluation, Objective
 
 
 class MaskedLanguageModel(Objective):

@@ -1,6 +1,6 @@
 """Extractive question answering's objective: a start and an end score on every position (google-bert's
 run_squad and transformers' BertForQuestionAnswering), scored by the official SQuAD or CMRC 2018 rules.
-See objectives.py for the seam; data/squad_input.py turns the scores into answers.
+See objective.py for the seam; data/squad_input.py turns the scores into answers.
 
 Example:
     kind = SpanExtraction()
@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import prediction_files, qa_metrics
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Evaluation, Objective
+from bert_mgpu.model.objective import Evaluation, Objective
 
 GOOGLE_HEAD = ("cls/squad/output_weights", "cls/squad/output_bias")  # run_squad's names, [2, hidden] and [2]
 

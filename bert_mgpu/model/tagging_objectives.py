@@ -1,5 +1,5 @@
 """Token classification's objectives (NER): a label a word on its first WordPiece, scored by entities as
-conlleval counts them; `CRFTagging` adds a linear-chain CRF (crf.py). See objectives.py for the seam.
+conlleval counts them; `CRFTagging` adds a linear-chain CRF (crf.py). See objective.py for the seam.
 
 Example:
     kind = TokenClassification()
@@ -18,7 +18,7 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.model.crf import log_likelihood, viterbi
 from bert_mgpu.model.distillation import soft_cross_entropy
 from bert_mgpu.model.kernels import sparse_xent
-from bert_mgpu.model.objectives import Evaluation, Objective, focal, label_maps
+from bert_mgpu.model.objective import Evaluation, Objective, focal, label_maps
 from bert_mgpu.model.rdrop import symmetric_kl
 
 log = logging.getLogger("bert_mgpu")
@@ -34,7 +34,7 @@ class TokenClassification(Objective):
     IGNORED = -1
     UNTAGGED = -2  # a word's first piece in unlabelled text (distillation): the soft term reads it, the loss not
     distillable = True
-    weighable = True  # each token's cross-entropy, weighted by its tag and focused (objectives.focal)
+    weighable = True  # each token's cross-entropy, weighted by its tag and focused (objective.focal)
     softmax_outputs = True  # R-Drop compares each labelled token's two softmaxes
 
     def loss(self, model, features, labels, training=True):
