@@ -19,7 +19,7 @@ def main():
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from bert_mgpu.cli import checks_gpu
+    from bert_mgpu.cli import check_models
     from bert_mgpu.core import _compat
 
     devices = ["/cpu:0", "/cpu:1"]
@@ -33,8 +33,8 @@ def main():
     for _ in range(2):
         for kind, make in kinds.items():
             strategy = make()
-            trainer = checks_gpu._trainer(strategy, "demo", "mixed_bfloat16")
-            batches = trainer.training_batches(checks_gpu._data(32, 128, 8))
+            trainer = check_models.classifier_trainer(strategy, "demo", "mixed_bfloat16")
+            batches = trainer.training_batches(check_models.random_batches(32, 128, 8))
             for _ in range(2):
                 trainer.train_step(next(batches))
             start = time.perf_counter()

@@ -84,6 +84,7 @@ DEFERRED = {
     "cli": "scripts import it to define flags before TensorFlow loads, quietly (quiet.py)",
     "cli.gpu_check": "its parent process never loads TensorFlow: each check runs in a child",
     "cli.checks_gpu": "each check, in its own child process, loads only what it tests",
+    "cli.check_models": "as cli.checks_gpu: a check's child loads only what it builds",
     "cli.fine_tuning": "scripts import it to define flags before TensorFlow loads, as cli",
     "cli.masking": "scripts import it to define flags before TensorFlow loads, as cli",
     "cli.suite": "scripts import it to define flags before TensorFlow loads, as cli",

@@ -8,44 +8,7 @@ import time
 
 import numpy as np
 
-SEQ = 128
-SHAPES = {  # (hidden, layers, heads, intermediate)
-    "tiny": (64, 2, 4, 256), "demo": (384, 6, 12, 1536), "base": (768, 12, 12, 3072)}
-TOLERANCE = {"mixed_float16": (0.05, 0.02), "mixed_bfloat16": (0.1, 0.05), "float32": (1e-4, 1e-4)}
-
-
-def _config(shape, vocab=30522):
-    from bert_mgpu.model.config import BertConfig
-
-    hidden, layers, heads, inter = SHAPES[shape]
-    return BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                      intermediate_size=inter, max_position_embeddings=512)
-
-
-def _trainer(strategy, shape, policy, **kwargs):
-    from bert_mgpu.model import modeling
-    from bert_mgpu.train import optimization, training
-
-    with strategy.scope():
-        model = modeling.build_classifier(_config(shape), 2, policy)
-        opt = optimization.create_optimizer(1e-4, 1000, 0, float16=policy == "mixed_float16")
-    return training.Trainer(strategy, model, opt, **kwargs)
-
-
-def _data(global_batch, seq, steps, seed=0):
-    import tensorflow as tf
-
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1000, 30000, (steps * global_batch, seq)).astype("int32")
-    features = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids, bool)}
-    labels = rng.integers(0, 2, steps * global_batch).astype("int32")
-    return tf.data.Dataset.from_tensor_slices((features, labels)).batch(global_batch, drop_remainder=True)
-
-
-def _towers_differ(strategy, model):
-    return [v.path for v in model.trainable_variables
-            if any(not np.array_equal(c.numpy(), strategy.experimental_local_results(v.value)[0].numpy())
-                   for c in strategy.experimental_local_results(v.value))]
+from bert_mgpu.cli.check_models import SEQ, TOLERANCE, bert_config, classifier_trainer, random_batches, towers_differ
 
 
 def devices(setup):
@@ -88,8 +51,8 @@ def libraries(setup):
 
     build = {k: v for k, v in tf.sysconfig.get_build_info().items() if "version" in k or k == "is_cuda_build"}
     if setup.gpu:
-        trainer = _trainer(setup.strategy(), "tiny", "float32")
-        trainer.train_step(next(trainer.training_batches(_data(setup.per_tower * setup.plan.towers, 32, 1))))
+        trainer = classifier_trainer(setup.strategy(), "tiny", "float32")
+        trainer.train_step(next(trainer.training_batches(random_batches(setup.per_tower * setup.plan.towers, 32, 1))))
     with open("/proc/self/maps") as f:
         loaded = sorted({line.split()[-1] for line in f
                          if re.search(r"lib(nccl|cudnn|cudart|cublas)\b[^/]*\.so", line)})
@@ -130,15 +93,16 @@ def step(setup, policy, steps=4):
     skip some), towers bit-equal after, and each pack one dtype."""
     strategy = setup.strategy()
     quick = getattr(setup, "quick", False)
-    trainer = _trainer(strategy, "tiny" if quick else "base", policy, bytes_per_pack=4096 if quick else 32 * 2**20)
+    trainer = classifier_trainer(strategy, "tiny" if quick else "base", policy,
+                                 bytes_per_pack=4096 if quick else 32 * 2**20)
     per_tower, seq = (16, SEQ) if setup.gpu else (1, 16)
-    batches = trainer.training_batches(_data(per_tower * setup.plan.towers, seq, steps))
+    batches = trainer.training_batches(random_batches(per_tower * setup.plan.towers, seq, steps))
     graph = trainer.step_graph(trainer.input_spec)
     packs = [(op.get_attr("T").name, op.inputs[0].shape.num_elements()) for op in graph.get_operations()
              if op.type == "CollectiveReduceV2" and op.inputs[0].shape.num_elements() not in (None, 1)
              and re.search(r"device:(CPU|GPU):0$", op.device)]  # the first tower's op of each pack
     losses = [trainer.train_step(b)[0] for b in batches]
-    differ = _towers_differ(strategy, trainer.model)
+    differ = towers_differ(strategy, trainer.model)
     hints = sorted({op.get_attr("communication_hint").decode() for op in graph.get_operations()
                     if op.type == "CollectiveReduceV2"})
     ok = bool(np.all(np.isfinite(losses))) and trainer.applied_steps >= 1 and not differ and len(packs) >= 2
@@ -151,128 +115,20 @@ def step(setup, policy, steps=4):
 
 
 def heads_mixed_float16(setup, steps=3):
-    """run_ner_mgpu.py --crf, run_squad_mgpu.py and run_multiple_choice_mgpu.py in mixed_float16: a token head
-    with the CRF's float32 transitions (labels on every other position, -1 on the rest), the span head (start
-    and end labels) and the choice head (4 choices a question, the last one padding on odd questions); then
-    run_distill_ner_mgpu.py's step (a 1-layer tagger taught by a frozen 2-layer one, a row of unlabelled words,
-    the hidden-state and attention losses too), --teacher_logits' (a classifier student taught by outputs the
-    batch carries, no teacher run), --ema_decay's (a classifier's moving averages updated on each
-    GPU after its step), --adversarial=pgd's (2 steps, then a pass on the perturbed word embeddings) and
-    --lora_rank's (adapters on every dense kernel), an ELECTRA's (embeddings half as wide, projected) and every
-    registered head's own probe (`Head.gpu_probe`: GlobalPointer's nested spans); each trained on every tower:
-    finite losses, towers bit-equal after (the averages too, the teacher and LoRA's frozen encoder as they
-    were)."""
-    import tensorflow as tf
+    """Every head kind and every trick that changes the tower step, trained in mixed_float16 on every tower:
+    finite losses, towers bit-equal after, and each one's own sign of life (checks_gpu_heads.run lists them)."""
+    from bert_mgpu.cli import checks_gpu_heads  # its imports are every head's: only this check's child loads them
 
-    from bert_mgpu.io.heads import HEADS
-    from bert_mgpu.model import lora, modeling
-    from bert_mgpu.model.adversarial import with_adversarial
-    from bert_mgpu.model.choice_objectives import MultipleChoice
-    from bert_mgpu.model.distillation import CACHED, Intermediate, with_teacher
-    from bert_mgpu.model.objectives import Classification
-    from bert_mgpu.model.span_objectives import SpanExtraction
-    from bert_mgpu.model.tagging_objectives import CRFTagging, TokenClassification
-    from bert_mgpu.train import optimization, training
-
-    strategy = setup.strategy()
-    rows, seq = 4 * setup.plan.towers, 32
-    features, _ = next(iter(_data(rows, seq, 1)))
-    token_labels = np.where(np.arange(seq) % 2 == 1, np.arange(rows * seq).reshape(rows, seq) % 9, -1)
-    span_labels = np.stack([np.arange(rows) % seq, (np.arange(rows) + 3) % seq], 1)
-    choice_features = {k: v.numpy().reshape(rows, 4, seq // 4) for k, v in features.items()}
-    choice_features["padding_mask"][1::2, 3] = False
-    choice_features["token_ids"][1::2, 3] = 0
-    heads = {"tagger_crf": (lambda: modeling.build_tagger(_config("tiny"), 9, "mixed_float16", crf=True),
-                            CRFTagging().loss, features, token_labels),
-             "span": (lambda: modeling.build_span_model(_config("tiny"), "mixed_float16"), SpanExtraction().loss,
-                      features, span_labels),
-             "multiple_choice": (lambda: modeling.build_choice_model(_config("tiny"), "mixed_float16"),
-                                 MultipleChoice().loss, choice_features, np.arange(rows) % 3)}
-    with strategy.scope():
-        teacher = modeling.build_tagger(_config("tiny"), 9, "mixed_float16")
-        teacher.trainable = False
-    before = [v.numpy() for v in teacher.weights]
-    untagged = np.where(np.arange(rows)[:, None] == 1, np.where(token_labels >= 0, -2, -1), token_labels)
-    student = dataclasses.replace(_config("tiny"), num_hidden_layers=1)
-    heads["distilled_tagger"] = (lambda: modeling.build_tagger(student, 9, "mixed_float16"), with_teacher(
-        TokenClassification().loss, teacher, TokenClassification(), 2.0, intermediate=Intermediate((1,), 1.0, 1.0)),
-        features, untagged)
-    cached = {**features, CACHED: tf.constant(np.linspace(-2, 2, rows * 2).reshape(rows, 2), tf.float32)}
-    heads["distilled_cached"] = (lambda: modeling.build_classifier(student, 2, "mixed_float16"), with_teacher(
-        Classification().loss, teacher, Classification(), 2.0), cached, np.arange(rows) % 2)
-    heads["ema"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
-                    features, np.arange(rows) % 2)
-    heads["adversarial"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"),
-                    with_adversarial(Classification().loss, 1.0, 2, 0.5), features, np.arange(rows) % 2)
-    heads["lora"] = (lambda: modeling.build_classifier(_config("tiny"), 2, "mixed_float16"), Classification().loss,
-                     features, np.arange(rows) % 2)
-    tiny = _config("tiny")
-    electra = dataclasses.replace(tiny, model_type="electra", embedding_size=tiny.hidden_size // 2)
-    heads["electra"] = (lambda: modeling.build_classifier(electra, 2, "mixed_float16"), Classification().loss,
-                        features, np.arange(rows) % 2)
-    for head in HEADS.values():  # a registered head's own (io/heads.py: GlobalPointer's): it joins by itself
-        probe = head.gpu_probe(tiny, rows, seq)
-        if probe is not None:
-            heads[head.name] = (probe[0], probe[1], features, probe[2])
-    out, ok = {}, True
-    for name, (build, loss, features, labels) in heads.items():
-        with strategy.scope():
-            model = build()
-            if name == "lora":  # adapters on every dense kernel, the encoder frozen
-                lora.enable(model, lora.check_lora(4, 8, tuple(lora.TARGETS)))
-            frozen = [(v, v.numpy()) for v in model.backbone.weights] if name == "lora" else []
-            projection = model.backbone.embeddings_projection.kernel.numpy() if name == "electra" else None
-            opt = optimization.create_optimizer(1e-3, 1000, 0, float16=True, ema_decay=0.9 if name == "ema" else 0)
-        trainer = training.Trainer(strategy, model, opt, loss_fn=loss)
-        data = tf.data.Dataset.from_tensors((features, labels.astype("int32"))).repeat(steps)
-        losses = [trainer.train_step(b)[0] for b in trainer.training_batches(data)]
-        differ = _towers_differ(strategy, model)
-        facts = {}
-        if name == "tagger_crf":
-            facts["transitions_moved"] = float(np.abs(model.crf.transitions.numpy()).max())
-        if name == "distilled_tagger":
-            facts["teacher_changed"] = [v.path for v, w in zip(teacher.weights, before) if not all(
-                np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
-            facts["hidden_and_attention"] = [float(trainer.stats[k]) for k in ("distill_hidden", "distill_attention")]
-        if name == "distilled_cached":
-            facts["cached_soft"] = float(trainer.stats["distill_soft"])
-        if name == "adversarial":
-            facts["adversarial_loss"] = float(trainer.stats["adversarial_loss"])
-        if name == "lora":
-            facts["encoder_changed"] = [v.path for v, w in frozen if not all(
-                np.array_equal(c.numpy(), w) for c in strategy.experimental_local_results(v.value))]
-            facts["adapters_moved"] = float(max(np.abs(v.numpy()).max() for n, v in
-                                                lora.adapters(model).named_variables().items() if "lora_b" in n))
-        if name == "electra":  # the embeddings' projection trains; the pooler ELECTRA lacks stays out
-            facts["projection_moved"] = float(np.abs(model.backbone.embeddings_projection.kernel.numpy()
-                                                     - projection).max())
-            facts["pooler_trained"] = any(v.path.startswith("pooled_dense") for v in model.trainable_variables)
-        if name == "ema":
-            averages = opt.inner_optimizer._model_variables_moving_average
-            differ += [f"average of {v.path}" for v in averages if any(not np.array_equal(
-                c.numpy(), strategy.experimental_local_results(v.value)[0].numpy())
-                for c in strategy.experimental_local_results(v.value))]
-            facts["averages_apart"] = float(max(np.abs(a.numpy() - v.numpy()).max() for a, v in zip(
-                averages, opt.inner_optimizer._trainable_variables)))
-        good = bool(np.all(np.isfinite(losses))) and not differ and trainer.applied_steps >= 1 and \
-            facts.get("transitions_moved") != 0 and not facts.get("teacher_changed") and \
-            min(facts.get("hidden_and_attention", [1])) > 0 and facts.get("adversarial_loss", 1) > 0 and \
-            facts.get("cached_soft", 1) > 0 and facts.get("averages_apart", 1) > 0 and \
-            not facts.get("encoder_changed") and facts.get("adapters_moved", 1) > 0 and \
-            facts.get("projection_moved", 1) > 0 and not facts.get("pooler_trained")
-        ok &= good
-        out[name] = {"ok": good, "losses": losses, "differ": differ, "applied": trainer.applied_steps, **facts}
-    return {"ok": ok, **out, "summary": "; ".join(
-        f"{name}: losses {', '.join(f'{x:.3f}' for x in r['losses'])}, {r['applied']} applied, "
-        f"{len(r['differ'])} variable(s) differ" for name, r in out.items())}
+    return checks_gpu_heads.run(setup, steps)
 
 
 def two_towers_per_gpu(setup, steps=3):
     """--towers_per_gpu=2: logical devices on each GPU, RING collectives between all towers."""
     strategy = setup.strategy()
-    trainer = _trainer(strategy, "tiny", "mixed_float16")
-    losses = [trainer.train_step(b)[0] for b in trainer.training_batches(_data(4 * setup.plan.towers, 32, steps))]
-    differ = _towers_differ(strategy, trainer.model)
+    trainer = classifier_trainer(strategy, "tiny", "mixed_float16")
+    batches = trainer.training_batches(random_batches(4 * setup.plan.towers, 32, steps))
+    losses = [trainer.train_step(b)[0] for b in batches]
+    differ = towers_differ(strategy, trainer.model)
     ok = bool(np.all(np.isfinite(losses))) and not differ
     return {"ok": ok, "towers": setup.plan.towers, "all_reduce": setup.plan.all_reduce, "losses": losses,
             "summary": f"{setup.plan.towers} towers, {setup.plan.all_reduce} collectives: losses "
@@ -304,8 +160,8 @@ def failing_tower(setup, timeout_seconds=120):
     from bert_mgpu.core.errors import RunError
 
     run_out_of_memory(tower=1, from_step=1)
-    trainer = _trainer(setup.strategy(timeout_seconds=timeout_seconds), "tiny", "float32")
-    batches = trainer.training_batches(_data(4 * setup.plan.towers, 32, 3))
+    trainer = classifier_trainer(setup.strategy(timeout_seconds=timeout_seconds), "tiny", "float32")
+    batches = trainer.training_batches(random_batches(4 * setup.plan.towers, 32, 3))
     trainer.train_step(next(batches))
     start = time.monotonic()
     try:
@@ -332,7 +188,7 @@ def auto_batch_size(setup):
                                                            towers_per_device=setup.plan.towers)
     towers = types.SimpleNamespace(plan=plan, strategy=strategy, gpus=setup.gpus)
     with strategy.scope():
-        model = modeling.build_classifier(_config("base" if setup.gpu else "tiny"), 2,
+        model = modeling.build_classifier(bert_config("base" if setup.gpu else "tiny"), 2,
                                           "mixed_float16" if setup.gpu else "float32")
     best = memory.find_for_model(towers, model, "mixed_float16" if setup.gpu else "float32",
                                  lambda n: memory.classifier_batch(n, SEQ),
@@ -353,7 +209,7 @@ def fused_matches_keras_hub(setup):
 
     results, ok = {}, True
     for policy in ("mixed_float16", "mixed_bfloat16"):
-        config = dataclasses.replace(_config("tiny", vocab=1000), hidden_dropout_prob=0.0,
+        config = dataclasses.replace(bert_config("tiny", vocab=1000), hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0)
         backbone = build_backbone(config, policy)
         fused = FusedBertEncoder(backbone)
@@ -391,10 +247,11 @@ def xla_step(setup):
     runs = {}
     for recompute in (False, True):
         keras.utils.set_random_seed(0)  # the same weights and dropout masks
-        trainer = _trainer(setup.strategy(), "tiny", "mixed_float16" if setup.gpu else "float32", use_xla=True)
+        policy = "mixed_float16" if setup.gpu else "float32"
+        trainer = classifier_trainer(setup.strategy(), "tiny", policy, use_xla=True)
         set_recompute(trainer.model, recompute)
         before = [v.numpy() for v in trainer.model.trainable_variables]
-        loss, _ = trainer.train_step(next(trainer.training_batches(_data(4 * setup.plan.towers, 32, 1))))
+        loss, _ = trainer.train_step(next(trainer.training_batches(random_batches(4 * setup.plan.towers, 32, 1))))
         runs[recompute] = loss, before, [v.numpy() for v in trainer.model.trainable_variables]
     (loss, before, plain), (again, _, recomputed) = runs[False], runs[True]
     update = np.mean(np.concatenate([np.abs(a - b).ravel() for a, b in zip(plain, before)]))
@@ -417,9 +274,9 @@ def worker(task_index, worker_hosts):
     towers = devs.Towers(n_gpus=-1 if gpus else 0, train_batch_size=4, worker_hosts=worker_hosts,
                          task_index=task_index, collective_timeout_seconds=300)
     policy = precision.resolve_precision("auto", towers.plan)[0] if gpus else "mixed_bfloat16"
-    trainer = _trainer(towers.strategy, "tiny", policy)
-    losses = [trainer.train_step(b)[0] for b in trainer.training_batches(_data(towers.global_batch, 32, 3))]
-    eval_loss = trainer.evaluate(_data(towers.global_batch, 32, 2))["loss"]
+    trainer = classifier_trainer(towers.strategy, "tiny", policy)
+    losses = [trainer.train_step(b)[0] for b in trainer.training_batches(random_batches(towers.global_batch, 32, 3))]
+    eval_loss = trainer.evaluate(random_batches(towers.global_batch, 32, 2))["loss"]
     checksum = float(sum(np.abs(v.numpy()).sum() for v in trainer.model.trainable_variables))
     ok = bool(np.all(np.isfinite(losses))) and np.isfinite(eval_loss)
     return {"ok": ok, "policy": policy, "losses": [round(x, 4) for x in losses], "eval_loss": round(eval_loss, 4),
@@ -460,7 +317,7 @@ def scaling(setup, steps=None):
             plan = dataclasses.replace(setup.plan, physical_ids=setup.plan.physical_ids[:n],
                                        visible_names=setup.plan.visible_names[:n])
             strategy = distribute.make_strategy(plan, devices=None if setup.gpu else setup.devices[:n])
-            trainer = _trainer(strategy, shape, "mixed_float16" if setup.gpu else "float32")
+            trainer = classifier_trainer(strategy, shape, "mixed_float16" if setup.gpu else "float32")
             data = _text_pipeline(per_tower * n, SEQ, directory)
             rate = Loop(trainer, per_tower * n, log_every=steps, verbose=False).run(
                 data, until_step=2 * steps)["examples_per_second"]

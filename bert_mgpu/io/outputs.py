@@ -7,7 +7,7 @@ import os
 
 from bert_mgpu.core import storage
 from bert_mgpu.core.storage import write_atomic
-from bert_mgpu.io.checkpoints import found_damaged
+from bert_mgpu.io.checkpoint_files import found_damaged
 
 
 def summary(title, facts, output_dir):

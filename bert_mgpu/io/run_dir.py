@@ -27,7 +27,8 @@ import tensorflow as tf
 from bert_mgpu.core import storage
 from bert_mgpu.core.errors import RunError, UserError
 from bert_mgpu.io import names
-from bert_mgpu.io.checkpoints import RUN_FILE, note_damaged, run_checkpoints
+from bert_mgpu.io.checkpoint_files import note_damaged, run_checkpoints
+from bert_mgpu.io.checkpoints import RUN_FILE
 
 log = logging.getLogger("bert_mgpu")
 
