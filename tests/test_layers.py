@@ -86,6 +86,7 @@ DEFERRED = {
     "cli.checks_gpu": "each check, in its own child process, loads only what it tests",
     "cli.check_models": "as cli.checks_gpu: a check's child loads only what it builds",
     "cli.fine_tuning": "scripts import it to define flags before TensorFlow loads, as cli",
+    "cli.exports": "scripts import it to define flags before TensorFlow loads, as cli",
     "cli.masking": "scripts import it to define flags before TensorFlow loads, as cli",
     "cli.suite": "scripts import it to define flags before TensorFlow loads, as cli",
     "model.config": "BertConfig reads and checks bert_config.json without loading TensorFlow (kernels does)",
