@@ -146,7 +146,8 @@ def test_a_rerun_of_the_finished_command_trains_nothing_and_writes_the_same(trai
     assert open(os.path.join(out, "eval_results.txt")).read() == before
 
 
-@pytest.mark.parametrize("case", ["unknown_dev_type", "hf_export", "crf", "entity_outside", "no_entities"])
+@pytest.mark.parametrize("case", ["unknown_dev_type", "hf_export", "crf", "entity_outside", "no_entities",
+                                  "bad_tag_map"])
 def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_path):
     d = tmp_path / "data"
     d.mkdir()
@@ -168,6 +169,9 @@ def test_bad_input_is_one_line_naming_file_and_line(case, data, release, tmp_pat
         del rows["dev.json"][0]["entities"]
         rows["dev.json"] = rows["dev.json"][:1]
         expected = f"{d}/dev.json: has no entities"
+    elif case == "bad_tag_map":  # read before the towers, as run_ner_mgpu.py does
+        extra.append("--tag_map=nr:PER")
+        expected = "--tag_map: 'nr:PER' is not pos=TYPE (as nr=PER)"
     for name, values in rows.items():
         write_jsonl(d / name, values)
     out = tmp_path / "out"
