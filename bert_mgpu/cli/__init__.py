@@ -1,6 +1,7 @@
 """What the entry scripts share: tower, precision and reliability flags, defined once (--do_export's, with
-the exports themselves, in exports.py); the towers made from them; and `main_wrapper`, which ends a user mistake or a failed run in one line on stderr and exit 1,
-and a run a signal stopped with the exit code a scheduler retries (`errors.Interrupted`)."""
+the exports themselves, in exports.py); the towers made from them; and `main_wrapper`, which ends a user
+mistake or a failed run in one line on stderr and exit 1, and a run a signal stopped with the exit code a
+scheduler retries (`errors.Interrupted`)."""
 
 import logging
 import os
