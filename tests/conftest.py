@@ -9,15 +9,6 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# Each of pytest-xdist's workers gets its share of the cores, so that two workers on two cores do not each start
-# two-thread pools that preempt each other (test_training and test_allreduce together: 16% less wall time, NOTES
-# 101); OMP_NUM_THREADS does the same for the reference's PyTorch. The scripts the tests start inherit it. A
-# user's run is untouched: TensorFlow's default is all cores.
-_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-if _workers > 1:
-    _share = str(max(1, len(os.sched_getaffinity(0)) // _workers))
-    for _name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "OMP_NUM_THREADS"):
-        os.environ.setdefault(_name, _share)
 
 import tensorflow as tf  # noqa: E402
 
