@@ -28,6 +28,7 @@ def test_classification():
     assert objective("regression").settings() == {"task_type": "regression"}
     assert objective("multi_label").settings() == {"task_type": "multi_label"}
     assert "a score, not a class" in kind.check_label("0.5", None)
+    assert kind.check_label("inf", None) is None and kind.check_label("NaN", None) is None  # class names, no scores
     loss, _ = kind.loss(model(), {}, tf.constant([0, 1]))
     p = np.exp(LOGITS) / np.exp(LOGITS).sum(1, keepdims=True)
     assert float(loss) == pytest.approx(-np.mean(np.log([p[0, 0], p[1, 1]])), rel=1e-6)
@@ -46,7 +47,9 @@ def test_regression():
     rows = [Example("a", "x", label="0.5"), Example("b", "y")]
     encoded = kind.encode(rows, [])
     assert encoded[0] == 0.5 and np.isnan(encoded[1]) and kind.width(["ignored"]) == 1 and not kind.has_classes
-    assert "not a number" in kind.check_label("fresh", None)
+    assert kind.check_label("fresh", None) == "label 'fresh' is not a finite number (--task_type=regression)"
+    assert kind.check_label("nan", None) == "label 'nan' is not a finite number (--task_type=regression)"
+    assert kind.check_label("-1e3", None) is None and kind.check_label("inf", None) is not None
     with pytest.raises(UserError, match="example c has label 'x', not a number"):
         kind.encode([Example("c", "z", label="x")], [])
     loss, _ = kind.loss(model(), {}, tf.constant([1.0, 0.0]))

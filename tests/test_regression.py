@@ -80,7 +80,7 @@ def test_a_regression_run_predicts_from_its_directory_as_a_regression(stsb, tmp_
 
 @pytest.mark.parametrize("case, expected", [
     ("score_as_class", r"train.tsv:3: label '3.75' is a score, not a class; pass --task_type=regression"),
-    ("word_as_score", r"train.tsv:3: label 'high' is not a number \(--task_type=regression\)"),
+    ("word_as_score", r"train.tsv:3: label 'high' is not a finite number \(--task_type=regression\)"),
     ("regression_of_a_class_task", r"--task_type=regression: mrpc is a classification task"),
 ])
 def test_labels_that_do_not_fit_the_task_type_are_one_line(stsb, tmp_path, case, expected):

@@ -9,14 +9,13 @@ file and line.
 import collections
 import dataclasses
 import logging
-import math
 import os
 
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data import glue_tasks
 from bert_mgpu.data.inputs import check_text, is_frame
 from bert_mgpu.data.text_files import read_json_lines, read_rows
-from bert_mgpu.model.objectives import KINDS, objective
+from bert_mgpu.model.objectives import KINDS, is_number, objective
 
 log = logging.getLogger("bert_mgpu")
 
@@ -121,13 +120,6 @@ def _text(path, line, row, index):
 
 
 TASK_TYPES = tuple(KINDS)
-
-
-def _is_number(text):
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
 
 
 def check_widths(path, rows, delimiter):
@@ -270,7 +262,7 @@ class NamedColumnTask(ColumnTask):
         if len(cells) < 3 or cells[0] in cells[1:]:
             return
         if not self.objective.has_classes:  # scores
-            header = not _is_number(cells[0]) and all(_is_number(c) for c in cells[1:])
+            header = not is_number(cells[0]) and all(is_number(c) for c in cells[1:])
         else:  # every other class is in two rows or more
             counts = collections.Counter(cells[1:])
             header = len(cells) > 10 and min(counts.values()) >= 2 and not isinstance(self._labels, (list, tuple))

@@ -24,6 +24,8 @@ Example:
 """
 
 
+import math
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -35,10 +37,10 @@ from bert_mgpu.model.objective import Evaluation, Objective, focal, label_maps
 from bert_mgpu.model.rdrop import symmetric_kl
 
 
-def _is_number(text):
+def is_number(text):
+    """A finite number: "nan" and "inf" are no score, and a class named so stays a class."""
     try:
-        float(text)
-        return True
+        return math.isfinite(float(text))
     except ValueError:
         return False
 
@@ -68,7 +70,7 @@ class SentenceObjective(Objective):
         """What is wrong with one label cell (`known`: the label list, or None while it is not), or None."""
         if known is not None:
             return None if label in known else f"label {label!r} is not one of {', '.join(known)}"
-        if _is_number(label) and float(label) != int(float(label)):
+        if is_number(label) and float(label) != int(float(label)):
             return (f"label {label!r} is a score, not a class; pass --task_type=regression (or --labels to take "
                     "such labels as classes)")
         return None
@@ -212,7 +214,7 @@ class Regression(SentenceObjective):
         return []
 
     def check_label(self, label, known):
-        return None if _is_number(label) else f"label {label!r} is not a number (--task_type=regression)"
+        return None if is_number(label) else f"label {label!r} is not a finite number (--task_type=regression)"
 
     def encode(self, examples, label_list, source="data"):
         out = []
