@@ -42,7 +42,7 @@ def read_inputs(path):
     import logging
 
     from bert_mgpu.core.errors import UserError
-    from bert_mgpu.data.tasks import Example
+    from bert_mgpu.data.examples import Example
     from bert_mgpu.data.text_files import read_text
 
     lines = read_text(path).split("\n")

@@ -20,7 +20,7 @@ BUCKETS = "--length_buckets" in sys.argv
 def rt_dataset(case, make_dataset=None):
     """Rotten Tomatoes for a case, through bert_mgpu's input pipeline (or another make_dataset)."""
     from bert_mgpu.data import input_pipeline
-    from bert_mgpu.data.tasks import Example
+    from bert_mgpu.data.examples import Example
 
     spec = common.CASES[case]
     split = "dev" if spec["mode"] == "predict" else "train"

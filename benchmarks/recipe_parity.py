@@ -205,7 +205,7 @@ def initial_model(head, labels, seed, precision, directory):
 
 
 def bert_mgpu_run(clf, train, held, seed, out, keywords):
-    from bert_mgpu.data.tasks import Example
+    from bert_mgpu.data.examples import Example
 
     rows = [Example(f"train-{i}", text, None, label) for i, (text, label) in enumerate(train)]
     clf.fit(rows, out, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False,

@@ -6,8 +6,8 @@ import tensorflow as tf
 from conftest import write_vocab
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.examples import Example
 from bert_mgpu.data.input_pipeline import combine, make_dataset
-from bert_mgpu.data.tasks import Example
 from bert_mgpu.data.tokenization import FullTokenizer
 
 

@@ -7,16 +7,16 @@ import pytest
 
 from bert_mgpu.api import multiple_choice, question_answering
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data import inputs, tagged, tasks
+from bert_mgpu.data import examples, inputs, tagged
 from bert_mgpu.data.tagging_input import split_words
 
 BROKEN = "a good \ud83d film"  # half of a surrogate pair, as a broken JSON escape leaves it
 
 
 @pytest.mark.parametrize("read, given, where", [
-    (tasks.as_examples, [BROKEN], "input 0: a lone surrogate U+D83D at character 7"),
-    (tasks.as_examples, [("fine", BROKEN)], "input 0's second text: a lone surrogate U+D83D"),
-    (tasks.as_examples, pd.DataFrame({"text": pd.Series(["fine", BROKEN], dtype=object)}),  # arrow strings refuse it
+    (examples.as_examples, [BROKEN], "input 0: a lone surrogate U+D83D at character 7"),
+    (examples.as_examples, [("fine", BROKEN)], "input 0's second text: a lone surrogate U+D83D"),
+    (examples.as_examples, pd.DataFrame({"text": pd.Series(["fine", BROKEN], dtype=object)}),  # arrow strings refuse it
      "input 1: a lone surrogate U+D83D"),
     (lambda rows: tagged.as_sentences(rows, split_words), ["fine", BROKEN], "input 1: a lone surrogate"),
     (lambda rows: tagged.as_sentences(rows, split_words), [["a", "\udc80"]], "input 0: a lone surrogate U+DC80"),

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
-from bert_mgpu.data.tasks import Example
+from bert_mgpu.data.examples import Example
 from bert_mgpu.model.objectives import KINDS, objective
 
 LOGITS = np.array([[2.0, -1.0], [0.5, 1.5]], np.float32)

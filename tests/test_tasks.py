@@ -141,7 +141,7 @@ def test_tfds_task_reads_nothing_before_the_towers_are_set_up(tmp_path):
 def test_notebook_inputs_become_examples():
     import pandas as pd
 
-    from bert_mgpu.data.tasks import Example, as_examples
+    from bert_mgpu.data.examples import Example, as_examples
 
     assert as_examples("great film") == [Example("0", "great film")]
     assert as_examples(["great film", ("A man eats.", "Someone eats.")]) == [

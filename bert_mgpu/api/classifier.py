@@ -22,8 +22,8 @@ from bert_mgpu.api.embeddings import Encoder
 from bert_mgpu.api.fine_tuning import FineTuned, open_head, prediction_bar
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import check_windows, cut_documents, window_dataset
+from bert_mgpu.data.examples import Example, as_examples
 from bert_mgpu.data.input_pipeline import check_truncation, make_dataset
-from bert_mgpu.data.tasks import Example, as_examples
 from bert_mgpu.data.windows import pool
 from bert_mgpu.io import export, run_checkpoint
 from bert_mgpu.io.trained import Trained, model_weights

@@ -19,8 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.data.examples import as_examples
 from bert_mgpu.data.input_pipeline import make_dataset, pair_kind, traced_encode
-from bert_mgpu.data.tasks import as_examples
 from bert_mgpu.data.tokenization import FullTokenizer, rows
 from bert_mgpu.io.loading import open_checkpoint
 from bert_mgpu.model import modeling

@@ -287,14 +287,15 @@ def _text_pipeline(global_batch, seq, directory):
     """The fine-tuning input pipeline (input_pipeline.make_dataset: tokenizing in tf.data, batches in
     shuffled order) over made-up texts of 130 to 200 words, so every batch is `seq` tokens wide, as
     docs/gpu_scaling.md's model assumes (and no step compiles kernels for a new width)."""
-    from bert_mgpu.data import input_pipeline, tasks, tokenization
+    from bert_mgpu.data import input_pipeline, tokenization
+    from bert_mgpu.data.examples import Example
 
     words = [f"w{i}" for i in range(2000)]
     vocab = os.path.join(directory, "vocab.txt")
     with open(vocab, "w") as f:
         f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
     rng = np.random.default_rng(0)
-    examples = [tasks.Example(str(i), " ".join(rng.choice(words, rng.integers(130, 201))), None, str(i % 2))
+    examples = [Example(str(i), " ".join(rng.choice(words, rng.integers(130, 201))), None, str(i % 2))
                 for i in range(max(512, 8 * global_batch))]
     tokenizer = tokenization.FullTokenizer(vocab)
     return input_pipeline.make_dataset(examples, tokenizer, ["0", "1"], seq, global_batch, training=True, seed=0)
