@@ -175,12 +175,13 @@ def test_each_heads_reference_model_carries_the_weights_it_is_built_from(kind, w
 
 
 def test_every_fine_tuning_head_opens_its_checkpoint_through_open_head():
-    """Issue 67: one path from --init_checkpoint to a head's model (api/fine_tuning.open_head) for the
-    classifier, the tagger, the question answerer and multiple choice; none opens a checkpoint its own way."""
+    """Issue 67: one path from --init_checkpoint to a head's model (api/opening.open_head) for the
+    classifier, the tagger, the GlobalPointer, the question answerer and multiple choice; none opens a
+    checkpoint its own way."""
     import inspect
 
-    from bert_mgpu.api import classifier, multiple_choice, question_answering, tagger
+    from bert_mgpu.api import classifier, global_pointer, multiple_choice, question_answering, tagger
 
-    for module in (classifier, tagger, question_answering, multiple_choice):
+    for module in (classifier, tagger, global_pointer, question_answering, multiple_choice):
         source = inspect.getsource(module)
         assert "open_head(" in source and "open_checkpoint(" not in source, module.__name__

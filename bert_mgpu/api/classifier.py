@@ -19,7 +19,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from bert_mgpu.api.embeddings import Encoder
-from bert_mgpu.api.fine_tuning import FineTuned, open_head, prediction_bar
+from bert_mgpu.api.fine_tuning import FineTuned, prediction_bar
+from bert_mgpu.api.opening import open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.doc_windows import check_windows, cut_documents, window_dataset
 from bert_mgpu.data.examples import Example, as_examples

@@ -14,7 +14,8 @@ Example:
 import hashlib
 import logging
 
-from bert_mgpu.api.fine_tuning import FineTuned, open_head
+from bert_mgpu.api.fine_tuning import FineTuned
+from bert_mgpu.api.opening import open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.choice_input import choice_dataset, encode_questions
 from bert_mgpu.data.choices import ChoiceQuestion, as_questions, chosen  # noqa: F401 (as before)

@@ -16,7 +16,8 @@ import logging
 
 import numpy as np
 
-from bert_mgpu.api.fine_tuning import FineTuned, open_head
+from bert_mgpu.api.fine_tuning import FineTuned
+from bert_mgpu.api.opening import open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.squad import Question, as_questions, metric_for  # noqa: F401 (as_questions, as before)
 from bert_mgpu.data.squad_input import best_answers, best_of, make_windows, span_dataset

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bert_mgpu.api.fine_tuning import FineTuned, open_head
+from bert_mgpu.api.fine_tuning import FineTuned
+from bert_mgpu.api.opening import open_head
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.inputs import check_text, rows_of
 from bert_mgpu.data.tagged import Sentence, as_sentences
