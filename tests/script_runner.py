@@ -112,7 +112,7 @@ def resident(script, jobs, done):
     from absl import flags
     from tensorflow.python.framework import config as tf_config
 
-    from bert_mgpu.io import run_dir
+    from bert_mgpu.io import output_dir
 
     spec = importlib.util.spec_from_file_location("_resident_script", script)
     module = importlib.util.module_from_spec(spec)
@@ -135,8 +135,8 @@ def resident(script, jobs, done):
                 logging.getLogger(n).setLevel(level)
             if tf_config.is_op_determinism_enabled():
                 tf_config.disable_op_determinism()
-            for key in list(run_dir._HELD):
-                run_dir.unlock_output_dir(key)
+            for key in list(output_dir._HELD):
+                output_dir.unlock_output_dir(key)
             replies.write(json.dumps({"status": code}) + "\n")
             replies.flush()
     return 0

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from bert_mgpu.core.errors import RunError, UserError
-from bert_mgpu.io import run_dir
+from bert_mgpu.io import output_dir, run_dir
 
 
 def saved_steps(directory, values):
@@ -82,10 +82,10 @@ def test_other_settings_are_refused_unless_overwrite(tmp_path):
 def test_output_dir_must_be_a_writable_directory(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(UserError, match=r"--output_dir=.*/f is a file, not a directory"):
-        run_dir.check_output_dir(str(tmp_path / "f"))
+        output_dir.check_output_dir(str(tmp_path / "f"))
     with pytest.raises(UserError, match=r"--output_dir=/sys/kernel is not writable"):
-        run_dir.check_output_dir("/sys/kernel")  # read-only even for root
-    assert run_dir.check_output_dir(str(tmp_path / "new" / "dir")) and (tmp_path / "new" / "dir").is_dir()
+        output_dir.check_output_dir("/sys/kernel")  # read-only even for root
+    assert output_dir.check_output_dir(str(tmp_path / "new" / "dir")) and (tmp_path / "new" / "dir").is_dir()
 
 
 def test_run_restores_saves_with_run_files_and_refuses_other_settings(tmp_path):
@@ -149,8 +149,8 @@ def test_a_second_run_on_a_directory_in_use_is_refused_at_once_and_a_killed_hold
     again = run_dir.Run(str(out), {"seed": 1})  # the process that holds it may open the run again
     again.close()
     run.close()
-    assert run_dir.lock_output_dir(str(out)) is True  # released by close
-    run_dir.unlock_output_dir(str(out))
+    assert output_dir.lock_output_dir(str(out)) is True  # released by close
+    output_dir.unlock_output_dir(str(out))
 
 
 def test_a_checkpoint_file_naming_a_missing_checkpoint_is_repaired_and_the_newest_on_disk_resumed(tmp_path, caplog):

@@ -34,13 +34,13 @@ FLAGS = flags.FLAGS
 def run(argv):
     from tensorflow.python.framework import config
 
-    from bert_mgpu.io import run_dir
+    from bert_mgpu.io import output_dir
 
     print(FLAGS.n, config.is_op_determinism_enabled(), signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
-          len(run_dir._HELD), os.getpid())
+          len(output_dir._HELD), os.getpid())
     config.enable_op_determinism()
     signal.signal(signal.SIGTERM, lambda *_: None)
-    run_dir.lock_output_dir(os.path.dirname(os.path.abspath(__file__)))
+    output_dir.lock_output_dir(os.path.dirname(os.path.abspath(__file__)))
     if FLAGS.n in (3, 9):
         sys.stdout.flush()
         sys.exit(3) if FLAGS.n == 3 else os.kill(os.getpid(), signal.SIGKILL)

@@ -11,7 +11,8 @@ from test_pretraining import new_pretrainer, text, text_data  # noqa: F401 (the 
 import bert_mgpu
 from bert_mgpu.core import storage
 from bert_mgpu.io import checkpoints
-from bert_mgpu.io.run_dir import check_output_dir, check_same_run
+from bert_mgpu.io.output_dir import check_output_dir
+from bert_mgpu.io.run_dir import check_same_run
 from bert_mgpu.train.budget import Budget
 
 gfile = tf.io.gfile

@@ -244,7 +244,7 @@ def prelude(f, actions, required, batch, dry_run_note, accumulation=None):
     alone).
     """
     from bert_mgpu.core.errors import UserError
-    from bert_mgpu.io import run_dir
+    from bert_mgpu.io.output_dir import check_output_dir, lock_output_dir
 
     if f.use_tpu:
         raise UserError("--use_tpu is not supported; use --n_gpus")
@@ -280,8 +280,8 @@ def prelude(f, actions, required, batch, dry_run_note, accumulation=None):
     if towers.cluster:
         logging.getLogger("bert_mgpu").info("%s", towers.cluster.describe())
     if towers.is_chief:
-        run_dir.check_output_dir(f.output_dir)
-        run_dir.lock_output_dir(f.output_dir)  # for all this command writes there
+        check_output_dir(f.output_dir)
+        lock_output_dir(f.output_dir)  # for all this command writes there
     return towers, exports
 
 

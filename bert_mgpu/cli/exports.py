@@ -54,7 +54,7 @@ def export_targets(f, output_dir):
     base = f.export_dir or (output_dir and os.path.join(output_dir, "export"))
     if not base:
         raise UserError("--do_export needs --export_dir or --output_dir")
-    from bert_mgpu.io.run_dir import check_output_dir
+    from bert_mgpu.io.output_dir import check_output_dir
 
     check_output_dir(base, "--export_dir" if f.export_dir else "--output_dir")  # a read-only disk, at once
     targets = []
