@@ -23,7 +23,7 @@ _HOMES = {"BertClassifier": "api.classifier", "Distiller": "api.distiller", "Ber
           "DevicePlan": "parallel.devices",
           "Towers": "parallel.devices", "plan_devices": "parallel.devices", "make_strategy": "parallel.distribute",
           "UserError": "core.errors", "BertPretrainer": "api.pretraining", "Budget": "train.budget",
-          "Validation": "train.budget", "PretrainingData": "data.pretraining_input", "Example": "data.tasks",
+          "Validation": "train.budget", "PretrainingData": "data.pretraining_input", "Example": "data.examples",
           "get_task": "data.tasks", "FullTokenizer": "data.tokenization", "export_model": "io.export",
           "TrainConfig": "train.train_config", "PretrainConfig": "train.train_config", "BertTagger": "api.tagger",
           "read_tagged": "data.tagged", "tag_set": "data.tagged", "Sentence": "data.tagged",
