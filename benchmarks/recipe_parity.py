@@ -204,12 +204,21 @@ def initial_model(head, labels, seed, precision, directory):
     return model
 
 
+def stopped(model, seed):
+    """fit stops at a signal (SIGTERM, Ctrl-C) after the step under way and returns: a short run's score is
+    no row of the results file, so the benchmark ends there."""
+    if model.interrupted:
+        raise SystemExit(f"seed {seed}: bert_mgpu's run stopped by a signal after {model.global_step} steps; "
+                         "not kept")
+
+
 def bert_mgpu_run(clf, train, held, seed, out, keywords):
     from bert_mgpu.data.examples import Example
 
     rows = [Example(f"train-{i}", text, None, label) for i, (text, label) in enumerate(train)]
     clf.fit(rows, out, learning_rate=LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
             epochs=EPOCHS, **keywords)
+    stopped(clf, seed)
     probabilities = clf.predict([text for text, _ in held], batch_size=64)
     return float(np.mean([clf.labels[i] == label for i, (_, label) in zip(probabilities.argmax(1), held)]))
 
@@ -222,6 +231,7 @@ def bert_mgpu_tagger_run(tagger, train, held, seed, out, keywords):
     rows = [Sentence(f"train-{i}", words, tags, 1) for i, (words, tags) in enumerate(train)]
     tagger.fit(rows, out, learning_rate=NER_LR, warmup_proportion=WARMUP, seed=seed, verbose=False,
                epochs=EPOCHS, **keywords)
+    stopped(tagger, seed)
     return entity_scores([tags for _, tags in held], tagger.predict_tags([w for w, _ in held], batch_size=64))["f1"]
 
 
