@@ -83,7 +83,7 @@ def test_nested_entities_are_learnt_predicted_in_windows_exported_and_loaded_bac
         for e in f["entities"]:
             assert e["text"] == " ".join(f["tokens"][e["start"]:e["end"]]) and e["type"] in TYPES
     # The nested entity a tagger cannot give: the test's roles found, each inside the person found around it.
-    # (A stray role elsewhere is possible at F1 0.9: an AVX2-only CPU's run once found all 3 and 2 more.)
+    # (A stray role elsewhere is possible at F1 0.9: on an AVX2-only CPU the run finds all 3 and 2 more.)
     gold = {(i, e["start"], e["end"]) for i, w in enumerate(want) for e in w["entities"] if e["type"] == "ROLE"}
     inside = {(i, e["start"], e["end"]) for i, f in enumerate(found) for e in f["entities"] if e["type"] == "ROLE"
               and any(p["type"] == "PER" and p["start"] < e["start"] and p["end"] == e["end"] for p in f["entities"])}
