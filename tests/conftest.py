@@ -239,9 +239,9 @@ LONGEST_FIRST = ("test_export.py", "test_training.py", "test_run_classifier.py",
                  "test_run_pretraining.py", "test_allreduce.py", "test_clue.py", "test_run_ner.py", "test_run_squad.py",
                  "test_multi_worker.py", "test_question_answering.py", "test_loop.py", "test_glue.py", "test_golden.py",
                  # the learning and process tiers' own longest
-                 "test_memory.py", "test_gpu_check.py", "test_sweep.py", "test_crash_resume.py",
-                 "test_multiple_choice.py", "test_soak.py", "test_notebook.py", "test_evaluation.py", "test_tagger.py",
-                 "test_supervise.py")
+                 "test_memory.py", "test_recompute_memory.py", "test_gpu_check.py", "test_sweep.py",
+                 "test_crash_resume.py", "test_multiple_choice.py", "test_soak.py", "test_notebook.py",
+                 "test_evaluation.py", "test_tagger.py", "test_supervise.py")
 
 
 def pytest_configure(config):
