@@ -1,6 +1,6 @@
 """--recompute's memory: a training step's peak at length 512 with and without recomputed layers, and the larger
-batch the search then finds. A file of its own so that CI's run with oneDNN flipped (.ci/run) gives it the other
-worker while test_memory.py takes one."""
+batch the search then finds. A file of its own, so that CI's run with oneDNN flipped (.ci/run, which hands out
+whole files) can put it on the other worker from test_memory.py."""
 
 import keras
 import pytest
