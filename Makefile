@@ -199,13 +199,9 @@ zh-demo: $(ZH)/train.tsv
 # gpu_check's checks in their own processes); `make test-rest` is those two alone (CI runs it after make test).
 # Two worker processes, a test file each at a time: most of a file's time is start-up, tracing and compiling,
 # which one core does; the other keeps busy. PYTEST_ARGS adds pytest options (CI: --junitxml).
-# make test's runs are a few steps of tiny models, so XLA's compiles are much of their time: there its LLVM
-# backend compiles them unoptimized (the same XLA programs; their numbers differ in the last bits; about a
-# fifth off make test's time, benchmarks/NOTES.md item 105). The learning and process tiers, whose runs are
-# long, compile as users' runs do.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
 test: assets
-	XLA_FLAGS="--xla_backend_optimization_level=0 $$XLA_FLAGS" $(PYTEST) -m "not learning and not process" $(PYTEST_ARGS) tests
+	$(PYTEST) -m "not learning and not process" $(PYTEST_ARGS) tests
 
 test-rest: assets
 	$(PYTEST) -m "learning or process" $(PYTEST_ARGS) tests
