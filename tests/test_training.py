@@ -49,18 +49,12 @@ def trajectory(towers):
     The steps are deterministic (one_step's seed, no dropout), so step k here is what a fresh run of k steps
     gives (test_a_finished_trainer_leaves_no_traced_step_behind checks it)."""
     if towers not in _TRAJECTORIES:
-        plan = devices.plan_devices(0, towers, ())
-        strategy = distribute.make_strategy(plan)
-        keras.utils.set_random_seed(1)
-        with strategy.scope():
-            model = modeling.build_classifier(tiny_config(38, hidden_dropout_prob=0.0), 2, "float32")
-            opt = optimization.create_optimizer(1e-3, 10, 0)
-        trainer = training.Trainer(strategy, model, opt)
-        it = iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch()).repeat()))
-        weights, results = [[v.numpy() for v in model.trainable_variables]], []
+        trainer, before, _, _ = one_step(towers, steps=0)
+        it = iter(trainer.strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(batch()).repeat()))
+        weights, results = [before], []
         for _ in range(3):
             results.append(trainer.train_step(next(it)))
-            weights.append([v.numpy() for v in model.trainable_variables])
+            weights.append([v.numpy() for v in trainer.model.trainable_variables])
         _TRAJECTORIES[towers] = weights, results  # numbers only: the trainer and its traces die here
     return _TRAJECTORIES[towers]
 
