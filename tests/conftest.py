@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 
+from bert_mgpu.core import xla  # noqa: E402
 from bert_mgpu.parallel import devices  # noqa: E402
 
 devices.keep_cpu_memory_statistics()  # as Towers does before TensorFlow starts
@@ -253,6 +254,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "process: a test whose subject is processes: a signal or kill -9 at each "
                             "moment, worker scenarios, gpu_check's checks each in its own process, a process's "
                             "memory over a run (allocator peaks, the batch search)")
+    config.addinivalue_line("markers", "plain_kernels: the test and the scripts it runs take BERT_MGPU_XLA=0 (the "
+                            "kernels unfused, no XLA compile a process and shape); for end-to-end tests of files, "
+                            "flags and heads. The kernels' own tests, the GPU path's and the memory tests keep XLA")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -270,7 +274,12 @@ def _seed_everything():
 def pytest_runtest_setup(item):
     """Every test starts from the same random state, whatever ran before it in its worker: an in-process fit's
     new head (Keras draws unseeded initializers from Python's `random`) is then the same in the suite and in a
-    test run alone (benchmarks/NOTES.md item 65). Again before the body, after fixtures that drew or not."""
+    test run alone (benchmarks/NOTES.md item 65). Again before the body, after fixtures that drew or not.
+    BERT_MGPU_XLA follows the test's `plain_kernels` mark here, before its fixtures (a module's shared run too)."""
+    if item.get_closest_marker("plain_kernels"):
+        os.environ[xla.SWITCH] = "0"
+    else:
+        os.environ.pop(xla.SWITCH, None)
     _seed_everything()
 
 

@@ -20,6 +20,8 @@ from bert_mgpu.parallel import devices, distribute
 from bert_mgpu.train import optimization, training
 from bert_mgpu.train.train_config import TrainConfig
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 CONFIG = tiny_config(60, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 

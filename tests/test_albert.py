@@ -18,6 +18,8 @@ from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
 from bert_mgpu.model.fused_encoder import FusedBertEncoder
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def albert_config(vocab_size=60, **overrides):
     values = dict(model_type="albert", embedding_size=16, num_hidden_layers=4, num_hidden_groups=2,

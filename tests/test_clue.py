@@ -12,6 +12,8 @@ from bert_mgpu.api import clue
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.clue_tasks import TASKS, wsc_text
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 # CLUEWSC2020's first training row, as its train.json has it.
 WSC = {"target": {"span2_index": 37, "span1_index": 5, "span1_text": "床", "span2_text": "它"}, "idx": 0,
        "label": "false",

@@ -14,6 +14,8 @@ import tensorflow as tf
 from conftest import ROOT, run_script, sentiment_rows, start_python, write_tsv
 from test_pretraining_records import write_corpus
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def latest_step(out):
     latest = tf.train.latest_checkpoint(out)

@@ -30,6 +30,8 @@ from bert_mgpu.model.tagging_objectives import TokenClassification
 from bert_mgpu.parallel import devices, distribute
 from bert_mgpu.train import memory, optimization, training
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def np_log_softmax(x):
     x = x - x.max(-1, keepdims=True)

@@ -19,6 +19,8 @@ from bert_mgpu.io import checkpoints, weight_names
 from bert_mgpu.model import modeling
 from bert_mgpu.model.fused_encoder import FusedBertEncoder
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def electra_config(vocab_size=60, **overrides):
     return tiny_config(vocab_size, model_type="electra", embedding_size=16, hidden_act="gelu", **overrides)

@@ -9,6 +9,8 @@ from conftest import run_script
 import bert_mgpu
 from bert_mgpu.api.embeddings import Encoder
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 TEXTS = ["A man is playing a guitar.", "Someone plays an instrument!", "The stock market fell sharply today.",
          "Ünïcödé accents, CAPITALS and “quotes”", "short"] * 3 + ["a much longer sentence " * 12]
 

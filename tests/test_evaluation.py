@@ -11,6 +11,8 @@ from bert_mgpu.core.errors import UserError
 from bert_mgpu.train import evaluation
 from bert_mgpu.train.evaluation import BestModel, DevEvaluation
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 class FakeLoop:
     """What DevEvaluation uses of a Loop: the step, log, save, end_epoch and stop."""

@@ -11,6 +11,8 @@ from bert_mgpu.api import glue
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.data.tasks import get_task
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 GOOD, BAD = ["good", "great", "fun", "brilliant", "love"], ["bad", "awful", "dull", "boring", "hate"]
 FILLER = ["the", "movie", "film", "plot", "actor", "story", "was", "very", "it"]
 MNLI_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",

@@ -13,6 +13,8 @@ from conftest import hf_state, sentiment_rows, tiny_config
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.model import lora, modeling
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def classifier(fused=True, policy="float32", strategy=None, seed=1, dropout=0.0):
     keras.utils.set_random_seed(seed)

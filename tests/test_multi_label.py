@@ -6,6 +6,8 @@ from conftest import run_script
 
 from bert_mgpu.core import metrics
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 GOOD, BAD = ["good", "great", "fun", "brilliant", "love"], ["bad", "awful", "dull", "boring", "hate"]
 FILLER = ["the", "movie", "film", "actor", "story", "was", "very", "it"]
 

@@ -8,6 +8,8 @@ from conftest import ROOT
 
 import bert_mgpu
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 @pytest.mark.learning
 def test_the_fine_tuning_notebook_runs_and_learns(minilm_dir, monkeypatch):

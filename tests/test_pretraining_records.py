@@ -14,6 +14,8 @@ from bert_mgpu.data import pretraining_input, pretraining_records
 from bert_mgpu.data.tokenization import FullTokenizer
 from bert_mgpu.parallel.cluster import Cluster
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 SUFFIXES = ["##s", "##ing", "##ly"]
 
 

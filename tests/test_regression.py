@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 from conftest import run_script
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 GOOD, BAD = ["good", "great", "fun", "brilliant", "love"], ["bad", "awful", "dull", "boring", "hate"]
 FILLER = ["the", "movie", "film", "plot", "actor", "story", "was", "very", "it"]
 HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"

@@ -14,6 +14,8 @@ import bert_mgpu
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.train import reporting
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def wandb_records(path):
     """The protobuf Records of a W&B offline run file (.wandb): its header (":W&B", 0xBEE1, version 0),

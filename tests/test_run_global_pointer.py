@@ -8,6 +8,8 @@ import os
 import pytest
 from conftest import ROOT, learning_release, ner_sentences, run_script
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 TYPES = ["LOC", "PER", "ROLE"]
 
 

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from conftest import NER_TAGS, ROOT, learning_release, ner_sentences, run_script
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def run(*args, check=True):
     return run_script("run_ner_mgpu.py", *args, check=check)

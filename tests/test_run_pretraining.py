@@ -12,6 +12,8 @@ import tensorflow as tf
 from conftest import run_script, sentiment_rows, tiny_config, write_tsv, write_vocab
 from test_pretraining_records import write_corpus
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):

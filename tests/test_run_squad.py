@@ -8,6 +8,8 @@ import pytest
 from conftest import learning_release, run_script
 from test_question_answering import marker_questions
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def run(*args, check=True):
     return run_script("run_squad_mgpu.py", *args, check=check)

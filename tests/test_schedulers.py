@@ -17,6 +17,8 @@ import yaml
 from conftest import ROOT, sentiment_rows, write_tsv
 from test_multi_worker import Job, free_ports, wait_for_checkpoint
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 EXAMPLES = os.path.join(ROOT, "examples")
 # Small enough for a CPU: 64 rows / (2 workers x 8) = 4 steps an epoch, 5 epochs.
 SMALL = ["--n_gpus=0", "--precision=float32", "--max_seq_length=32", "--train_batch_size=8",

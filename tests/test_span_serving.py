@@ -9,6 +9,8 @@ from conftest import WORDS
 
 import bert_mgpu
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 rng = np.random.default_rng(7)
 LONG = " ".join(rng.choice(WORDS, 60))
 PAIRS = [("the movie ?", ""), ("the movie ?", "   "), ("good ?", "film"), ("good ?", "the film was good ."),

@@ -15,6 +15,8 @@ from test_crash_resume import classifier_run, latest_step
 from bert_mgpu.cli import sweep
 from bert_mgpu.core.errors import UserError
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 
 def flag_values(argv):
     fv = flags.FlagValues()

@@ -10,6 +10,8 @@ from conftest import NER_TAGS, WORDS
 
 import bert_mgpu
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 rng = np.random.default_rng(5)
 LONG = " ".join(rng.choice(WORDS, 90))  # 90 words: windows of 6 pieces, 3 apart
 EDGES = ["", "   ", "paris", "film", "\t\n", "a\x00b film", "the film\x00", "\x00", "the movie good actor story the",

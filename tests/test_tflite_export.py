@@ -12,6 +12,8 @@ from export_heads import TEXTS, expected_outputs, export_each, head_rows
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import onnx_export
 
+pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
+
 litert = pytest.importorskip("ai_edge_litert.interpreter")  # the tflite extra; `make test` installs it
 KINDS = ["classification", "regression", "multi_label", "tagger_crf", "question_answerer", "multiple_choice",
          "encoder"]

@@ -17,6 +17,8 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
+from bert_mgpu.core.xla import compiled
+
 
 def _mix64(z):
     """SplitMix64's finalizer: a bijection of uint64 whose every output bit depends on every input bit."""
@@ -42,19 +44,19 @@ def keep(shape, rate, seed):
     return tf.reshape(bits >= threshold, shape)
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def dropout_mask(shape, rate, seed, dtype):
     """1/(1-rate) (rounded to dtype) where kept, 0 where dropped: for the fused kernels that take a mask."""
     return tf.where(keep(shape, rate, seed), tf.constant(1.0 / (1.0 - rate), dtype), tf.constant(0.0, dtype))
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _dropout_kernel(x, rate, seed):
     scaled = tf.cast(tf.cast(x, tf.float32) / (1.0 - rate), x.dtype)
     return tf.where(keep(tf.shape(x), rate, seed), scaled, tf.zeros_like(x))
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _softmax_dropout_backward(dy, probs, rate, seed):
     """d scores of dropout(softmax(scores)): the mask recomputed from `seed`, then softmax's backward
     probs * (dp - rowsum(dp * probs)), in float32, in one kernel (autodiff ran the dropout's kernel
@@ -123,11 +125,11 @@ def _bias_activation(name, value, slope):
     """
     f32 = lambda t: tf.cast(t, tf.float32)  # noqa: E731
 
-    @tf.function(jit_compile=True, autograph=False)
+    @compiled
     def forward(x, b):
         return tf.cast(value(f32(x) + f32(b)), x.dtype)
 
-    @tf.function(jit_compile=True, autograph=False)
+    @compiled
     def backward(dy, x, b):
         dz = f32(dy) * slope(f32(x) + f32(b))
         return tf.cast(dz, x.dtype), tf.cast(tf.reduce_sum(dz, axis=0), b.dtype)
@@ -148,18 +150,18 @@ bias_gelu_tanh = _bias_activation("GeluTanh", _gelu_tanh, _gelu_tanh_slope)
 bias_relu = _bias_activation("Relu", tf.nn.relu, lambda z: tf.cast(z > 0, z.dtype))
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def residual_norm(x, b, mask, residual, gamma, beta, eps):
     """LayerNorm(residual + dropout(x + b)); mask is the dropout mask (ones when not training)."""
     return _layer_norm((x + b) * mask + residual, gamma, beta, eps)
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def norm(x, gamma, beta, eps):
     return _layer_norm(x, gamma, beta, eps)
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def bias_dropout_residual(x, b, mask, residual):
     return (x + b) * mask + residual
 
@@ -189,14 +191,14 @@ ACTIVATIONS = {"gelu": _exact, "gelu_new": _tanh, "gelu_pytorch_tanh": _tanh,
                "relu": Activation(keras.activations.relu, bias_relu, tf.nn.relu, tf.nn.relu)}
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _logsumexp(logits):
     x = tf.cast(logits, tf.float32)
     top = tf.reduce_max(x, axis=-1)
     return top + tf.math.log(tf.reduce_sum(tf.exp(x - top[:, None]), axis=-1))
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _xent_backward(dloss, logits, lse, labels):
     x = tf.cast(logits, tf.float32)
     hit = tf.cast(tf.equal(tf.range(tf.shape(x)[1])[None, :], labels[:, None]), tf.float32)

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from bert_mgpu.core import _compat
 from bert_mgpu.core.errors import UserError
+from bert_mgpu.core.xla import compiled
 from bert_mgpu.train.schedules import WarmupLinearDecay
 from bert_mgpu.train.train_config import check_ema_decay, check_layerwise_lr_decay
 
@@ -145,7 +146,7 @@ class TowerOptimizer(keras.optimizers.LossScaleOptimizer):
             inner.finalize_variable_values(inner._trainable_variables)
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _ema_program(weights, averages, momentum):
     """One device's moving averages after its step: average <- m x average + (1 - m) x weight, Keras'
     formula (m: the decay; 0 on the first applied step; 1 on a skipped one, which changes nothing)."""
@@ -176,7 +177,7 @@ def _unscale_factor(squares, inv_scale, clipnorm):
     return factor
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _adamw_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr, step, clipnorm, weight_decay,
                    beta_1, beta_2, epsilon):
     """One device's AdamW step over all its variables -> whether the gradients were finite.
@@ -204,7 +205,7 @@ def _adamw_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr,
     return finite
 
 
-@tf.function(jit_compile=True, autograph=False)
+@compiled
 def _lamb_program(weights, ms, vs, grads, decay, rates, squares, inv_scale, lr, step, clipnorm, weight_decay,
                   beta_1, beta_2, epsilon):
     """One device's LAMB step over all its variables (Keras' Lamb, after its decoupled decay) -> finite."""

@@ -1,0 +1,37 @@
+"""`compiled`: bert_mgpu's XLA kernels and optimizer programs, with one switch to run them unfused.
+
+Every hand-written kernel is `tf.function(jit_compile=True)`. BERT_MGPU_XLA=0 runs the same ops as a plain
+tf.function instead, read when a kernel is called (or traced into a step): for TensorFlow builds without
+XLA, for stepping through a kernel's ops, and for the test suite's end-to-end runs of many short
+processes, where compiling the kernels for each process and shape costs more than the slower unfused
+steps (benchmarks/NOTES.md item 107). The numbers agree to rounding, not to the bit.
+
+Example:
+    @compiled
+    def norm(x, gamma, beta, eps): ...
+"""
+
+import functools
+import os
+
+import tensorflow as tf
+
+SWITCH = "BERT_MGPU_XLA"
+
+
+def enabled():
+    """Whether kernels compile with XLA now (everything but BERT_MGPU_XLA=0)."""
+    return os.environ.get(SWITCH, "1") != "0"
+
+
+def compiled(fn):
+    """`fn` as tf.function(jit_compile=True, autograph=False), or without XLA while BERT_MGPU_XLA=0."""
+    jitted = tf.function(fn, jit_compile=True, autograph=False)
+    plain = tf.function(fn, autograph=False)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return (jitted if enabled() else plain)(*args, **kwargs)
+
+    call.jitted, call.plain = jitted, plain
+    return call
