@@ -12,9 +12,9 @@ from bert_mgpu.model.modeling import build_backbone
 from bert_mgpu.train import optimization
 
 
-def _xla_calls(fn):
+def _xla_calls(fn=None, graph=None):
     """How many calls in `fn`'s traced graph XLA must compile, and how many calls there are in all."""
-    graph = tf.function(fn, autograph=False).get_concrete_function().graph
+    graph = graph or tf.function(fn, autograph=False).get_concrete_function().graph
     calls = [op for op in graph.get_operations() if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
     return sum(op.node_def.attr["_XlaMustCompile"].b for op in calls), len(calls)
 
@@ -29,6 +29,20 @@ def test_the_switch_is_read_when_a_kernel_is_traced(monkeypatch):
     assert _xla_calls(lambda: kernels.norm(x, gamma, beta, 1e-12)) == (1, 1)
     # the optimizer's programs take the same switch
     assert optimization._adamw_program.jitted is not optimization._adamw_program.plain
+
+
+def test_a_function_that_calls_kernels_keeps_a_trace_for_each_setting(monkeypatch):
+    """softmax_dropout is traced around its kernels: traced with the switch off, it must not serve a call with
+    it on (and so leave a step of an XLA test unfused after an unfused test in the same process)."""
+    scores, seed = tf.random.stateless_normal([2, 3, 5], [1, 2]), tf.constant([1, 2])
+    monkeypatch.setenv(xla.SWITCH, "0")
+    plain = kernels.softmax_dropout(scores, 0.1, seed)
+    monkeypatch.setenv(xla.SWITCH, "1")
+    fused = kernels.softmax_dropout(scores, 0.1, seed)
+    np.testing.assert_allclose(plain, fused, atol=1e-6)
+    traces = kernels.softmax_dropout.traces
+    on, off = (_xla_calls(graph=traces[mode].get_concrete_function(scores, 0.1, seed).graph) for mode in (True, False))
+    assert on[0] >= 1 and off[0] == 0 and on[1] == off[1] >= 1, (on, off)
 
 
 def test_the_encoder_gives_the_same_outputs_gradients_and_masks_with_and_without_xla(monkeypatch):

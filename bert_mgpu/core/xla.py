@@ -35,3 +35,17 @@ def compiled(fn):
 
     call.jitted, call.plain = jitted, plain
     return call
+
+
+def calling_kernels(fn):
+    """`fn` as tf.function(autograph=False) with a trace of its own for each setting of the switch: a function
+    that calls `compiled` kernels keeps the kernels its trace chose, so one traced with the switch off
+    must never serve a call with it on (a test worker runs files of both kinds)."""
+    traces = {True: tf.function(fn, autograph=False), False: tf.function(fn, autograph=False)}
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        return traces[enabled()](*args, **kwargs)
+
+    call.traces = traces
+    return call

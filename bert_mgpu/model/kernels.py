@@ -17,7 +17,7 @@ from typing import Callable
 import keras
 import tensorflow as tf
 
-from bert_mgpu.core.xla import compiled
+from bert_mgpu.core.xla import calling_kernels, compiled
 
 
 def _mix64(z):
@@ -72,7 +72,7 @@ def _softmax_dropout_gradient(op, dy, *_):
     return None, _softmax_dropout_backward(dy, probs, rate, seed), None, None, None
 
 
-@tf.function(autograph=False)
+@calling_kernels
 def softmax_dropout(scores, rate, seed):
     """dropout(softmax(scores)) over the last axis, no mask kept; the backward is
     `_softmax_dropout_backward`, which recomputes the mask from the same seed."""
@@ -138,7 +138,7 @@ def _bias_activation(name, value, slope):
     def gradient(op, dy, *_):
         return (None, *backward(dy, op.inputs[1], op.inputs[2]))
 
-    @tf.function(autograph=False)
+    @calling_kernels
     def bias_activation(x, b):
         return with_gradient(f"BertMgpuBias{name}", forward(x, b), x, b)
 
@@ -211,7 +211,7 @@ def _xent_gradient(op, dloss, *_):
     return None, _xent_backward(dloss, logits, lse, labels), None, None
 
 
-@tf.function(autograph=False)
+@calling_kernels
 def sparse_xent(labels, logits):
     """Cross-entropy [N] of logits [N, vocab] (any float dtype) against integer labels [N], in float32.
 
