@@ -21,6 +21,8 @@ import subprocess
 
 from conftest import WORDS, run_script, sentiment_rows, tiny_config, write_google_release, write_tsv
 
+from bert_mgpu.core import xla
+
 
 @dataclasses.dataclass(frozen=True)
 class SharedRun:
@@ -85,7 +87,12 @@ def build_once(tmp_path_factory, name, build):
                 _writable(base)
                 shutil.rmtree(base)
             base.mkdir()
-            args, proc = build(str(base))
+            switch = os.environ.pop(xla.SWITCH, None)  # built with XLA, as a user's run: files of both kinds read it
+            try:
+                args, proc = build(str(base))
+            finally:
+                if switch is not None:
+                    os.environ[xla.SWITCH] = switch
             out = base / "out"
             modes = {os.path.relpath(os.path.join(r, f), out): stat.S_IMODE(os.stat(os.path.join(r, f)).st_mode)
                      for r, _, files in os.walk(out) for f in files}

@@ -15,8 +15,6 @@ import bert_mgpu
 from bert_mgpu.core.errors import UserError
 from bert_mgpu.io import checkpoints, export
 
-pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
-
 FORMATS = shared_runs.EXPORT_FORMATS
 # What --init_checkpoint reads (ONNX and LiteRT graphs: test_onnx_export.py, test_tflite_export.py).
 READ_BACK = tuple(f for f in FORMATS if f not in ("onnx", "tflite"))

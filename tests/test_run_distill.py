@@ -11,8 +11,6 @@ import pytest
 from conftest import run_script, sentiment_rows
 from test_crash_resume import assert_bit_identical
 
-pytestmark = pytest.mark.plain_kernels  # end-to-end runs: the kernels unfused (conftest.py)
-
 
 def results(path):
     return dict(line.split(" = ") for line in open(path).read().splitlines())
