@@ -137,9 +137,9 @@ def test_each_step_is_one_xla_program_per_tower_traced_once(name):
     calls = [op for op in ops if op.type == "StatefulPartitionedCall" and op.node_def.attr["_XlaMustCompile"].b]
     assert sorted(op.device.rsplit("/", 1)[-1] for op in calls) == ["device:CPU:0", "device:CPU:1"]
     assert not {"ResourceApplyAdam", "AssignSubVariableOp"} & {op.type for op in ops}
-    traces = program.jitted.experimental_get_tracing_count()  # core/xla.py: the XLA-compiled form
+    traces = program.traces[True].experimental_get_tracing_count()  # core/xla.py: the XLA-compiled form
     _steps(_wrapped(name), towers=2, steps=2)  # new variables, optimizer and step function
-    assert program.jitted.experimental_get_tracing_count() == traces
+    assert program.traces[True].experimental_get_tracing_count() == traces
 
 
 def test_a_schedule_and_a_learning_rate_together_are_refused():

@@ -25,27 +25,24 @@ def enabled():
 
 def compiled(fn):
     """`fn` as tf.function(jit_compile=True, autograph=False), or without XLA while BERT_MGPU_XLA=0."""
-    jitted = tf.function(fn, jit_compile=True, autograph=False)
-    plain = tf.function(fn, autograph=False)
-
-    def call(*args, **kwargs):
-        return (jitted if enabled() else plain)(*args, **kwargs)
-
-    call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__  # as calling_kernels
-    call.jitted, call.plain = jitted, plain
-    return call
+    return _by_setting(fn, tf.function(fn, jit_compile=True, autograph=False), tf.function(fn, autograph=False))
 
 
 def calling_kernels(fn):
     """`fn` as tf.function(autograph=False) with a trace of its own for each setting of the switch: a function
     that calls `compiled` kernels keeps the kernels its trace chose, so one traced with the switch off
     must never serve a call with it on (a test worker runs files of both kinds)."""
-    traces = {True: tf.function(fn, autograph=False), False: tf.function(fn, autograph=False)}
+    return _by_setting(fn, tf.function(fn, autograph=False), tf.function(fn, autograph=False))
+
+
+def _by_setting(fn, on, off):
+    """A function calling `on` or `off` as the switch says; `.traces` = {True: on, False: off}."""
 
     def call(*args, **kwargs):
-        return traces[enabled()](*args, **kwargs)
+        return (on if enabled() else off)(*args, **kwargs)
 
     # Its name and docstring, not functools.wraps: with a `__wrapped__`, a tf.function given this as an argument
     # took gradients of zero through it (test_fused_encoder's hand-written backward test).
-    call.__name__, call.__qualname__, call.__doc__, call.traces = fn.__name__, fn.__qualname__, fn.__doc__, traces
+    call.__name__, call.__qualname__, call.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    call.traces = {True: on, False: off}
     return call
