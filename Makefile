@@ -21,9 +21,12 @@ EXTRAS ?= test$(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU [0-9]' && echo ,
 
 .PHONY: demo test test-rest test-all lint venv assets clean pretrain-demo scratch-demo zh-demo qa-demo ner-demo distill-demo long-demo bench gpu-check glue
 
+# pip byte-compiles what it installs on one core; compileall does the same on every core (half the time on 2:
+# benchmarks/NOTES.md item 108). Its exit status is not ours: pip too skips the few files of older Pythons.
 $(VENV)/.installed: setup.py constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --use-pep517 -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PIP) install --no-compile --use-pep517 -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PY) -m compileall -q -j 0 $(VENV)/lib > /dev/null || true
 	touch $@
 
 venv: $(VENV)/.installed
@@ -196,10 +199,12 @@ zh-demo: $(ZH)/train.tsv
 # The suite in tiers by subject (tests/conftest.py's markers): `make test` is every unit test, every bad-input
 # case and one end-to-end run of every script and head; `make test-all` adds the `learning` tier (long learning
 # checks, parity over seeds) and the `process` tier (every signal and kill moment, every worker scenario,
-# gpu_check's checks in their own processes); `make test-rest` is those two alone (CI runs it after make test).
+# gpu_check's checks in their own processes); `make test-rest` is those two alone. CI runs make test-all.
 # Two worker processes, a test file each at a time: most of a file's time is start-up, tracing and compiling,
-# which one core does; the other keeps busy. PYTEST_ARGS adds pytest options (CI: --junitxml).
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --durations=15
+# which one core does; the other keeps busy. Files go out longest first (tests/conftest.py's LONGEST_FIRST;
+# pytest-xdist would otherwise order them by their number of tests, so that a long file of one test could
+# start last and run alone). PYTEST_ARGS adds pytest options (CI: --junitxml).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 test: assets
 	$(PYTEST) -m "not learning and not process" $(PYTEST_ARGS) tests
 

@@ -35,7 +35,7 @@ setup(
         # pandas: evaluate/predict take a DataFrame (read by duck typing; the library never imports pandas).
         # scikit-learn and seqeval: the references the metrics (written in NumPy and Python) are tested
         # against. seqeval ships only a source archive, built by PEP 517 (make passes --use-pep517).
-        "test": ["pytest>=8", "pytest-xdist>=3", "ruff>=0.17,<0.18", "pandas>=2", "matplotlib>=3.8",
+        "test": ["pytest>=8", "pytest-xdist>=3.8", "ruff>=0.17,<0.18", "pandas>=2", "matplotlib>=3.8",
                  "nbclient>=0.10", "nbformat>=5", "ipykernel>=6", "scikit-learn>=1.4", "seqeval==1.2.2",
                  "nvidia-ml-py>=12",  # its real module, meeting a machine without a driver
                  "wandb>=0.21", "mlflow-skinny>=3",  # report_to's loggers, tested offline

@@ -232,17 +232,27 @@ def sentiment_rows(n, seed=0):
     return rows
 
 
-# The longest files first (on 2 cores a file takes up to minutes): `make test` hands whole files to 2 processes
-# in this order, and a long file handed out last runs alone at the end. The order of the sums of test times
-# per file in each tier, `make test`'s first, from a whole run's JUnit XML (benchmarks/NOTES.md item 71:
-# `python tests/durations.py` prints them); files not named keep their order after these.
-LONGEST_FIRST = ("test_export.py", "test_training.py", "test_run_classifier.py", "test_pretraining.py",
-                 "test_run_pretraining.py", "test_allreduce.py", "test_clue.py", "test_run_ner.py", "test_run_squad.py",
-                 "test_multi_worker.py", "test_question_answering.py", "test_loop.py", "test_glue.py", "test_golden.py",
-                 # the learning and process tiers' own longest
-                 "test_memory.py", "test_recompute_memory.py", "test_gpu_check.py", "test_sweep.py",
-                 "test_crash_resume.py", "test_multiple_choice.py", "test_soak.py", "test_notebook.py",
-                 "test_evaluation.py", "test_tagger.py", "test_supervise.py")
+# The longest files first (on 2 cores a file takes up to minutes): pytest-xdist hands whole files to 2 processes
+# in this order (the Makefile turns off its own order, by number of tests), and a long file handed out last
+# would run alone at the end. The order of the sums of test times per file over both tiers, which CI runs in
+# one session, from a whole run's JUnit XML (`python tests/durations.py` prints them; benchmarks/NOTES.md item
+# 108); files not named keep their order after these.
+LONGEST_FIRST = ("test_multi_worker.py", "test_gpu_check.py", "test_run_classifier.py", "test_crash_resume.py",
+                 "test_memory.py", "test_distillation.py", "test_pretraining.py", "test_sweep.py",
+                 "test_question_answering.py", "test_empty_towers.py", "test_run_ner.py", "test_export.py",
+                 "test_schedulers.py", "test_notebook.py", "test_onnx_export.py", "test_allreduce.py",
+                 "test_training.py", "test_recompute_memory.py", "test_tagger.py", "test_run_squad.py",
+                 "test_console.py", "test_albert.py", "test_electra.py", "test_soak.py", "test_multiple_choice.py",
+                 "test_run_pretraining.py", "test_clue.py", "test_guards.py", "test_word_masking.py",
+                 "test_run_global_pointer.py", "test_evaluation.py", "test_glue.py", "test_run_distill.py",
+                 "test_supervise.py", "test_golden.py", "test_embeddings.py", "test_adversarial.py",
+                 "test_pretraining_records.py", "test_loop.py", "test_lora.py", "test_optimization.py",
+                 "test_input_pipeline.py")
+
+
+def tier(item):
+    """The tier a test belongs to, by its markers: `process`, `learning`, or `test` (make test's)."""
+    return next((m for m in ("process", "learning") if item.get_closest_marker(m)), "test")
 
 
 def pytest_configure(config):
@@ -260,8 +270,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(session, config, items):
+    """Files longest first; each test's tier kept in the JUnit XML (a property), which tests/durations.py sums."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
+    for item in items:
+        item.user_properties.append(("tier", tier(item)))
 
 
 def _seed_everything():
@@ -270,16 +283,22 @@ def _seed_everything():
     keras.utils.set_random_seed(0)
 
 
+_SUITE_XLA = os.environ.get(xla.SWITCH)  # as the suite was started
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Every test starts from the same random state, whatever ran before it in its worker: an in-process fit's
     new head (Keras draws unseeded initializers from Python's `random`) is then the same in the suite and in a
     test run alone (benchmarks/NOTES.md item 65). Again before the body, after fixtures that drew or not.
-    BERT_MGPU_XLA follows the test's `plain_kernels` mark here, before its fixtures (a module's shared run too)."""
+    BERT_MGPU_XLA follows the test's `plain_kernels` mark here, before its fixtures (a module's shared run too);
+    unmarked tests get the suite's own setting back (BERT_MGPU_XLA=0 given to the whole suite holds)."""
     if item.get_closest_marker("plain_kernels"):
         os.environ[xla.SWITCH] = "0"
-    else:
+    elif _SUITE_XLA is None:
         os.environ.pop(xla.SWITCH, None)
+    else:
+        os.environ[xla.SWITCH] = _SUITE_XLA
     _seed_everything()
 
 
